@@ -1,1 +1,24 @@
-//! placeholder
+//! What every warren daemon shares: where its files live, how it hardens itself, how it accepts
+//! operator connections (and refuses everyone else), and how a trusted peer hands it a connection
+//! with fds over a control socket.
+
+pub mod dirs;
+pub mod handoff;
+pub mod operator;
+pub mod peer;
+pub mod privilege;
+
+pub use dirs::Dirs;
+pub use privilege::harden;
+
+/// Logs to stderr, filtered by `WARREN_LOG` (default `info`), each line tagged with the daemon.
+pub fn init_tracing(name: &'static str) {
+    use tracing_subscriber::{EnvFilter, fmt};
+    let filter = EnvFilter::try_from_env("WARREN_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+    tracing::debug!(daemon = name, "tracing started");
+}

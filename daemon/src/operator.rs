@@ -1,0 +1,106 @@
+//! The operator's sockets: `<runtime>/<server>.sock`, for the operator alone.
+//!
+//! The file mode keeps other users out; on top of it, a peer whose pid namespace is not ours is
+//! refused whatever its uid (a confined process that somehow reached the socket), and so is a peer
+//! that is neither root, nor this daemon's own uid, nor a member of the operator group.
+
+use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio::net::UnixListener;
+use warren_9p::{FileTree, Limits};
+
+use crate::peer::{PeerCred, groups_of, peer_cred, peer_in_own_pidns};
+
+/// Binds `path` (removing a stale socket left by a dead daemon), mode 0660.
+pub fn listen(path: &Path) -> io::Result<UnixListener> {
+    match std::os::unix::net::UnixStream::connect(path) {
+        Ok(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("{} is served by a live daemon", path.display()),
+            ));
+        }
+        Err(_) if path.exists() => std::fs::remove_file(path)?,
+        Err(_) => {}
+    }
+    let std_listener = std::os::unix::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    std_listener.set_nonblocking(true)?;
+    UnixListener::from_std(std_listener)
+}
+
+/// Who may attach as the operator.
+#[derive(Clone, Debug)]
+pub struct OperatorPolicy {
+    /// Members of this group are operators (root always is).
+    pub operator_gid: Option<u32>,
+}
+
+impl OperatorPolicy {
+    /// The `warren` group if the host has one.
+    pub fn from_host() -> OperatorPolicy {
+        let gid = nix::unistd::Group::from_name("warren").ok().flatten().map(|g| g.gid.as_raw());
+        OperatorPolicy { operator_gid: gid }
+    }
+
+    /// Why a peer is not the operator, or `None` if it is.
+    pub fn refusal(&self, sock: &tokio::net::UnixStream) -> Option<String> {
+        let fd = sock.as_fd();
+        match peer_in_own_pidns(fd) {
+            Ok(true) => {}
+            Ok(false) => return Some("peer is in another pid namespace".into()),
+            Err(e) => return Some(format!("cannot read the peer's pid namespace: {e}")),
+        }
+        let cred = match peer_cred(fd) {
+            Ok(c) => c,
+            Err(e) => return Some(format!("no peer credentials: {e}")),
+        };
+        if cred.uid == 0 || cred.uid == nix::unistd::geteuid().as_raw() {
+            return None;
+        }
+        if let Some(gid) = self.operator_gid
+            && (cred.gid == gid || groups_of(cred.pid).is_ok_and(|g| g.contains(&gid)))
+        {
+            return None;
+        }
+        Some(format!("uid {} is not an operator", cred.uid))
+    }
+}
+
+/// Accepts operator connections forever, serving each with the tree `make` builds for that peer;
+/// `make` may refuse a peer by returning `None`. Refused peers are logged and dropped.
+pub async fn accept_loop<T, F>(listener: UnixListener, policy: OperatorPolicy, make: F, limits: Limits)
+where
+    T: FileTree,
+    F: Fn(PeerCred) -> Option<Arc<T>>,
+{
+    loop {
+        let (sock, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("accept: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        if let Some(why) = policy.refusal(&sock) {
+            tracing::warn!("operator socket: refused a peer: {why}");
+            continue;
+        }
+        let Ok(cred) = peer_cred(sock.as_fd()) else { continue };
+        let Some(tree) = make(cred) else {
+            tracing::warn!("operator socket: no tree for pid {} uid {}", cred.pid, cred.uid);
+            continue;
+        };
+        let limits = limits.clone();
+        tokio::spawn(async move {
+            if let Err(e) = warren_9p::serve(tree, sock, limits).await {
+                tracing::info!("operator connection ended: {e}");
+            }
+        });
+    }
+}
