@@ -1,1 +1,82 @@
-fn main() {}
+//! `warren`: the front door. Starts and stops the daemons, and speaks 9P to their operator
+//! sockets so everything they serve can be read and written as files, with no FUSE needed.
+
+mod files;
+mod supervise;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "warren", version, about = "A capability-namespace microkernel for AI agents")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start the daemons in the background (returns once each answers 9P).
+    Up,
+    /// Stop the daemons.
+    Down,
+    /// Say whether the daemons are up, and which sockets answer.
+    Status {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List a directory served by a daemon: `/tool`, `/tool/echo`, `/receipts`, …
+    Ls {
+        /// A path whose first element names the server.
+        path: String,
+    },
+    /// Print a file served by a daemon.
+    Cat {
+        /// A path whose first element names the server.
+        path: String,
+    },
+    /// Write DATA (else standard input) to a file served by a daemon, then print what a read of
+    /// the same open returns, if anything (rpc-style files answer there).
+    Write {
+        path: String,
+        data: Option<String>,
+    },
+    /// Call a tool: write JSON arguments to /tool/TOOL/call and print the result envelope.
+    /// Exit status: 0 ok, 1 the tool failed, 3 denied.
+    Call {
+        tool: String,
+        /// The arguments, a JSON object.
+        json: String,
+    },
+    /// Run the daemons in the foreground and restart any that dies (what `up` starts).
+    #[command(hide = true)]
+    Supervise {
+        /// The fd on which to say "ready" (or why not) once the daemons answer.
+        #[arg(long)]
+        ready_fd: Option<i32>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let dirs = warren_daemon::Dirs::from_env();
+    let result = match cli.command {
+        Command::Up => supervise::up(&dirs),
+        Command::Down => supervise::down(&dirs),
+        Command::Status { json } => supervise::status(&dirs, json),
+        Command::Supervise { ready_fd } => supervise::supervise(&dirs, ready_fd),
+        Command::Ls { path } => files::run(files::ls(&dirs, &path)),
+        Command::Cat { path } => files::run(files::cat(&dirs, &path)),
+        Command::Write { path, data } => files::run(files::write(&dirs, &path, data)),
+        Command::Call { tool, json } => files::run(files::call(&dirs, &tool, &json)),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("warren: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! `warren ls|cat|write|call`: a plain 9P client on the operator sockets.
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use warren_9p::{Client, Fid, oflags};
+use warren_daemon::Dirs;
+
+/// Runs one client operation on a current-thread runtime.
+pub fn run(fut: impl std::future::Future<Output = Result<ExitCode>>) -> Result<ExitCode> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(fut)
+}
+
+/// Splits `/tool/echo/call` into the server (`tool`) and the path inside it (`echo/call`).
+fn split(path: &str) -> Result<(&str, &str)> {
+    let trimmed = path.trim_start_matches('/');
+    let (server, rest) = trimmed.split_once('/').unwrap_or((trimmed, ""));
+    if server.is_empty() || !server.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+        bail!("{path:?}: a path starts with a server name, like /tool or /receipts");
+    }
+    Ok((server, rest))
+}
+
+async fn walk(dirs: &Dirs, path: &str) -> Result<Fid> {
+    let (server, rest) = split(path)?;
+    let sock = dirs.socket(server);
+    let client = Client::connect_unix(&sock).await.with_context(|| {
+        format!("no server {server:?} answers at {} (is warren up?)", sock.display())
+    })?;
+    let user = nix::unistd::User::from_uid(nix::unistd::getuid())
+        .ok()
+        .flatten()
+        .map_or_else(|| "operator".to_string(), |u| u.name);
+    let root = client.attach(&user, "").await.with_context(|| format!("attach to {server}"))?;
+    if rest.is_empty() {
+        return Ok(root);
+    }
+    root.walk_path(rest).await.with_context(|| format!("{path}"))
+}
+
+pub async fn ls(dirs: &Dirs, path: &str) -> Result<ExitCode> {
+    let fid = walk(dirs, path).await?;
+    let (qid, _) = fid.getattr().await.with_context(|| path.to_string())?;
+    if !qid.typ.contains(warren_9p::QIdType::DIR) {
+        println!("{}", path.rsplit('/').next().unwrap_or(path));
+        return Ok(ExitCode::SUCCESS);
+    }
+    fid.open(oflags::RDONLY).await.with_context(|| path.to_string())?;
+    let mut names: Vec<String> = fid
+        .readdir_all()
+        .await
+        .with_context(|| path.to_string())?
+        .into_iter()
+        .filter(|e| e.name != "." && e.name != "..")
+        .map(|e| if e.qid.typ.contains(warren_9p::QIdType::DIR) { format!("{}/", e.name) } else { e.name })
+        .collect();
+    names.sort();
+    let mut out = std::io::stdout().lock();
+    for n in names {
+        writeln!(out, "{n}")?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn cat(dirs: &Dirs, path: &str) -> Result<ExitCode> {
+    let fid = walk(dirs, path).await?;
+    fid.open(oflags::RDONLY).await.with_context(|| path.to_string())?;
+    let data = fid.read_to_end(0).await.with_context(|| path.to_string())?;
+    std::io::stdout().write_all(&data)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn write(dirs: &Dirs, path: &str, data: Option<String>) -> Result<ExitCode> {
+    let data = match data {
+        Some(d) => d.into_bytes(),
+        None => {
+            let mut buf = Vec::new();
+            std::io::stdin().read_to_end(&mut buf)?;
+            buf
+        }
+    };
+    let fid = walk(dirs, path).await?;
+    fid.open(oflags::RDWR).await.with_context(|| path.to_string())?;
+    fid.write_all(0, &data).await.with_context(|| path.to_string())?;
+    // rpc-style files (append, decide, ctl) answer on the same open; plain files read back empty
+    // or refuse the read, neither of which is an error of the write.
+    if let Ok(reply) = fid.read_to_end(data.len() as u64).await {
+        std::io::stdout().write_all(&reply)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn call(dirs: &Dirs, tool: &str, json: &str) -> Result<ExitCode> {
+    if tool.contains('/') || tool.is_empty() {
+        bail!("{tool:?} is not a tool name");
+    }
+    let path = format!("/tool/{tool}/call");
+    let fid = walk(dirs, &path).await?;
+    fid.open(oflags::RDWR).await.with_context(|| path.clone())?;
+    fid.write_all(0, json.as_bytes()).await.with_context(|| path.clone())?;
+    let reply = fid.read_to_end(json.len() as u64).await.with_context(|| path.clone())?;
+    let mut out = std::io::stdout().lock();
+    out.write_all(&reply)?;
+    if !reply.ends_with(b"\n") {
+        writeln!(out)?;
+    }
+    let status = serde_json::from_slice::<serde_json::Value>(&reply)
+        .ok()
+        .and_then(|v| v.get("status").and_then(|s| s.as_str()).map(str::to_owned));
+    Ok(match status.as_deref() {
+        Some("ok") => ExitCode::SUCCESS,
+        Some("denied") => ExitCode::from(3),
+        _ => ExitCode::from(1),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split;
+
+    #[test]
+    fn first_element_names_the_server() {
+        assert_eq!(split("/tool/echo/call").unwrap(), ("tool", "echo/call"));
+        assert_eq!(split("/tool").unwrap(), ("tool", ""));
+        assert_eq!(split("receipts/x").unwrap(), ("receipts", "x"));
+        assert!(split("/").is_err());
+        assert!(split("/../etc").is_err());
+    }
+}

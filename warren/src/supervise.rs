@@ -1,0 +1,408 @@
+//! `warren up|down|status` and the supervisor they start.
+//!
+//! `up` starts `warren supervise` detached and returns once every daemon answers 9P. The
+//! supervisor holds a flock on `<runtime>/warren.lock` for its whole life (one set of daemons per
+//! runtime dir), binds every daemon's sockets itself as root — so each daemon runs under its own
+//! uid from its first instruction and a restarted daemon gets the very same listening socket —
+//! and restarts a daemon that dies.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::net::UnixListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use nix::fcntl::{Flock, FlockArg};
+use warren_daemon::Dirs;
+use warren_daemon::identity::Role;
+
+/// One daemon the supervisor runs.
+struct Daemon {
+    /// Its binary, next to `warren`.
+    binary: &'static str,
+    /// Its name in logs and its data subdirectory.
+    name: &'static str,
+    role: Role,
+    /// Socket file names in the runtime dir, with their modes: `*.sock` are the operator's
+    /// (0660, the operator group), `*.ctl` are for root peers only (0600).
+    sockets: &'static [&'static str],
+    /// Capabilities it keeps as ambient capabilities under its own uid.
+    caps: &'static [caps::Capability],
+}
+
+/// The daemons, in start order (receipts before anything that writes receipts).
+const DAEMONS: &[Daemon] = &[
+    Daemon {
+        binary: "warren-toolfs",
+        name: "toolfs",
+        role: Role::Toolfs,
+        sockets: &["tool.sock", "toolfs.ctl"],
+        // Until nsd builds the workers (issue 4), toolfs starts each tool worker under the worker
+        // uid itself, which takes these two.
+        caps: &[caps::Capability::CAP_SETUID, caps::Capability::CAP_SETGID],
+    },
+];
+
+fn libexec_dir() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("WARREN_LIBEXEC_DIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    let exe = std::env::current_exe().context("cannot find the warren executable")?;
+    Ok(exe.parent().context("warren executable has no directory")?.to_path_buf())
+}
+
+fn operator_gid() -> u32 {
+    warren_daemon::operator::OperatorPolicy::from_host().operator_gid.unwrap_or(0)
+}
+
+fn lock_path(dirs: &Dirs) -> PathBuf {
+    dirs.runtime.join("warren.lock")
+}
+
+fn pid_path(dirs: &Dirs) -> PathBuf {
+    dirs.runtime.join("warren.pid")
+}
+
+fn log_path(dirs: &Dirs) -> PathBuf {
+    dirs.runtime.join("warren.log")
+}
+
+/// Creates the three directories with their owners and modes.
+fn prepare_dirs(dirs: &Dirs) -> Result<()> {
+    let make = |path: &Path, mode: u32, uid: u32, gid: u32| -> Result<()> {
+        fs::create_dir_all(path).with_context(|| format!("create {}", path.display()))?;
+        nix::unistd::chown(path, Some(uid.into()), Some(gid.into()))
+            .with_context(|| format!("chown {}", path.display()))?;
+        fs::set_permissions(path, fs::Permissions::from_mode(mode))
+            .with_context(|| format!("chmod {}", path.display()))?;
+        Ok(())
+    };
+    make(&dirs.runtime, 0o750, 0, operator_gid())?;
+    make(&dirs.data, 0o751, 0, 0)?;
+    make(&dirs.secrets, 0o700, Role::Receiptd.uid(), Role::Receiptd.uid())?;
+    for d in DAEMONS {
+        make(&dirs.data.join(d.name), 0o700, d.role.uid(), d.role.uid())?;
+    }
+    Ok(())
+}
+
+/// Tries the lock: `Ok(Some(lock))` if we got it, `Ok(None)` if a supervisor holds it.
+fn try_lock(dirs: &Dirs) -> Result<Option<Flock<File>>> {
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(lock_path(dirs))
+        .with_context(|| format!("open {}", lock_path(dirs).display()))?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok(Some(lock)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+        Err((_, e)) => Err(e).context("flock"),
+    }
+}
+
+fn running_pid(dirs: &Dirs) -> Option<i32> {
+    fs::read_to_string(pid_path(dirs)).ok()?.trim().parse().ok()
+}
+
+pub fn up(dirs: &Dirs) -> Result<ExitCode> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!("warren up needs root in this version (nsd is a system service; see docs/decisions.md)");
+    }
+    prepare_dirs(dirs)?;
+    match try_lock(dirs)? {
+        None => {
+            println!("warren is already up (supervisor pid {})", running_pid(dirs).unwrap_or(0));
+            return Ok(ExitCode::SUCCESS);
+        }
+        Some(lock) => drop(lock),
+    }
+    let (mut ready_r, ready_w) = std::io::pipe()?;
+    let log = OpenOptions::new().create(true).append(true).mode(0o640).open(log_path(dirs))?;
+    let exe = std::env::current_exe()?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("supervise")
+        .arg("--ready-fd")
+        .arg(ready_w.as_raw_fd().to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    let ready_raw = ready_w.as_raw_fd();
+    // SAFETY: between fork and exec we only make syscalls (setsid, fcntl) that are
+    // async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::unistd::setsid()?;
+            // The pipe's write end must survive exec so the supervisor can say "ready".
+            nix::fcntl::fcntl(
+                std::os::fd::BorrowedFd::borrow_raw(ready_raw),
+                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+            )?;
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().context("start the supervisor")?;
+    drop(ready_w);
+    drop(cmd);
+    let mut said = String::new();
+    ready_r.read_to_string(&mut said)?;
+    let said = said.trim();
+    if said == "ready" {
+        println!(
+            "warren is up: supervisor pid {}, sockets in {}, log {}",
+            child.id(),
+            dirs.runtime.display(),
+            log_path(dirs).display()
+        );
+        Ok(ExitCode::SUCCESS)
+    } else if said.is_empty() {
+        bail!("the supervisor exited before it was ready; see {}", log_path(dirs).display())
+    } else {
+        bail!("{said} (log: {})", log_path(dirs).display())
+    }
+}
+
+pub fn down(dirs: &Dirs) -> Result<ExitCode> {
+    if try_lock(dirs).ok().flatten().is_some() {
+        println!("warren is not up");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let pid = running_pid(dirs).context("the lock is held but there is no pid file")?;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGTERM)
+        .with_context(|| format!("signal supervisor {pid}"))?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline {
+        if try_lock(dirs).ok().flatten().is_some() {
+            println!("warren is down");
+            return Ok(ExitCode::SUCCESS);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    bail!("supervisor {pid} did not stop within 15 s")
+}
+
+pub fn status(dirs: &Dirs, json: bool) -> Result<ExitCode> {
+    let up = matches!(try_lock(dirs), Ok(None));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let mut sockets = Vec::new();
+    for d in DAEMONS {
+        for s in d.sockets.iter().filter(|s| s.ends_with(".sock")) {
+            let path = dirs.runtime.join(s);
+            let answers = rt.block_on(async {
+                tokio::time::timeout(Duration::from_secs(2), warren_9p::Client::connect_unix(&path))
+                    .await
+                    .is_ok_and(|r| r.is_ok())
+            });
+            sockets.push((d.name, path, answers));
+        }
+    }
+    if json {
+        let v = serde_json::json!({
+            "up": up,
+            "supervisor_pid": if up { running_pid(dirs) } else { None },
+            "runtime_dir": dirs.runtime,
+            "daemons": sockets.iter().map(|(n, p, a)| serde_json::json!({"name": n, "socket": p, "answers": a})).collect::<Vec<_>>(),
+        });
+        println!("{v}");
+    } else {
+        if up {
+            println!("warren is up (supervisor pid {})", running_pid(dirs).unwrap_or(0));
+        } else {
+            println!("warren is not up");
+        }
+        for (name, path, answers) in &sockets {
+            println!("  {name:<10} {:<40} {}", path.display(), if *answers { "answers" } else { "no answer" });
+        }
+    }
+    Ok(if up { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// A socket the supervisor bound, and the fd number it has in the daemon.
+struct Bound {
+    name: &'static str,
+    listener: UnixListener,
+}
+
+fn bind_sockets(dirs: &Dirs, d: &Daemon) -> Result<Vec<Bound>> {
+    let mut out = Vec::new();
+    for &name in d.sockets {
+        let path = dirs.runtime.join(name);
+        if path.exists() {
+            // We hold the lock, so whatever is there is stale.
+            fs::remove_file(&path)?;
+        }
+        let listener = UnixListener::bind(&path).with_context(|| format!("bind {}", path.display()))?;
+        let (mode, gid) = if name.ends_with(".ctl") { (0o600, 0) } else { (0o660, operator_gid()) };
+        nix::unistd::chown(&path, Some(0.into()), Some(gid.into()))?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode))?;
+        out.push(Bound { name, listener });
+    }
+    Ok(out)
+}
+
+fn spawn_daemon(dirs: &Dirs, d: &Daemon, bound: &[Bound]) -> Result<std::process::Child> {
+    let binary = libexec_dir()?.join(d.binary);
+    let listen_fds: Vec<String> =
+        bound.iter().map(|b| format!("{}={}", b.name, b.listener.as_raw_fd())).collect();
+    let raw: Vec<i32> = bound.iter().map(|b| b.listener.as_raw_fd()).collect();
+    let uid = d.role.uid();
+    let groups = [operator_gid()];
+    let caps_wanted: Vec<caps::Capability> = d.caps.to_vec();
+    let mut cmd = std::process::Command::new(&binary);
+    cmd.env("WARREN_RUNTIME_DIR", &dirs.runtime)
+        .env("WARREN_DATA_DIR", dirs.data.join(d.name))
+        .env("WARREN_SECRETS_DIR", &dirs.secrets)
+        .env(warren_daemon::operator::LISTEN_FDS_ENV, listen_fds.join(","))
+        .stdin(std::process::Stdio::null());
+    // SAFETY: the closure only makes syscalls (fcntl, prctl, setgroups, setres[ug]id, capset);
+    // the caps crate's set operations build small sets, and glibc's fork handlers leave malloc
+    // usable in the child.
+    unsafe {
+        cmd.pre_exec(move || {
+            for &fd in &raw {
+                nix::fcntl::fcntl(
+                    std::os::fd::BorrowedFd::borrow_raw(fd),
+                    nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+                )?;
+            }
+            drop_privileges(uid, &groups, &caps_wanted)
+        });
+    }
+    cmd.spawn().with_context(|| format!("start {}", binary.display()))
+}
+
+/// In the child, before exec: become `uid`, keeping exactly `keep` as ambient capabilities.
+fn drop_privileges(uid: u32, groups: &[u32], keep: &[caps::Capability]) -> std::io::Result<()> {
+    use caps::{CapSet, CapsHashSet};
+    let to_io = |e: caps::errors::CapsError| std::io::Error::other(e.to_string());
+    nix::sys::prctl::set_keepcaps(true)?;
+    let groups: Vec<nix::unistd::Gid> = groups.iter().map(|&g| g.into()).collect();
+    nix::unistd::setgroups(&groups)?;
+    nix::unistd::setresgid(uid.into(), uid.into(), uid.into())?;
+    nix::unistd::setresuid(uid.into(), uid.into(), uid.into())?;
+    let keep: CapsHashSet = keep.iter().copied().collect();
+    caps::set(None, CapSet::Effective, &keep).map_err(to_io)?;
+    caps::set(None, CapSet::Permitted, &keep).map_err(to_io)?;
+    caps::set(None, CapSet::Inheritable, &keep).map_err(to_io)?;
+    for c in &keep {
+        caps::raise(None, CapSet::Ambient, *c).map_err(to_io)?;
+    }
+    // No setuid binary may give it more than this.
+    nix::sys::prctl::set_no_new_privs()?;
+    Ok(())
+}
+
+async fn answers(path: &Path) -> bool {
+    warren_9p::Client::connect_unix(path).await.is_ok()
+}
+
+pub fn supervise(dirs: &Dirs, ready_fd: Option<i32>) -> Result<ExitCode> {
+    // SAFETY: `up` passed us the write end of its pipe under this number, and nothing else here
+    // uses it.
+    let mut ready = ready_fd.map(|fd| File::from(unsafe { OwnedFd::from_raw_fd(fd) }));
+    let result = supervise_inner(dirs, &mut ready);
+    if let (Err(e), Some(r)) = (&result, ready.as_mut()) {
+        let _ = writeln!(r, "{e:#}");
+    }
+    result
+}
+
+fn supervise_inner(dirs: &Dirs, ready: &mut Option<File>) -> Result<ExitCode> {
+    warren_daemon::harden()?;
+    prepare_dirs(dirs)?;
+    let Some(_lock) = try_lock(dirs)? else { bail!("another supervisor holds {}", lock_path(dirs).display()) };
+    fs::write(pid_path(dirs), format!("{}\n", std::process::id()))?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let mut running = Vec::new();
+    for d in DAEMONS {
+        let bound = bind_sockets(dirs, d)?;
+        let child = spawn_daemon(dirs, d, &bound)?;
+        running.push((d, bound, child, Vec::<Instant>::new()));
+    }
+    // Ready once every operator socket answers a 9P handshake.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for (d, _, child, _) in running.iter_mut() {
+        for s in d.sockets.iter().filter(|s| s.ends_with(".sock")) {
+            let path = dirs.runtime.join(s);
+            loop {
+                if rt.block_on(answers(&path)) {
+                    break;
+                }
+                if let Some(status) = child.try_wait()? {
+                    bail!("{} exited during startup ({status})", d.name);
+                }
+                if Instant::now() > deadline {
+                    bail!("{} did not answer on {} within 20 s", d.name, path.display());
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        tracing_line(&format!("{} up (pid {}, uid {})", d.name, child.id(), d.role.uid()));
+    }
+    if let Some(mut r) = ready.take() {
+        writeln!(r, "ready")?;
+    }
+    supervise_loop(dirs, &mut running)
+}
+
+fn tracing_line(msg: &str) {
+    eprintln!("warren supervise: {msg}");
+}
+
+type Running<'a> = Vec<(&'a Daemon, Vec<Bound>, std::process::Child, Vec<Instant>)>;
+
+/// Restarts dead daemons (at most 5 times a minute each) until SIGTERM or SIGINT.
+fn supervise_loop(dirs: &Dirs, running: &mut Running<'_>) -> Result<ExitCode> {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGTERM);
+    mask.add(Signal::SIGINT);
+    mask.add(Signal::SIGHUP);
+    mask.thread_block()?;
+    let sfd = nix::sys::signalfd::SignalFd::with_flags(&mask, nix::sys::signalfd::SfdFlags::SFD_NONBLOCK)?;
+    loop {
+        if let Ok(Some(sig)) = sfd.read_signal() {
+            tracing_line(&format!("signal {}: stopping", sig.ssi_signo));
+            break;
+        }
+        for (d, bound, child, restarts) in running.iter_mut() {
+            if let Some(status) = child.try_wait()? {
+                let now = Instant::now();
+                restarts.retain(|t| now.duration_since(*t) < Duration::from_secs(60));
+                if restarts.len() >= 5 {
+                    tracing_line(&format!("{} died ({status}) 5 times in a minute: not restarting", d.name));
+                    continue;
+                }
+                restarts.push(now);
+                tracing_line(&format!("{} died ({status}): restarting", d.name));
+                *child = spawn_daemon(dirs, d, bound)?;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (_, _, child, _) in running.iter_mut() {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for (d, bound, child, _) in running.iter_mut() {
+        while child.try_wait()?.is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if child.try_wait()?.is_none() {
+            tracing_line(&format!("{} ignored SIGTERM: killing", d.name));
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for b in bound.iter() {
+            let _ = fs::remove_file(dirs.runtime.join(b.name));
+        }
+    }
+    let _ = fs::remove_file(pid_path(dirs));
+    Ok(ExitCode::SUCCESS)
+}
