@@ -4,6 +4,7 @@
 
 pub mod dirs;
 pub mod handoff;
+pub mod identity;
 pub mod operator;
 pub mod peer;
 pub mod privilege;

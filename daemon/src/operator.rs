@@ -5,7 +5,7 @@
 //! that is neither root, nor this daemon's own uid, nor a member of the operator group.
 
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, FromRawFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -15,8 +15,22 @@ use warren_9p::{FileTree, Limits};
 
 use crate::peer::{PeerCred, groups_of, peer_cred, peer_in_own_pidns};
 
-/// Binds `path` (removing a stale socket left by a dead daemon), mode 0660.
+/// The environment variable through which a supervisor hands a daemon sockets it bound for it:
+/// `name=fd[,name=fd…]`, `name` being the socket's file name (`tool.sock`). The supervisor binds
+/// as root in the root-owned runtime dir, so the daemon can run under its own uid from its first
+/// instruction.
+pub const LISTEN_FDS_ENV: &str = "WARREN_LISTEN_FDS";
+
+/// The listening socket for `path`: the one the supervisor handed over (see [`LISTEN_FDS_ENV`]),
+/// else a fresh bind (removing a stale socket left by a dead daemon), mode 0660.
 pub fn listen(path: &Path) -> io::Result<UnixListener> {
+    if let Some(fd) = inherited_listener(path) {
+        // SAFETY: the supervisor passed this fd for exactly this socket; nothing else in this
+        // process owns it (the env entry is consumed once per name by the daemon's startup).
+        let std_listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) };
+        std_listener.set_nonblocking(true)?;
+        return UnixListener::from_std(std_listener);
+    }
     match std::os::unix::net::UnixStream::connect(path) {
         Ok(_) => {
             return Err(io::Error::new(
@@ -31,6 +45,25 @@ pub fn listen(path: &Path) -> io::Result<UnixListener> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
     std_listener.set_nonblocking(true)?;
     UnixListener::from_std(std_listener)
+}
+
+fn inherited_listener(path: &Path) -> Option<RawFd> {
+    let name = path.file_name()?.to_str()?;
+    let spec = std::env::var(LISTEN_FDS_ENV).ok()?;
+    let fd: RawFd = spec.split(',').find_map(|e| e.strip_prefix(name)?.strip_prefix('=')?.parse().ok())?;
+    // Only a listening Unix socket counts; anything else means the env is stale.
+    let is_listener = nix::sys::socket::getsockopt(
+        &unsafe_borrow(fd),
+        nix::sys::socket::sockopt::AcceptConn,
+    )
+    .unwrap_or(false);
+    is_listener.then_some(fd)
+}
+
+fn unsafe_borrow(fd: RawFd) -> std::os::fd::BorrowedFd<'static> {
+    // SAFETY: used only for a getsockopt on an fd number named by our own supervisor; if the fd
+    // is not open the call fails with EBADF, which reads as "not a listener".
+    unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
 }
 
 /// Who may attach as the operator.

@@ -1,0 +1,45 @@
+//! The uid each warren process runs under.
+//!
+//! Each daemon has its own uid so that a bug in one cannot spend another's authority. They are
+//! numeric uids with no passwd entries (nothing on the host needs to know them), allocated from
+//! `WARREN_UID_BASE` (default 61000): see docs/decisions.md.
+
+/// A daemon (or worker class) that runs under a uid of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Toolfs,
+    Receiptd,
+    Gate,
+    /// Tool workers of a root operator (a non-root operator's workers run as the operator).
+    Worker,
+    /// The bridges, once they hold their FUSE fd.
+    Bridge,
+}
+
+pub const DEFAULT_UID_BASE: u32 = 61000;
+
+impl Role {
+    pub fn offset(self) -> u32 {
+        match self {
+            Role::Toolfs => 1,
+            Role::Receiptd => 2,
+            Role::Gate => 3,
+            Role::Bridge => 4,
+            Role::Worker => 10,
+        }
+    }
+
+    /// This role's uid (and gid: the same number).
+    pub fn uid(self) -> u32 {
+        uid_base() + self.offset()
+    }
+}
+
+/// `WARREN_UID_BASE`, else [`DEFAULT_UID_BASE`].
+pub fn uid_base() -> u32 {
+    std::env::var("WARREN_UID_BASE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&b: &u32| b >= 1000 && b < u32::MAX - 1000)
+        .unwrap_or(DEFAULT_UID_BASE)
+}
