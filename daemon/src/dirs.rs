@@ -33,7 +33,11 @@ impl Dirs {
     /// All three under one base directory (tests, `warren demo`).
     pub fn under(base: impl Into<PathBuf>) -> Dirs {
         let base = base.into();
-        Dirs { runtime: base.join("run"), data: base.join("data"), secrets: base.join("secrets") }
+        Dirs {
+            runtime: base.join("run"),
+            data: base.join("data"),
+            secrets: base.join("secrets"),
+        }
     }
 
     /// The operator socket of a daemon: `tool` → `<runtime>/tool.sock`.

@@ -19,11 +19,18 @@ pub const MAX_FDS: usize = 64;
 /// Sends one record with `fds`.
 pub fn send(sock: &UnixStream, record: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     if record.len() > MAX_RECORD || fds.len() > MAX_FDS {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "record or fd list too large"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "record or fd list too large",
+        ));
     }
     let len = (record.len() as u32).to_le_bytes();
     let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
-    let cmsgs = if raw.is_empty() { vec![] } else { vec![ControlMessage::ScmRights(&raw)] };
+    let cmsgs = if raw.is_empty() {
+        vec![]
+    } else {
+        vec![ControlMessage::ScmRights(&raw)]
+    };
     let iov = [IoSlice::new(&len), IoSlice::new(record)];
     let mut sent = sendmsg::<()>(sock.as_raw_fd(), &iov, &cmsgs, MsgFlags::MSG_NOSIGNAL, None)?;
     // The fds went with the first byte; any rest of the frame is plain bytes.
@@ -52,22 +59,34 @@ pub fn recv(sock: &UnixStream) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
         for c in msg.cmsgs()? {
             if let ControlMessageOwned::ScmRights(raw) = c {
                 // SAFETY: SCM_RIGHTS just installed these fds in our table; we are their only owner.
-                fds.extend(raw.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+                fds.extend(
+                    raw.into_iter()
+                        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                );
             }
         }
         if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "too many fds in handoff"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "too many fds in handoff",
+            ));
         }
         msg.bytes
     };
     if got == 0 {
-        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "control peer closed"));
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "control peer closed",
+        ));
     }
     let mut reader = sock;
     reader.read_exact(&mut head[got..])?;
     let len = u32::from_le_bytes(head) as usize;
     if len > MAX_RECORD {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "handoff record too large"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "handoff record too large",
+        ));
     }
     let mut record = vec![0u8; len];
     reader.read_exact(&mut record)?;

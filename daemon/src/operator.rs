@@ -50,13 +50,13 @@ pub fn listen(path: &Path) -> io::Result<UnixListener> {
 fn inherited_listener(path: &Path) -> Option<RawFd> {
     let name = path.file_name()?.to_str()?;
     let spec = std::env::var(LISTEN_FDS_ENV).ok()?;
-    let fd: RawFd = spec.split(',').find_map(|e| e.strip_prefix(name)?.strip_prefix('=')?.parse().ok())?;
+    let fd: RawFd = spec
+        .split(',')
+        .find_map(|e| e.strip_prefix(name)?.strip_prefix('=')?.parse().ok())?;
     // Only a listening Unix socket counts; anything else means the env is stale.
-    let is_listener = nix::sys::socket::getsockopt(
-        &unsafe_borrow(fd),
-        nix::sys::socket::sockopt::AcceptConn,
-    )
-    .unwrap_or(false);
+    let is_listener =
+        nix::sys::socket::getsockopt(&unsafe_borrow(fd), nix::sys::socket::sockopt::AcceptConn)
+            .unwrap_or(false);
     is_listener.then_some(fd)
 }
 
@@ -76,7 +76,10 @@ pub struct OperatorPolicy {
 impl OperatorPolicy {
     /// The `warren` group if the host has one.
     pub fn from_host() -> OperatorPolicy {
-        let gid = nix::unistd::Group::from_name("warren").ok().flatten().map(|g| g.gid.as_raw());
+        let gid = nix::unistd::Group::from_name("warren")
+            .ok()
+            .flatten()
+            .map(|g| g.gid.as_raw());
         OperatorPolicy { operator_gid: gid }
     }
 
@@ -106,8 +109,12 @@ impl OperatorPolicy {
 
 /// Accepts operator connections forever, serving each with the tree `make` builds for that peer;
 /// `make` may refuse a peer by returning `None`. Refused peers are logged and dropped.
-pub async fn accept_loop<T, F>(listener: UnixListener, policy: OperatorPolicy, make: F, limits: Limits)
-where
+pub async fn accept_loop<T, F>(
+    listener: UnixListener,
+    policy: OperatorPolicy,
+    make: F,
+    limits: Limits,
+) where
     T: FileTree,
     F: Fn(PeerCred) -> Option<Arc<T>>,
 {
@@ -124,9 +131,15 @@ where
             tracing::warn!("operator socket: refused a peer: {why}");
             continue;
         }
-        let Ok(cred) = peer_cred(sock.as_fd()) else { continue };
+        let Ok(cred) = peer_cred(sock.as_fd()) else {
+            continue;
+        };
         let Some(tree) = make(cred) else {
-            tracing::warn!("operator socket: no tree for pid {} uid {}", cred.pid, cred.uid);
+            tracing::warn!(
+                "operator socket: no tree for pid {} uid {}",
+                cred.pid,
+                cred.uid
+            );
             continue;
         };
         let limits = limits.clone();

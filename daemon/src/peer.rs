@@ -1,14 +1,13 @@
 //! Who is on the other end of a Unix socket, and whether it lives in our pid namespace.
 //!
-//! The pid namespace is read through the peer's pidfd (`SO_PEERPIDFD`, then
-//! `PIDFD_GET_PID_NAMESPACE`), so a peer that exits and has its pid reused cannot be mistaken for
-//! another process. Kernels without those fall back to `/proc/<pid>/ns/pid`, which has that race;
+//! The pid namespace is read through the peer's pidfd (`SO_PEERPIDFD`, then the `NSpid` line of
+//! its fdinfo), so a peer that exits and has its pid reused cannot be mistaken for another
+//! process. Kernels without `SO_PEERPIDFD` fall back to `/proc/<pid>/status`, which has that race;
 //! docs/gaps.md says so.
 
 use std::fs;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::MetadataExt;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 /// The credentials the kernel recorded for a socket's peer when it connected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,12 +20,14 @@ pub struct PeerCred {
 /// `SO_PEERCRED` of a connected Unix socket.
 pub fn peer_cred(sock: BorrowedFd<'_>) -> io::Result<PeerCred> {
     let cred = nix::sys::socket::getsockopt(&sock, nix::sys::socket::sockopt::PeerCredentials)?;
-    Ok(PeerCred { pid: cred.pid(), uid: cred.uid(), gid: cred.gid() })
+    Ok(PeerCred {
+        pid: cred.pid(),
+        uid: cred.uid(),
+        gid: cred.gid(),
+    })
 }
 
 const SO_PEERPIDFD: libc::c_int = 77;
-// linux/pidfd.h: _IO(PIDFS_IOCTL_MAGIC = 0xFF, 5)
-const PIDFD_GET_PID_NAMESPACE: libc::c_ulong = 0xFF05;
 
 fn peer_pidfd(sock: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     let mut fd: libc::c_int = -1;
@@ -48,39 +49,42 @@ fn peer_pidfd(sock: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn pidns_of_pidfd(pidfd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
-    // SAFETY: the ioctl takes no argument and returns a new fd or -1.
-    let ns = unsafe { libc::ioctl(pidfd.as_raw_fd(), PIDFD_GET_PID_NAMESPACE as _, 0) };
-    if ns < 0 {
-        return Err(io::Error::last_os_error());
+/// The `NSpid:` line of a `/proc` status-like text: the process's pid in each pid namespace from
+/// the reader's down to its own. One entry: the same pid namespace as the reader. None (or a pid
+/// of 0): a namespace the reader cannot see into.
+fn nspid_depth(text: &str) -> Option<usize> {
+    let line = text.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    let pids: Vec<i64> = line
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    if pids.is_empty() || pids.contains(&0) || pids.contains(&-1) {
+        return None;
     }
-    // SAFETY: a new fd the kernel just gave us.
-    let ns = unsafe { OwnedFd::from_raw_fd(ns) };
-    let st = nix::sys::stat::fstat(ns.as_fd())?;
-    Ok((st.st_dev, st.st_ino))
-}
-
-fn own_pidns() -> io::Result<(u64, u64)> {
-    let m = fs::metadata("/proc/self/ns/pid")?;
-    Ok((m.dev(), m.ino()))
+    Some(pids.len())
 }
 
 /// Whether the peer of `sock` is a process in the same pid namespace as this one.
+///
+/// Read from the fdinfo of the peer's pidfd, which needs no access to the peer (a daemon under its
+/// own uid may not ptrace-read its root peer) and cannot be fooled by pid reuse.
 pub fn peer_in_own_pidns(sock: BorrowedFd<'_>) -> io::Result<bool> {
-    let ours = own_pidns()?;
-    match peer_pidfd(sock).and_then(|pidfd| pidns_of_pidfd(pidfd.as_fd())) {
-        Ok(theirs) => Ok(theirs == ours),
+    let text = match peer_pidfd(sock) {
+        Ok(pidfd) => fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd()))?,
         Err(_) => {
-            // Older kernels: by pid, racy against pid reuse (docs/gaps.md).
+            // Kernels before SO_PEERPIDFD: by pid, racy against pid reuse (docs/gaps.md). A pid
+            // we cannot see is in another pid namespace (or gone).
             let pid = peer_cred(sock)?.pid;
-            let m = fs::metadata(format!("/proc/{pid}/ns/pid"));
-            match m {
-                Ok(m) => Ok((m.dev(), m.ino()) == ours),
-                // A pid we cannot see is in another pid namespace (or gone).
-                Err(_) => Ok(false),
+            if pid <= 0 {
+                return Ok(false);
+            }
+            match fs::read_to_string(format!("/proc/{pid}/status")) {
+                Ok(t) => t,
+                Err(_) => return Ok(false),
             }
         }
-    }
+    };
+    Ok(nspid_depth(&text) == Some(1))
 }
 
 /// The supplementary groups of a process, from `/proc/<pid>/status`.
@@ -90,5 +94,59 @@ pub fn groups_of(pid: i32) -> io::Result<Vec<u32>> {
         .lines()
         .find_map(|l| l.strip_prefix("Groups:"))
         .ok_or_else(|| io::Error::other("no Groups line in /proc status"))?;
-    Ok(line.split_whitespace().filter_map(|g| g.parse().ok()).collect())
+    Ok(line
+        .split_whitespace()
+        .filter_map(|g| g.parse().ok())
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn nspid_depth_reads_the_line() {
+        assert_eq!(nspid_depth("Pid:\t12\nNSpid:\t12\n"), Some(1));
+        assert_eq!(nspid_depth("NSpid:\t12\t1\n"), Some(2));
+        assert_eq!(nspid_depth("NSpid:\t0\n"), None);
+        assert_eq!(nspid_depth("Pid:\t-1\nNSpid:\t-1\n"), None);
+        assert_eq!(nspid_depth("Pid:\t3\n"), None);
+    }
+
+    #[test]
+    fn a_peer_in_our_pid_namespace_is_ours() {
+        let (a, _b) = UnixStream::pair().unwrap();
+        assert!(peer_in_own_pidns(a.as_fd()).unwrap());
+    }
+
+    /// The planted violation: a peer in a child pid namespace must be refused. `unshare -p -f`
+    /// runs `sleep` as pid 1 of a new pid namespace; we connect it to a socket of ours.
+    #[test]
+    fn a_peer_in_a_child_pid_namespace_is_not() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root to create a pid namespace (CLONE_NEWPID)");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let mut child = std::process::Command::new("unshare")
+            .args(["-p", "-f", "--", "python3", "-c"])
+            .arg(format!(
+                "import socket,time; s=socket.socket(socket.AF_UNIX); s.connect({:?}); time.sleep(5)",
+                path.to_str().unwrap()
+            ))
+            .spawn()
+            .unwrap();
+        let (conn, _) = listener.accept().unwrap();
+        let ours = peer_in_own_pidns(conn.as_fd()).unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(
+            !ours,
+            "a peer in a child pid namespace was taken for one in ours"
+        );
+    }
 }

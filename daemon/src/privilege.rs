@@ -17,7 +17,10 @@ pub fn harden() -> io::Result<()> {
 /// uid 0. Checks afterwards that uid 0 cannot be regained.
 pub fn drop_to(uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
     if uid == 0 {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "refusing to drop to uid 0"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "refusing to drop to uid 0",
+        ));
     }
     let groups: Vec<Gid> = groups.iter().map(|&g| Gid::from_raw(g)).collect();
     setgroups(&groups)?;
@@ -25,7 +28,9 @@ pub fn drop_to(uid: u32, gid: u32, groups: &[u32]) -> io::Result<()> {
     setresgid(g, g, g)?;
     setresuid(u, u, u)?;
     if setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0)).is_ok() {
-        return Err(io::Error::other("uid 0 could be regained after dropping privileges"));
+        return Err(io::Error::other(
+            "uid 0 could be regained after dropping privileges",
+        ));
     }
     // setresuid cleared the effective and permitted capability sets; non-dumpable again, since a
     // uid change resets it.

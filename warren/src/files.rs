@@ -9,14 +9,21 @@ use warren_daemon::Dirs;
 
 /// Runs one client operation on a current-thread runtime.
 pub fn run(fut: impl std::future::Future<Output = Result<ExitCode>>) -> Result<ExitCode> {
-    tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(fut)
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(fut)
 }
 
 /// Splits `/tool/echo/call` into the server (`tool`) and the path inside it (`echo/call`).
 fn split(path: &str) -> Result<(&str, &str)> {
     let trimmed = path.trim_start_matches('/');
     let (server, rest) = trimmed.split_once('/').unwrap_or((trimmed, ""));
-    if server.is_empty() || !server.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+    if server.is_empty()
+        || !server
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
         bail!("{path:?}: a path starts with a server name, like /tool or /receipts");
     }
     Ok((server, rest))
@@ -26,17 +33,25 @@ async fn walk(dirs: &Dirs, path: &str) -> Result<Fid> {
     let (server, rest) = split(path)?;
     let sock = dirs.socket(server);
     let client = Client::connect_unix(&sock).await.with_context(|| {
-        format!("no server {server:?} answers at {} (is warren up?)", sock.display())
+        format!(
+            "no server {server:?} answers at {} (is warren up?)",
+            sock.display()
+        )
     })?;
     let user = nix::unistd::User::from_uid(nix::unistd::getuid())
         .ok()
         .flatten()
         .map_or_else(|| "operator".to_string(), |u| u.name);
-    let root = client.attach(&user, "").await.with_context(|| format!("attach to {server}"))?;
+    let root = client
+        .attach(&user, "")
+        .await
+        .with_context(|| format!("attach to {server}"))?;
     if rest.is_empty() {
         return Ok(root);
     }
-    root.walk_path(rest).await.with_context(|| format!("{path}"))
+    root.walk_path(rest)
+        .await
+        .with_context(|| format!("{path}"))
 }
 
 pub async fn ls(dirs: &Dirs, path: &str) -> Result<ExitCode> {
@@ -46,14 +61,22 @@ pub async fn ls(dirs: &Dirs, path: &str) -> Result<ExitCode> {
         println!("{}", path.rsplit('/').next().unwrap_or(path));
         return Ok(ExitCode::SUCCESS);
     }
-    fid.open(oflags::RDONLY).await.with_context(|| path.to_string())?;
+    fid.open(oflags::RDONLY)
+        .await
+        .with_context(|| path.to_string())?;
     let mut names: Vec<String> = fid
         .readdir_all()
         .await
         .with_context(|| path.to_string())?
         .into_iter()
         .filter(|e| e.name != "." && e.name != "..")
-        .map(|e| if e.qid.typ.contains(warren_9p::QIdType::DIR) { format!("{}/", e.name) } else { e.name })
+        .map(|e| {
+            if e.qid.typ.contains(warren_9p::QIdType::DIR) {
+                format!("{}/", e.name)
+            } else {
+                e.name
+            }
+        })
         .collect();
     names.sort();
     let mut out = std::io::stdout().lock();
@@ -65,7 +88,9 @@ pub async fn ls(dirs: &Dirs, path: &str) -> Result<ExitCode> {
 
 pub async fn cat(dirs: &Dirs, path: &str) -> Result<ExitCode> {
     let fid = walk(dirs, path).await?;
-    fid.open(oflags::RDONLY).await.with_context(|| path.to_string())?;
+    fid.open(oflags::RDONLY)
+        .await
+        .with_context(|| path.to_string())?;
     let data = fid.read_to_end(0).await.with_context(|| path.to_string())?;
     std::io::stdout().write_all(&data)?;
     Ok(ExitCode::SUCCESS)
@@ -81,8 +106,12 @@ pub async fn write(dirs: &Dirs, path: &str, data: Option<String>) -> Result<Exit
         }
     };
     let fid = walk(dirs, path).await?;
-    fid.open(oflags::RDWR).await.with_context(|| path.to_string())?;
-    fid.write_all(0, &data).await.with_context(|| path.to_string())?;
+    fid.open(oflags::RDWR)
+        .await
+        .with_context(|| path.to_string())?;
+    fid.write_all(0, &data)
+        .await
+        .with_context(|| path.to_string())?;
     // rpc-style files (append, decide, ctl) answer on the same open; plain files read back empty
     // or refuse the read, neither of which is an error of the write.
     if let Ok(reply) = fid.read_to_end(data.len() as u64).await {
@@ -98,8 +127,13 @@ pub async fn call(dirs: &Dirs, tool: &str, json: &str) -> Result<ExitCode> {
     let path = format!("/tool/{tool}/call");
     let fid = walk(dirs, &path).await?;
     fid.open(oflags::RDWR).await.with_context(|| path.clone())?;
-    fid.write_all(0, json.as_bytes()).await.with_context(|| path.clone())?;
-    let reply = fid.read_to_end(json.len() as u64).await.with_context(|| path.clone())?;
+    fid.write_all(0, json.as_bytes())
+        .await
+        .with_context(|| path.clone())?;
+    let reply = fid
+        .read_to_end(json.len() as u64)
+        .await
+        .with_context(|| path.clone())?;
     let mut out = std::io::stdout().lock();
     out.write_all(&reply)?;
     if !reply.ends_with(b"\n") {

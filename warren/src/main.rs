@@ -9,7 +9,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "warren", version, about = "A capability-namespace microkernel for AI agents")]
+#[command(
+    name = "warren",
+    version,
+    about = "A capability-namespace microkernel for AI agents"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -39,10 +43,7 @@ enum Command {
     },
     /// Write DATA (else standard input) to a file served by a daemon, then print what a read of
     /// the same open returns, if anything (rpc-style files answer there).
-    Write {
-        path: String,
-        data: Option<String>,
-    },
+    Write { path: String, data: Option<String> },
     /// Call a tool: write JSON arguments to /tool/TOOL/call and print the result envelope.
     /// Exit status: 0 ok, 1 the tool failed, 3 denied.
     Call {

@@ -7,7 +7,7 @@
 //! and restarts a daemon that dies.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Write};
+use std::io::{BufRead, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
@@ -36,28 +36,31 @@ struct Daemon {
 }
 
 /// The daemons, in start order (receipts before anything that writes receipts).
-const DAEMONS: &[Daemon] = &[
-    Daemon {
-        binary: "warren-toolfs",
-        name: "toolfs",
-        role: Role::Toolfs,
-        sockets: &["tool.sock", "toolfs.ctl"],
-        // Until nsd builds the workers (issue 4), toolfs starts each tool worker under the worker
-        // uid itself, which takes these two.
-        caps: &[caps::Capability::CAP_SETUID, caps::Capability::CAP_SETGID],
-    },
-];
+const DAEMONS: &[Daemon] = &[Daemon {
+    binary: "warren-toolfs",
+    name: "toolfs",
+    role: Role::Toolfs,
+    sockets: &["tool.sock", "toolfs.ctl"],
+    // Until nsd builds the workers (issue 4), toolfs starts each tool worker under the worker
+    // uid itself, which takes these two.
+    caps: &[caps::Capability::CAP_SETUID, caps::Capability::CAP_SETGID],
+}];
 
 fn libexec_dir() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("WARREN_LIBEXEC_DIR") {
         return Ok(PathBuf::from(dir));
     }
     let exe = std::env::current_exe().context("cannot find the warren executable")?;
-    Ok(exe.parent().context("warren executable has no directory")?.to_path_buf())
+    Ok(exe
+        .parent()
+        .context("warren executable has no directory")?
+        .to_path_buf())
 }
 
 fn operator_gid() -> u32 {
-    warren_daemon::operator::OperatorPolicy::from_host().operator_gid.unwrap_or(0)
+    warren_daemon::operator::OperatorPolicy::from_host()
+        .operator_gid
+        .unwrap_or(0)
 }
 
 fn lock_path(dirs: &Dirs) -> PathBuf {
@@ -84,7 +87,12 @@ fn prepare_dirs(dirs: &Dirs) -> Result<()> {
     };
     make(&dirs.runtime, 0o750, 0, operator_gid())?;
     make(&dirs.data, 0o751, 0, 0)?;
-    make(&dirs.secrets, 0o700, Role::Receiptd.uid(), Role::Receiptd.uid())?;
+    make(
+        &dirs.secrets,
+        0o700,
+        Role::Receiptd.uid(),
+        Role::Receiptd.uid(),
+    )?;
     for d in DAEMONS {
         make(&dirs.data.join(d.name), 0o700, d.role.uid(), d.role.uid())?;
     }
@@ -113,18 +121,27 @@ fn running_pid(dirs: &Dirs) -> Option<i32> {
 
 pub fn up(dirs: &Dirs) -> Result<ExitCode> {
     if !nix::unistd::geteuid().is_root() {
-        bail!("warren up needs root in this version (nsd is a system service; see docs/decisions.md)");
+        bail!(
+            "warren up needs root in this version (nsd is a system service; see docs/decisions.md)"
+        );
     }
     prepare_dirs(dirs)?;
     match try_lock(dirs)? {
         None => {
-            println!("warren is already up (supervisor pid {})", running_pid(dirs).unwrap_or(0));
+            println!(
+                "warren is already up (supervisor pid {})",
+                running_pid(dirs).unwrap_or(0)
+            );
             return Ok(ExitCode::SUCCESS);
         }
         Some(lock) => drop(lock),
     }
     let (mut ready_r, ready_w) = std::io::pipe()?;
-    let log = OpenOptions::new().create(true).append(true).mode(0o640).open(log_path(dirs))?;
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o640)
+        .open(log_path(dirs))?;
     let exe = std::env::current_exe()?;
     let mut cmd = std::process::Command::new(exe);
     cmd.arg("supervise")
@@ -151,7 +168,7 @@ pub fn up(dirs: &Dirs) -> Result<ExitCode> {
     drop(ready_w);
     drop(cmd);
     let mut said = String::new();
-    ready_r.read_to_string(&mut said)?;
+    std::io::BufReader::new(&mut ready_r).read_line(&mut said)?;
     let said = said.trim();
     if said == "ready" {
         println!(
@@ -162,7 +179,10 @@ pub fn up(dirs: &Dirs) -> Result<ExitCode> {
         );
         Ok(ExitCode::SUCCESS)
     } else if said.is_empty() {
-        bail!("the supervisor exited before it was ready; see {}", log_path(dirs).display())
+        bail!(
+            "the supervisor exited before it was ready; see {}",
+            log_path(dirs).display()
+        )
     } else {
         bail!("{said} (log: {})", log_path(dirs).display())
     }
@@ -189,15 +209,20 @@ pub fn down(dirs: &Dirs) -> Result<ExitCode> {
 
 pub fn status(dirs: &Dirs, json: bool) -> Result<ExitCode> {
     let up = matches!(try_lock(dirs), Ok(None));
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let mut sockets = Vec::new();
     for d in DAEMONS {
         for s in d.sockets.iter().filter(|s| s.ends_with(".sock")) {
             let path = dirs.runtime.join(s);
             let answers = rt.block_on(async {
-                tokio::time::timeout(Duration::from_secs(2), warren_9p::Client::connect_unix(&path))
-                    .await
-                    .is_ok_and(|r| r.is_ok())
+                tokio::time::timeout(
+                    Duration::from_secs(2),
+                    warren_9p::Client::connect_unix(&path),
+                )
+                .await
+                .is_ok_and(|r| r.is_ok())
             });
             sockets.push((d.name, path, answers));
         }
@@ -212,15 +237,26 @@ pub fn status(dirs: &Dirs, json: bool) -> Result<ExitCode> {
         println!("{v}");
     } else {
         if up {
-            println!("warren is up (supervisor pid {})", running_pid(dirs).unwrap_or(0));
+            println!(
+                "warren is up (supervisor pid {})",
+                running_pid(dirs).unwrap_or(0)
+            );
         } else {
             println!("warren is not up");
         }
         for (name, path, answers) in &sockets {
-            println!("  {name:<10} {:<40} {}", path.display(), if *answers { "answers" } else { "no answer" });
+            println!(
+                "  {name:<10} {:<40} {}",
+                path.display(),
+                if *answers { "answers" } else { "no answer" }
+            );
         }
     }
-    Ok(if up { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if up {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 /// A socket the supervisor bound, and the fd number it has in the daemon.
@@ -237,8 +273,13 @@ fn bind_sockets(dirs: &Dirs, d: &Daemon) -> Result<Vec<Bound>> {
             // We hold the lock, so whatever is there is stale.
             fs::remove_file(&path)?;
         }
-        let listener = UnixListener::bind(&path).with_context(|| format!("bind {}", path.display()))?;
-        let (mode, gid) = if name.ends_with(".ctl") { (0o600, 0) } else { (0o660, operator_gid()) };
+        let listener =
+            UnixListener::bind(&path).with_context(|| format!("bind {}", path.display()))?;
+        let (mode, gid) = if name.ends_with(".ctl") {
+            (0o600, 0)
+        } else {
+            (0o660, operator_gid())
+        };
         nix::unistd::chown(&path, Some(0.into()), Some(gid.into()))?;
         fs::set_permissions(&path, fs::Permissions::from_mode(mode))?;
         out.push(Bound { name, listener });
@@ -248,17 +289,27 @@ fn bind_sockets(dirs: &Dirs, d: &Daemon) -> Result<Vec<Bound>> {
 
 fn spawn_daemon(dirs: &Dirs, d: &Daemon, bound: &[Bound]) -> Result<std::process::Child> {
     let binary = libexec_dir()?.join(d.binary);
-    let listen_fds: Vec<String> =
-        bound.iter().map(|b| format!("{}={}", b.name, b.listener.as_raw_fd())).collect();
+    let listen_fds: Vec<String> = bound
+        .iter()
+        .map(|b| format!("{}={}", b.name, b.listener.as_raw_fd()))
+        .collect();
     let raw: Vec<i32> = bound.iter().map(|b| b.listener.as_raw_fd()).collect();
     let uid = d.role.uid();
-    let groups = [operator_gid()];
+    // The operator group lets daemons reach each other's operator sockets; with no such group,
+    // no supplementary group at all (never root's group 0).
+    let groups: Vec<u32> = warren_daemon::operator::OperatorPolicy::from_host()
+        .operator_gid
+        .into_iter()
+        .collect();
     let caps_wanted: Vec<caps::Capability> = d.caps.to_vec();
     let mut cmd = std::process::Command::new(&binary);
     cmd.env("WARREN_RUNTIME_DIR", &dirs.runtime)
         .env("WARREN_DATA_DIR", dirs.data.join(d.name))
         .env("WARREN_SECRETS_DIR", &dirs.secrets)
-        .env(warren_daemon::operator::LISTEN_FDS_ENV, listen_fds.join(","))
+        .env(
+            warren_daemon::operator::LISTEN_FDS_ENV,
+            listen_fds.join(","),
+        )
         .stdin(std::process::Stdio::null());
     // SAFETY: the closure only makes syscalls (fcntl, prctl, setgroups, setres[ug]id, capset);
     // the caps crate's set operations build small sets, and glibc's fork handlers leave malloc
@@ -274,7 +325,8 @@ fn spawn_daemon(dirs: &Dirs, d: &Daemon, bound: &[Bound]) -> Result<std::process
             drop_privileges(uid, &groups, &caps_wanted)
         });
     }
-    cmd.spawn().with_context(|| format!("start {}", binary.display()))
+    cmd.spawn()
+        .with_context(|| format!("start {}", binary.display()))
 }
 
 /// In the child, before exec: become `uid`, keeping exactly `keep` as ambient capabilities.
@@ -283,10 +335,17 @@ fn drop_privileges(uid: u32, groups: &[u32], keep: &[caps::Capability]) -> std::
     let to_io = |e: caps::errors::CapsError| std::io::Error::other(e.to_string());
     nix::sys::prctl::set_keepcaps(true)?;
     let groups: Vec<nix::unistd::Gid> = groups.iter().map(|&g| g.into()).collect();
+    let keep: CapsHashSet = keep.iter().copied().collect();
+    // The bounding set first, while we still hold CAP_SETPCAP: nothing this process execs can
+    // ever get a capability outside `keep`.
+    for c in caps::all() {
+        if !keep.contains(&c) {
+            caps::drop(None, CapSet::Bounding, c).map_err(to_io)?;
+        }
+    }
     nix::unistd::setgroups(&groups)?;
     nix::unistd::setresgid(uid.into(), uid.into(), uid.into())?;
     nix::unistd::setresuid(uid.into(), uid.into(), uid.into())?;
-    let keep: CapsHashSet = keep.iter().copied().collect();
     caps::set(None, CapSet::Effective, &keep).map_err(to_io)?;
     caps::set(None, CapSet::Permitted, &keep).map_err(to_io)?;
     caps::set(None, CapSet::Inheritable, &keep).map_err(to_io)?;
@@ -306,6 +365,13 @@ pub fn supervise(dirs: &Dirs, ready_fd: Option<i32>) -> Result<ExitCode> {
     // SAFETY: `up` passed us the write end of its pipe under this number, and nothing else here
     // uses it.
     let mut ready = ready_fd.map(|fd| File::from(unsafe { OwnedFd::from_raw_fd(fd) }));
+    if let Some(r) = &ready {
+        // Back to close-on-exec, or every daemon would hold `up`'s pipe open.
+        nix::fcntl::fcntl(
+            r,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )?;
+    }
     let result = supervise_inner(dirs, &mut ready);
     if let (Err(e), Some(r)) = (&result, ready.as_mut()) {
         let _ = writeln!(r, "{e:#}");
@@ -316,10 +382,27 @@ pub fn supervise(dirs: &Dirs, ready_fd: Option<i32>) -> Result<ExitCode> {
 fn supervise_inner(dirs: &Dirs, ready: &mut Option<File>) -> Result<ExitCode> {
     warren_daemon::harden()?;
     prepare_dirs(dirs)?;
-    let Some(_lock) = try_lock(dirs)? else { bail!("another supervisor holds {}", lock_path(dirs).display()) };
+    let Some(_lock) = try_lock(dirs)? else {
+        bail!("another supervisor holds {}", lock_path(dirs).display())
+    };
     fs::write(pid_path(dirs), format!("{}\n", std::process::id()))?;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let mut running = Vec::new();
+    let started = start_all(dirs, &mut running);
+    if let Err(e) = started {
+        // Never leave a half-started set behind.
+        stop_all(dirs, &mut running)?;
+        return Err(e);
+    }
+    if let Some(mut r) = ready.take() {
+        writeln!(r, "ready")?;
+    }
+    supervise_loop(dirs, &mut running)
+}
+
+fn start_all(dirs: &Dirs, running: &mut Running<'static>) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     for d in DAEMONS {
         let bound = bind_sockets(dirs, d)?;
         let child = spawn_daemon(dirs, d, &bound)?;
@@ -338,17 +421,23 @@ fn supervise_inner(dirs: &Dirs, ready: &mut Option<File>) -> Result<ExitCode> {
                     bail!("{} exited during startup ({status})", d.name);
                 }
                 if Instant::now() > deadline {
-                    bail!("{} did not answer on {} within 20 s", d.name, path.display());
+                    bail!(
+                        "{} did not answer on {} within 20 s",
+                        d.name,
+                        path.display()
+                    );
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
         }
-        tracing_line(&format!("{} up (pid {}, uid {})", d.name, child.id(), d.role.uid()));
+        tracing_line(&format!(
+            "{} up (pid {}, uid {})",
+            d.name,
+            child.id(),
+            d.role.uid()
+        ));
     }
-    if let Some(mut r) = ready.take() {
-        writeln!(r, "ready")?;
-    }
-    supervise_loop(dirs, &mut running)
+    Ok(())
 }
 
 fn tracing_line(msg: &str) {
@@ -365,29 +454,49 @@ fn supervise_loop(dirs: &Dirs, running: &mut Running<'_>) -> Result<ExitCode> {
     mask.add(Signal::SIGINT);
     mask.add(Signal::SIGHUP);
     mask.thread_block()?;
-    let sfd = nix::sys::signalfd::SignalFd::with_flags(&mask, nix::sys::signalfd::SfdFlags::SFD_NONBLOCK)?;
+    let sfd = nix::sys::signalfd::SignalFd::with_flags(
+        &mask,
+        nix::sys::signalfd::SfdFlags::SFD_NONBLOCK,
+    )?;
     loop {
         if let Ok(Some(sig)) = sfd.read_signal() {
             tracing_line(&format!("signal {}: stopping", sig.ssi_signo));
             break;
         }
         for (d, bound, child, restarts) in running.iter_mut() {
+            if restarts.len() > MAX_RESTARTS {
+                continue; // given up on
+            }
             if let Some(status) = child.try_wait()? {
                 let now = Instant::now();
                 restarts.retain(|t| now.duration_since(*t) < Duration::from_secs(60));
-                if restarts.len() >= 5 {
-                    tracing_line(&format!("{} died ({status}) 5 times in a minute: not restarting", d.name));
+                restarts.push(now);
+                if restarts.len() > MAX_RESTARTS {
+                    tracing_line(&format!(
+                        "{} died ({status}) {MAX_RESTARTS} times in a minute: not restarting",
+                        d.name
+                    ));
                     continue;
                 }
-                restarts.push(now);
                 tracing_line(&format!("{} died ({status}): restarting", d.name));
                 *child = spawn_daemon(dirs, d, bound)?;
             }
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+    stop_all(dirs, running)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+const MAX_RESTARTS: usize = 5;
+
+/// SIGTERM to every daemon, SIGKILL after 5 s, then their sockets and the pid file are removed.
+fn stop_all(dirs: &Dirs, running: &mut Running<'_>) -> Result<()> {
     for (_, _, child, _) in running.iter_mut() {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::SIGTERM);
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::SIGTERM,
+        );
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     for (d, bound, child, _) in running.iter_mut() {
@@ -404,5 +513,5 @@ fn supervise_loop(dirs: &Dirs, running: &mut Running<'_>) -> Result<ExitCode> {
         }
     }
     let _ = fs::remove_file(pid_path(dirs));
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }

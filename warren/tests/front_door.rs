@@ -1,0 +1,215 @@
+//! The front door against the real daemons: `warren up`, the operator sockets, supervision and
+//! `warren down`. Needs root (the supervisor changes uids) and the workspace's daemon binaries.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+struct Warren {
+    base: tempfile::TempDir,
+}
+
+impl Warren {
+    fn new() -> Option<Warren> {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: warren up needs root (it starts daemons under their own uids)");
+            return None;
+        }
+        let bin = PathBuf::from(env!("CARGO_BIN_EXE_warren"));
+        let toolfs = bin.with_file_name("warren-toolfs");
+        assert!(
+            toolfs.exists(),
+            "{} is missing: build the workspace (cargo build --workspace) before these tests",
+            toolfs.display()
+        );
+        let base = tempfile::Builder::new()
+            .prefix("wfd")
+            .tempdir_in("/tmp")
+            .unwrap();
+        Some(Warren { base })
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_warren"));
+        c.args(args)
+            .env("WARREN_RUNTIME_DIR", self.base.path().join("run"))
+            .env("WARREN_DATA_DIR", self.base.path().join("data"))
+            .env("WARREN_SECRETS_DIR", self.base.path().join("secrets"));
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "warren {args:?} failed: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn runtime(&self) -> PathBuf {
+        self.base.path().join("run")
+    }
+}
+
+impl Drop for Warren {
+    fn drop(&mut self) {
+        let _ = self.run(&["down"]);
+    }
+}
+
+fn daemon_pid(runtime: &Path, binary: &str) -> Option<i32> {
+    // The daemon whose environment names this runtime dir.
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) else {
+            continue;
+        };
+        if exe.file_name().and_then(|n| n.to_str()) != Some(binary) {
+            continue;
+        }
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        let want = format!("WARREN_RUNTIME_DIR={}", runtime.display());
+        if env.split(|&b| b == 0).any(|kv| kv == want.as_bytes()) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+fn status_field(pid: i32, field: &str) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// T: O2 (each daemon under its own uid), N9/H3 (non-dumpable, no root), the operator's view.
+#[test]
+fn up_serves_tools_under_the_daemons_own_uid_and_down_stops_them() {
+    let Some(w) = Warren::new() else { return };
+    let said = w.ok(&["up"]);
+    assert!(said.contains("warren is up"), "{said}");
+    // A second `up` finds the lock held and starts nothing.
+    assert!(w.ok(&["up"]).contains("already up"));
+    assert!(w.ok(&["status"]).contains("answers"));
+
+    let pid = daemon_pid(&w.runtime(), "warren-toolfs").expect("toolfs is running");
+    let uid = status_field(pid, "Uid:");
+    assert!(
+        !uid.split_whitespace().any(|u| u == "0"),
+        "toolfs runs with uid 0: {uid}"
+    );
+    assert_eq!(status_field(pid, "NoNewPrivs:"), "1");
+    assert_eq!(
+        status_field(pid, "CapBnd:"),
+        status_field(pid, "CapPrm:"),
+        "bounding set wider than kept caps"
+    );
+    // Non-dumpable: /proc/<pid>/environ etc. become root-owned, which is how the kernel shows it.
+    let meta = std::fs::metadata(format!("/proc/{pid}/environ")).unwrap();
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::uid(&meta),
+        0,
+        "toolfs is dumpable"
+    );
+
+    let listing = w.ok(&["ls", "/tool"]);
+    for name in ["echo/", "tools"] {
+        assert!(
+            listing.lines().any(|l| l == name),
+            "{name} missing from {listing}"
+        );
+    }
+    let tools = w.ok(&["cat", "/tool/tools"]);
+    assert!(
+        tools.lines().any(|l| l.starts_with("echo\tread\t")),
+        "{tools}"
+    );
+    let envelope = w.ok(&["call", "echo", r#"{"b":2,"a":1}"#]);
+    let v: serde_json::Value = serde_json::from_str(&envelope).unwrap();
+    assert_eq!(v["status"], "ok");
+    // The arguments came back canonicalised (RFC 8785: sorted keys).
+    assert_eq!(v["content"], r#"{"a":1,"b":2}"#);
+
+    assert!(w.ok(&["down"]).contains("warren is down"));
+    assert!(
+        daemon_pid(&w.runtime(), "warren-toolfs").is_none(),
+        "toolfs outlived warren down"
+    );
+    assert!(
+        !w.runtime().join("tool.sock").exists(),
+        "socket left behind"
+    );
+    assert!(!w.run(&["status"]).status.success());
+}
+
+/// Supervision: a daemon killed with SIGKILL comes back on the same socket.
+#[test]
+fn a_killed_daemon_is_restarted_on_the_same_socket() {
+    let Some(w) = Warren::new() else { return };
+    w.ok(&["up"]);
+    let first = daemon_pid(&w.runtime(), "warren-toolfs").unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(first), nix::sys::signal::SIGKILL).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let second = loop {
+        match daemon_pid(&w.runtime(), "warren-toolfs") {
+            Some(p) if p != first => break p,
+            _ if Instant::now() > deadline => panic!("toolfs was not restarted"),
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    assert_ne!(first, second);
+    let envelope = w.ok(&["call", "echo", r#"{"x":"after restart"}"#]);
+    assert!(envelope.contains("after restart"), "{envelope}");
+}
+
+/// H1: a host process that is not the operator cannot attach, even with the socket's path.
+#[test]
+fn a_non_operator_and_a_peer_in_another_pid_namespace_are_refused() {
+    let Some(w) = Warren::new() else { return };
+    w.ok(&["up"]);
+    // Control: the operator gets in.
+    w.ok(&["cat", "/tool/tools"]);
+
+    // uid 65534 (nobody) with the runtime dir opened up so only the daemon's own check stands.
+    let run = w.runtime();
+    std::fs::set_permissions(&run, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(
+        run.join("tool.sock"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .unwrap();
+    let mut nobody = w.cmd(&["cat", "/tool/tools"]);
+    std::os::unix::process::CommandExt::uid(&mut nobody, 65534);
+    std::os::unix::process::CommandExt::gid(&mut nobody, 65534);
+    let out = nobody.output().unwrap();
+    assert!(
+        !out.status.success(),
+        "uid 65534 read /tool/tools: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    // Root, but in a new pid namespace.
+    let warren = env!("CARGO_BIN_EXE_warren");
+    let out = Command::new("unshare")
+        .args(["-p", "-f", "--", warren, "cat", "/tool/tools"])
+        .env("WARREN_RUNTIME_DIR", w.runtime())
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "a root process in another pid namespace attached: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
