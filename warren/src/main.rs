@@ -1,6 +1,7 @@
 //! `warren`: the front door. Starts and stops the daemons, and speaks 9P to their operator
 //! sockets so everything they serve can be read and written as files, with no FUSE needed.
 
+mod doctor;
 mod files;
 mod supervise;
 
@@ -51,6 +52,11 @@ enum Command {
         /// The arguments, a JSON object.
         json: String,
     },
+    /// What this host's kernel offers warren, and which weaker mode, if any, it would need.
+    Doctor {
+        #[arg(long)]
+        json: bool,
+    },
     /// Run the daemons in the foreground and restart any that dies (what `up` starts).
     #[command(hide = true)]
     Supervise {
@@ -67,6 +73,7 @@ fn main() -> ExitCode {
         Command::Up => supervise::up(&dirs),
         Command::Down => supervise::down(&dirs),
         Command::Status { json } => supervise::status(&dirs, json),
+        Command::Doctor { json } => doctor::doctor(json),
         Command::Supervise { ready_fd } => supervise::supervise(&dirs, ready_fd),
         Command::Ls { path } => files::run(files::ls(&dirs, &path)),
         Command::Cat { path } => files::run(files::cat(&dirs, &path)),

@@ -213,3 +213,36 @@ fn a_non_operator_and_a_peer_in_another_pid_namespace_are_refused() {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// `warren doctor` reports every kernel feature warren relies on, by name, as JSON a script can read.
+#[test]
+fn doctor_names_every_feature() {
+    let out = Command::new(env!("CARGO_BIN_EXE_warren"))
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("doctor --json prints JSON");
+    let names: Vec<&str> = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    for want in [
+        "namespaces",
+        "landlock",
+        "seccomp",
+        "fuse",
+        "v9fs",
+        "cgroup v2",
+        "apparmor userns",
+    ] {
+        assert!(
+            names.contains(&want),
+            "doctor does not report {want}: {names:?}"
+        );
+    }
+    // Its exit status agrees with its verdict.
+    assert_eq!(out.status.success(), v["ready"].as_bool().unwrap());
+}

@@ -1,0 +1,227 @@
+//! `warren doctor`: what this host's kernel offers warren, and what warren would need to weaken.
+//!
+//! Every check reads the kernel's own answer (a syscall, a /proc or /sys file), never a version
+//! number guessed into a feature.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use serde::Serialize;
+
+#[derive(Serialize)]
+struct Check {
+    name: &'static str,
+    /// "ok", "missing" or "info".
+    state: &'static str,
+    detail: String,
+    /// What warren does without it.
+    consequence: &'static str,
+}
+
+fn read(path: &str) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// The Landlock ABI the kernel offers, from `landlock_create_ruleset(NULL, 0, VERSION)`.
+pub fn landlock_abi() -> Option<i64> {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: with a null attr and size 0 and the VERSION flag, the syscall only returns a number.
+    let abi = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    (abi > 0).then_some(abi)
+}
+
+fn filesystems() -> String {
+    read("/proc/filesystems").unwrap_or_default()
+}
+
+fn has_fs(name: &str) -> bool {
+    filesystems()
+        .lines()
+        .any(|l| l.split_whitespace().last() == Some(name))
+}
+
+fn checks() -> Vec<Check> {
+    let mut out = Vec::new();
+    let ns_missing: Vec<&str> = ["mnt", "pid", "net", "ipc", "uts", "cgroup", "user"]
+        .into_iter()
+        .filter(|n| !Path::new(&format!("/proc/self/ns/{n}")).exists())
+        .collect();
+    out.push(Check {
+        name: "namespaces",
+        state: if ns_missing.is_empty() {
+            "ok"
+        } else {
+            "missing"
+        },
+        detail: if ns_missing.is_empty() {
+            "mount, pid, net, ipc, uts, cgroup, user".into()
+        } else {
+            format!("missing: {}", ns_missing.join(", "))
+        },
+        consequence: "warren run refuses: a namespace is the sandbox",
+    });
+    let abi = landlock_abi();
+    out.push(Check {
+        name: "landlock",
+        state: match abi {
+            Some(a) if a >= 1 => "ok",
+            _ => "missing",
+        },
+        detail: match abi {
+            Some(a) => format!(
+                "ABI {a}{}",
+                if a >= 6 {
+                    " (filesystem, TCP, scopes)"
+                } else if a >= 4 {
+                    " (filesystem, TCP)"
+                } else {
+                    " (filesystem)"
+                }
+            ),
+            None => "not enabled (add landlock to the lsm= boot parameter)".into(),
+        },
+        consequence: "warren run refuses unless --weaker-landlock, which the boot receipt records",
+    });
+    let actions = read("/proc/sys/kernel/seccomp/actions_avail").unwrap_or_default();
+    out.push(Check {
+        name: "seccomp",
+        state: if actions.contains("errno") && actions.contains("kill_process") {
+            "ok"
+        } else {
+            "missing"
+        },
+        detail: if actions.is_empty() {
+            "no seccomp filter support".into()
+        } else {
+            format!("actions: {actions}")
+        },
+        consequence: "warren run refuses: the syscall filter is part of every namespace",
+    });
+    let fuse = Path::new("/dev/fuse").exists() && has_fs("fuse");
+    out.push(Check {
+        name: "fuse",
+        state: if fuse { "ok" } else { "missing" },
+        detail: if fuse {
+            "/dev/fuse and the fuse filesystem".into()
+        } else {
+            "no /dev/fuse or fuse filesystem".into()
+        },
+        consequence: "no 9P mounts inside namespaces on a kernel without v9fs",
+    });
+    let timeout = read("/proc/sys/fs/fuse/max_request_timeout");
+    out.push(Check {
+        name: "fuse request timeout",
+        state: "info",
+        detail: match &timeout {
+            Some(t) => format!("fs.fuse.max_request_timeout = {t}"),
+            None => "the kernel has no FUSE request timeout (before 6.14)".into(),
+        },
+        consequence: "the bridge bounds every call itself; this is only a last-resort watchdog",
+    });
+    let v9fs = has_fs("9p");
+    out.push(Check {
+        name: "v9fs",
+        state: if v9fs { "ok" } else { "info" },
+        detail: if v9fs {
+            "the kernel's 9P client is loaded".into()
+        } else {
+            "no kernel 9P client: mounts go through the FUSE bridge".into()
+        },
+        consequence: "none: FUSE is the mount path that must work",
+    });
+    let cg2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let subtree = read("/sys/fs/cgroup/cgroup.subtree_control").unwrap_or_default();
+    let delegated = ["pids", "memory"]
+        .iter()
+        .all(|c| subtree.split_whitespace().any(|s| s == *c))
+        || read("/sys/fs/cgroup/cgroup.controllers").is_some_and(|c| {
+            ["pids", "memory"]
+                .iter()
+                .all(|w| c.split_whitespace().any(|s| s == *w))
+        });
+    out.push(Check {
+        name: "cgroup v2",
+        state: if cg2 && delegated { "ok" } else { "missing" },
+        detail: if cg2 { format!("controllers available to warren: {subtree}") } else { "cgroup v2 not mounted at /sys/fs/cgroup".into() },
+        consequence: "limits fall back to rlimits and a wall-clock kill (pids= is then per uid, not per namespace)",
+    });
+    let apparmor = read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns");
+    out.push(Check {
+        name: "apparmor userns",
+        state: "info",
+        detail: match apparmor.as_deref() {
+            Some("1") => "Ubuntu's apparmor_restrict_unprivileged_userns = 1".into(),
+            Some(v) => format!("apparmor_restrict_unprivileged_userns = {v}"),
+            None => "no AppArmor user-namespace restriction".into(),
+        },
+        consequence: "none while nsd runs as root; matters for a future unprivileged nsd",
+    });
+    let root = nix::unistd::geteuid().is_root();
+    out.push(Check {
+        name: "privilege",
+        state: if root { "ok" } else { "missing" },
+        detail: if root {
+            "running as root".into()
+        } else {
+            "not root".into()
+        },
+        consequence: "warren up needs root in this version",
+    });
+    out
+}
+
+pub fn doctor(json: bool) -> Result<ExitCode> {
+    let checks = checks();
+    let required_missing: Vec<&str> = checks
+        .iter()
+        .filter(|c| {
+            c.state == "missing"
+                && matches!(c.name, "namespaces" | "landlock" | "seccomp" | "privilege")
+        })
+        .map(|c| c.name)
+        .collect();
+    let fuse_and_9p_missing = checks
+        .iter()
+        .any(|c| c.name == "fuse" && c.state == "missing")
+        && !has_fs("9p");
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "checks": checks,
+                "ready": required_missing.is_empty() && !fuse_and_9p_missing,
+                "weaker_mode_needed": checks.iter().any(|c| c.name == "landlock" && c.state == "missing"),
+            })
+        );
+    } else {
+        for c in &checks {
+            println!("{:<22} {:<8} {}", c.name, c.state, c.detail);
+            if c.state == "missing" {
+                println!("{:<22} {:<8} → {}", "", "", c.consequence);
+            }
+        }
+        if required_missing.is_empty() && !fuse_and_9p_missing {
+            println!("\nwarren can run here with no weaker mode.");
+        } else {
+            println!(
+                "\nwarren cannot run fully here: missing {}.",
+                required_missing.join(", ")
+            );
+        }
+    }
+    Ok(if required_missing.is_empty() && !fuse_and_9p_missing {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
