@@ -1,1 +1,23 @@
-//! placeholder
+//! warren-toolfs: the `/tool` tree. Each connection sees exactly its grant: `tools`, and per
+//! granted tool `<name>/{doc,schema,call}`. A call file is a transaction (one open, one call);
+//! arguments are parsed strictly, schema-checked and canonicalised before any tool sees them;
+//! results come back in a canonical envelope with a digest and a taint mark.
+//! The contract is `specs/tool-tree.md`.
+
+pub mod args;
+mod call;
+pub mod catalog;
+pub mod client;
+pub mod control;
+pub mod dispatch;
+pub mod echo;
+pub mod envelope;
+pub mod grant;
+pub mod tree;
+
+pub mod tools;
+pub mod worker;
+
+pub use envelope::{Envelope, Status, Taint};
+pub use grant::{ControlClient, GrantRecord, RootGrant, ToolGrant, hand_over};
+pub use tree::{ToolTree, TreeLimits};

@@ -1,0 +1,187 @@
+//! The two ways into toolfs: the operator socket (every tool, no host authority) and the control
+//! socket, on which a trusted peer hands over a connection with its grant.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex, Weak};
+
+use tokio::net::UnixListener;
+use warren_9p::Limits;
+use warren_daemon::operator::{self, OperatorPolicy};
+use warren_daemon::peer::{PeerCred, peer_cred, peer_in_own_pidns};
+
+use crate::catalog::Catalog;
+use crate::echo::EchoJournal;
+use crate::grant::{ConnGrant, GrantRecord, write_reply};
+use crate::tree::{ToolTree, TreeLimits};
+
+/// What every connection's tree is built with.
+pub struct Server {
+    pub catalog: Catalog,
+    pub tree_limits: TreeLimits,
+    pub p9_limits: Limits,
+    pub journal: Arc<EchoJournal>,
+    /// Open-call counters of the sessions that have live connections: a session's connections
+    /// share one cap, so a namespace cannot multiply it by opening more connections.
+    pub session_calls: Mutex<HashMap<String, Weak<AtomicUsize>>>,
+}
+
+impl Server {
+    pub fn new(
+        catalog: Catalog,
+        tree_limits: TreeLimits,
+        p9_limits: Limits,
+        journal: EchoJournal,
+    ) -> Server {
+        Server {
+            catalog,
+            tree_limits,
+            p9_limits,
+            journal: Arc::new(journal),
+            session_calls: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn tree(&self, grant: ConnGrant) -> Arc<ToolTree> {
+        let open_calls = match &grant.session {
+            Some(session) => self.session_counter(session),
+            None => Arc::new(AtomicUsize::new(0)),
+        };
+        Arc::new(ToolTree::new(
+            grant,
+            self.tree_limits.clone(),
+            open_calls,
+            self.journal.clone(),
+        ))
+    }
+
+    fn session_counter(&self, session: &str) -> Arc<AtomicUsize> {
+        let mut sessions = self.session_calls.lock().unwrap_or_else(|p| p.into_inner());
+        sessions.retain(|_, counter| counter.strong_count() > 0);
+        if let Some(counter) = sessions.get(session).and_then(Weak::upgrade) {
+            return counter;
+        }
+        let counter = Arc::new(AtomicUsize::new(0));
+        sessions.insert(session.to_owned(), Arc::downgrade(&counter));
+        counter
+    }
+
+    /// Serves the operator socket forever.
+    pub async fn serve_operator(self: Arc<Self>, listener: UnixListener) {
+        let server = self.clone();
+        let make =
+            move |peer: PeerCred| Some(server.tree(ConnGrant::operator(&server.catalog, peer.uid)));
+        operator::accept_loop(
+            listener,
+            OperatorPolicy::from_host(),
+            make,
+            self.p9_limits.clone(),
+        )
+        .await;
+    }
+
+    /// Serves the control socket forever: root peers in our pid namespace only; each control
+    /// connection is handled on a blocking thread of its own (one grant after another, each
+    /// answered with one line).
+    pub async fn serve_control(self: Arc<Self>, listener: UnixListener) {
+        loop {
+            let sock = match listener.accept().await {
+                Ok((sock, _)) => sock,
+                Err(e) => {
+                    tracing::warn!("control accept: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            if let Some(why) = control_refusal(sock.as_fd()) {
+                tracing::warn!("control socket: refused a peer: {why}");
+                continue;
+            }
+            let std_sock = match sock
+                .into_std()
+                .and_then(|s| s.set_nonblocking(false).map(|()| s))
+            {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!("control socket: {e}");
+                    continue;
+                }
+            };
+            let server = self.clone();
+            let runtime = tokio::runtime::Handle::current();
+            tokio::task::spawn_blocking(move || server.control_connection(std_sock, runtime));
+        }
+    }
+
+    fn control_connection(&self, sock: UnixStream, runtime: tokio::runtime::Handle) {
+        loop {
+            let (record, fds) = match warren_daemon::handoff::recv(&sock) {
+                Ok(got) => got,
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return,
+                Err(e) => {
+                    tracing::warn!("control connection: {e}; closing it");
+                    return;
+                }
+            };
+            let result = self.accept_grant(&record, fds, &runtime);
+            if let Err(msg) = &result {
+                tracing::warn!("grant refused: {msg}");
+            }
+            if let Err(e) = write_reply(&sock, &result) {
+                tracing::warn!("control connection: cannot answer: {e}");
+                return;
+            }
+        }
+    }
+
+    /// Checks one handed-over grant and, if it is sound, serves its connection.
+    fn accept_grant(
+        &self,
+        record: &[u8],
+        fds: Vec<OwnedFd>,
+        runtime: &tokio::runtime::Handle,
+    ) -> Result<(), String> {
+        let mut fds = fds.into_iter();
+        let conn = fds.next().ok_or("no connection fd came with the grant")?;
+        let record: GrantRecord =
+            serde_json::from_slice(record).map_err(|e| format!("bad grant record: {e}"))?;
+        let st = nix::sys::stat::fstat(&conn).map_err(|e| format!("connection fd: {e}"))?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+            return Err("the first fd is not a socket".into());
+        }
+        let grant = ConnGrant::from_record(&record, fds.collect(), &self.catalog)?;
+        let tree = self.tree(grant);
+        let stream = UnixStream::from(conn);
+        stream.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let limits = self.p9_limits.clone();
+        let session = record.session.clone();
+        runtime.spawn(async move {
+            let result = match tokio::net::UnixStream::from_std(stream) {
+                Ok(stream) => warren_9p::serve(tree, stream, limits).await,
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(()) => tracing::info!(session, "granted connection closed"),
+                Err(e) => tracing::info!(session, "granted connection ended: {e}"),
+            }
+        });
+        Ok(())
+    }
+}
+
+/// Why a control-socket peer is refused: only root in our own pid namespace may hand over grants.
+fn control_refusal(fd: std::os::fd::BorrowedFd<'_>) -> Option<String> {
+    match peer_in_own_pidns(fd) {
+        Ok(true) => {}
+        Ok(false) => return Some("peer is in another pid namespace".into()),
+        Err(e) => return Some(format!("cannot read the peer's pid namespace: {e}")),
+    }
+    match peer_cred(fd) {
+        Ok(c) if c.uid == 0 => None,
+        Ok(c) => Some(format!("uid {} is not root", c.uid)),
+        Err(e) => Some(format!("no peer credentials: {e}")),
+    }
+}

@@ -1,0 +1,191 @@
+//! Running calls for one connection: echo in-process, every other tool in that connection's
+//! worker for the tool, spawned on first use and killed with the connection.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::args::Arguments;
+use crate::catalog::Runner;
+use crate::echo::{self, EchoJournal};
+use crate::envelope::{Envelope, Status, Taint};
+use crate::grant::{ConnGrant, GrantedTool};
+use crate::worker::Worker;
+
+/// How long toolfs waits for a worker's answer. `shell` bounds its own commands (at most 600 s)
+/// and gets a grace period on top; the file tools answer in far less.
+pub fn call_timeout(tool: &str) -> Duration {
+    if tool == "shell" {
+        Duration::from_secs(615)
+    } else {
+        Duration::from_secs(60)
+    }
+}
+
+/// What a call needs before it starts: nothing (echo), or its worker and its turn on it.
+pub enum Runnable {
+    Echo,
+    Worker(Arc<Worker>, OwnedSemaphorePermit),
+}
+
+/// A granted worker tool on this connection: its worker (spawned on first use) and whose turn
+/// it is. A worker serves one call at a time; a call waiting for its turn has not started, so
+/// flushing its read withdraws it.
+struct WorkerSlot {
+    worker: tokio::sync::Mutex<Option<Arc<Worker>>>,
+    turn: Arc<Semaphore>,
+}
+
+pub struct Dispatcher {
+    grant: Arc<ConnGrant>,
+    workers: HashMap<String, WorkerSlot>,
+    journal: Arc<EchoJournal>,
+}
+
+impl Dispatcher {
+    pub fn new(grant: Arc<ConnGrant>, journal: Arc<EchoJournal>) -> Dispatcher {
+        let workers = grant
+            .tools
+            .iter()
+            .filter(|t| t.def.runner == Runner::Worker)
+            .map(|t| {
+                (
+                    t.def.name.clone(),
+                    WorkerSlot {
+                        worker: tokio::sync::Mutex::new(None),
+                        turn: Arc::new(Semaphore::new(1)),
+                    },
+                )
+            })
+            .collect();
+        Dispatcher {
+            grant,
+            workers,
+            journal,
+        }
+    }
+
+    pub fn grant(&self) -> &Arc<ConnGrant> {
+        &self.grant
+    }
+
+    /// Readies a call: waits for its turn on the tool's worker, finding (or spawning) the worker.
+    /// Errors come back as the envelope the read returns. Dropping this future before it
+    /// finishes withdraws the call.
+    pub async fn prepare(&self, tool: &Arc<GrantedTool>) -> Result<Runnable, Envelope> {
+        let name = tool.def.name.as_str();
+        if tool.def.runner == Runner::Echo {
+            return Ok(Runnable::Echo);
+        }
+        if tool.authority.roots.is_empty() {
+            return Err(Envelope::new(
+                name,
+                Status::Error,
+                Taint::Trusted,
+                format!(
+                    "this connection grants {name} no host path: a tool's authority comes with a grant record (nsd), not with the operator socket"
+                ),
+            ));
+        }
+        let Some((uid, gid)) = self.grant.worker_ids else {
+            return Err(Envelope::new(
+                name,
+                Status::Error,
+                Taint::Trusted,
+                "this connection has no worker identity".into(),
+            ));
+        };
+        let slot = self
+            .workers
+            .get(name)
+            .expect("a slot per granted worker tool");
+        let turn = match slot.turn.clone().try_acquire_owned() {
+            Ok(turn) => turn,
+            Err(_) => {
+                tracing::info!(conn = %self.grant.label, tool = name, "call waits for its turn on the worker");
+                slot.turn
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("the semaphore is never closed")
+            }
+        };
+        let mut slot = slot.worker.lock().await;
+        if let Some(worker) = slot.as_ref() {
+            return Ok(Runnable::Worker(worker.clone(), turn));
+        }
+        let spawn_for = tool.clone();
+        let spawned = tokio::task::spawn_blocking(move || {
+            Worker::spawn(&spawn_for.def.name, &spawn_for.authority, uid, gid)
+        })
+        .await;
+        match spawned {
+            Ok(Ok(worker)) => {
+                let worker = Arc::new(worker);
+                *slot = Some(worker.clone());
+                tracing::info!(conn = %self.grant.label, tool = name, "worker spawned");
+                Ok(Runnable::Worker(worker, turn))
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(conn = %self.grant.label, tool = name, "worker spawn failed: {e}");
+                Err(Envelope::new(
+                    name,
+                    Status::Error,
+                    Taint::Trusted,
+                    format!("cannot start the {name} worker: {e}"),
+                ))
+            }
+            Err(e) => Err(Envelope::new(
+                name,
+                Status::Error,
+                Taint::Trusted,
+                format!("cannot start the {name} worker: {e}"),
+            )),
+        }
+    }
+
+    /// Runs a readied call to its end (or its timeout).
+    pub async fn run(&self, tool: &GrantedTool, runnable: Runnable, args: &Arguments) -> Envelope {
+        let name = tool.def.name.as_str();
+        match runnable {
+            Runnable::Echo => {
+                let content = echo::run(&args.value, &args.canonical, &self.journal).await;
+                Envelope::new(name, Status::Ok, Taint::Untrusted, content)
+            }
+            Runnable::Worker(worker, _turn) => {
+                match worker.call(&args.canonical, call_timeout(name)).await {
+                    Ok(out) => {
+                        let status = if out.ok { Status::Ok } else { Status::Error };
+                        Envelope::new(name, status, Taint::Untrusted, out.content)
+                    }
+                    Err(e) => {
+                        tracing::warn!(conn = %self.grant.label, tool = name, "worker call failed: {e}; the worker will be replaced");
+                        self.forget_worker(name, &worker).await;
+                        let what = if e.kind() == std::io::ErrorKind::TimedOut {
+                            "timed out"
+                        } else {
+                            "failed"
+                        };
+                        Envelope::new(
+                            name,
+                            Status::Error,
+                            Taint::Trusted,
+                            format!("the {name} worker {what}: {e}"),
+                        )
+                    }
+                }
+            }
+        }
+    }
+
+    async fn forget_worker(&self, name: &str, failed: &Arc<Worker>) {
+        if let Some(slot) = self.workers.get(name) {
+            let mut slot = slot.worker.lock().await;
+            if slot.as_ref().is_some_and(|w| Arc::ptr_eq(w, failed)) {
+                *slot = None;
+            }
+        }
+    }
+}

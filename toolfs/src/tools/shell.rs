@@ -1,0 +1,328 @@
+//! `shell {command, timeout_s?, cwd?}`: `/bin/sh -c command` as the worker's uid, in a new session
+//! (so a new process group), with the environment reduced to [`ENV_KEPT`], stdin from /dev/null,
+//! and stdout and stderr interleaved on one pipe. Output beyond [`OUTPUT_CAP`] keeps its head and
+//! tail with a marker between. The call ends when the pipe closes and the shell has exited, or at
+//! the deadline; either way the whole process group is then killed (SIGKILL), so background jobs
+//! of the same group never outlive their call. A process that calls setsid itself leaves the
+//! group and escapes that kill: a pid namespace per command (issue 4) closes that gap.
+
+use std::collections::VecDeque;
+use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::signal::{Signal, killpg};
+use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+use nix::unistd::{Pid, pipe2};
+use serde::Deserialize;
+
+use super::resolve::{Target, describe, open_in_root};
+use super::{CallScope, ToolContext, ToolOutput};
+
+pub const DEFAULT_TIMEOUT_S: u64 = 120;
+pub const MAX_TIMEOUT_S: u64 = 600;
+/// The most output a call returns: the first and last half of it when there is more.
+pub const OUTPUT_CAP: usize = 1 << 20;
+/// The only environment variables a command sees (each only if the worker has it).
+pub const ENV_KEPT: [&str; 7] = ["PATH", "HOME", "LANG", "LC_ALL", "TERM", "TMPDIR", "USER"];
+const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+/// How often the worker looks for the shell's exit once its output has closed.
+const EXIT_POLL: Duration = Duration::from_millis(10);
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Args {
+    command: String,
+    timeout_s: Option<u64>,
+    cwd: Option<String>,
+}
+
+/// Runs one command; the scope hears its process group id as soon as it exists.
+pub fn run(ctx: &ToolContext, args: &str, scope: &mut CallScope<'_>) -> ToolOutput {
+    let args: Args = match serde_json::from_str(args) {
+        Ok(args) => args,
+        Err(e) => return ToolOutput::error(format!("shell: bad arguments: {e}")),
+    };
+    let timeout_s = args.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S);
+    if !(1..=MAX_TIMEOUT_S).contains(&timeout_s) {
+        return ToolOutput::error(format!(
+            "shell: timeout_s must be 1..={MAX_TIMEOUT_S}, not {timeout_s}"
+        ));
+    }
+    let cwd = match working_dir(ctx, args.cwd.as_deref()) {
+        Ok(fd) => fd,
+        Err(e) => return ToolOutput::error(e),
+    };
+    let deadline = scope
+        .deadline
+        .min(Instant::now() + Duration::from_secs(timeout_s));
+    match execute(&args.command, &cwd, deadline, scope) {
+        Ok(out) => out,
+        Err(e) => ToolOutput::error(format!("shell: {e}")),
+    }
+}
+
+/// The command's working directory as a dir fd inside a root (default: the first root).
+fn working_dir(ctx: &ToolContext, cwd: Option<&str>) -> Result<OwnedFd, String> {
+    match (cwd, ctx.roots.first()) {
+        (Some(path), _) => Target::new(ctx, path)?.open_directory(),
+        (None, Some(root)) => open_in_root(root, ".", OFlag::O_PATH | OFlag::O_DIRECTORY)
+            .map_err(|e| describe(e, &root.path)),
+        (None, None) => Err("shell: this tool has no roots to run in".into()),
+    }
+}
+
+fn execute(
+    command: &str,
+    cwd: &OwnedFd,
+    deadline: Instant,
+    scope: &mut CallScope<'_>,
+) -> std::io::Result<ToolOutput> {
+    let started = Instant::now();
+    let (mut child, reader) = spawn_shell(command, cwd)?;
+    let group = Pid::from_raw(child.id() as i32);
+    (scope.on_started)(group.as_raw());
+    let caller = scope.caller;
+
+    let mut output = OutputCap::default();
+    let mut pipe = std::fs::File::from(reader);
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut end = End::Finished;
+    'read: loop {
+        let Some(left) = remaining(deadline) else {
+            end = End::TimedOut;
+            break 'read;
+        };
+        let mut fds = [
+            PollFd::new(pipe.as_fd(), PollFlags::POLLIN),
+            PollFd::new(caller, PollFlags::empty()),
+        ];
+        match poll(&mut fds, poll_timeout(left)) {
+            Ok(0) | Err(Errno::EINTR) => continue,
+            Ok(_) => {}
+            Err(e) => return Err(e.into()),
+        }
+        if hung_up(&fds[1]) {
+            end = End::CallerGone;
+            break 'read;
+        }
+        loop {
+            match pipe.read(&mut buf) {
+                Ok(0) => break 'read,
+                Ok(n) => output.push(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    while matches!(end, End::Finished) && !has_exited(group)? {
+        let Some(left) = remaining(deadline) else {
+            end = End::TimedOut;
+            break;
+        };
+        let mut fds = [PollFd::new(caller, PollFlags::empty())];
+        match poll(&mut fds, poll_timeout(left.min(EXIT_POLL))) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
+        }
+        if hung_up(&fds[0]) {
+            end = End::CallerGone;
+        }
+    }
+    // Whatever happened, nothing of this call's process group outlives it. The shell is not
+    // reaped yet, so its pid — the group id — cannot have been reused by anyone else.
+    match killpg(group, Signal::SIGKILL) {
+        Ok(()) | Err(Errno::ESRCH) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let status = child.wait()?;
+    let mut content = output.finish();
+    if !content.is_empty() && !content.ends_with('\n') {
+        content.push('\n');
+    }
+    match end {
+        End::Finished => {}
+        End::TimedOut => {
+            let limit = deadline.saturating_duration_since(started).as_secs_f64();
+            content.push_str(&format!(
+                "[shell: timed out after {limit:.1} s; its process group was killed]"
+            ));
+            return Ok(ToolOutput { ok: false, content });
+        }
+        End::CallerGone => {
+            content.push_str("[shell: toolfs went away; its process group was killed]");
+            return Ok(ToolOutput { ok: false, content });
+        }
+    }
+    match (status.code(), status.signal()) {
+        (Some(code), _) => {
+            content.push_str(&format!("[exit status {code}]"));
+            Ok(ToolOutput {
+                ok: code == 0,
+                content,
+            })
+        }
+        (None, Some(signal)) => {
+            content.push_str(&format!("[killed by signal {signal}]"));
+            Ok(ToolOutput { ok: false, content })
+        }
+        (None, None) => {
+            content.push_str("[ended without a status]");
+            Ok(ToolOutput { ok: false, content })
+        }
+    }
+}
+
+/// Whether the shell has exited, without reaping it (WNOWAIT).
+fn has_exited(pid: Pid) -> std::io::Result<bool> {
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    match waitid(Id::Pid(pid), flags) {
+        Ok(WaitStatus::StillAlive) => Ok(false),
+        Ok(_) => Ok(true),
+        Err(Errno::EINTR) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Starts `/bin/sh -c command` in its own session with the reduced environment, `cwd` as its
+/// working directory and one pipe for stdout and stderr; returns it and the pipe's read end.
+fn spawn_shell(command: &str, cwd: &OwnedFd) -> std::io::Result<(Child, OwnedFd)> {
+    let (reader, writer) = pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
+    // The write end must block for the command (a non-blocking stdout surprises programs).
+    nix::fcntl::fcntl(&writer, nix::fcntl::FcntlArg::F_SETFL(OFlag::empty()))?;
+    let mut cmd = Command::new("/bin/sh");
+    cmd.arg("-c").arg(command).env_clear();
+    for name in ENV_KEPT {
+        if let Some(value) = std::env::var_os(name) {
+            cmd.env(name, value);
+        }
+    }
+    if std::env::var_os("PATH").is_none() {
+        cmd.env("PATH", DEFAULT_PATH);
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::from(writer.try_clone()?))
+        .stderr(Stdio::from(writer));
+    let cwd_fd = cwd.as_raw_fd();
+    // SAFETY: runs in the forked child before exec and calls only async-signal-safe syscalls
+    // (setsid, fchdir, prctl) on values computed before the fork; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setsid() < 0 || libc::fchdir(cwd_fd) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn()?;
+    // Our copies of the pipe's write end go with `cmd`, so EOF means every writer is gone.
+    drop(cmd);
+    Ok((child, reader))
+}
+
+/// How a command's call ended.
+enum End {
+    /// Its output closed and the shell exited.
+    Finished,
+    TimedOut,
+    /// toolfs closed the worker's socket: nobody waits for the answer any more.
+    CallerGone,
+}
+
+/// Whether toolfs's end of the socket is gone. Polled for no events: POLLHUP and POLLERR are
+/// always reported, and a closed (or fully shut down) peer of a Unix stream socket sets POLLHUP,
+/// while a queued next call (POLLIN, not asked for) does not wake us.
+fn hung_up(fd: &PollFd<'_>) -> bool {
+    fd.revents()
+        .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR))
+}
+
+fn remaining(deadline: Instant) -> Option<Duration> {
+    let now = Instant::now();
+    (now < deadline).then(|| deadline - now)
+}
+
+fn poll_timeout(left: Duration) -> PollTimeout {
+    let ms = (left.as_millis() + 1).min(i32::MAX as u128) as i32;
+    PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX)
+}
+
+/// Keeps the first and the last `OUTPUT_CAP / 2` bytes and counts the rest.
+#[derive(Default)]
+struct OutputCap {
+    head: Vec<u8>,
+    tail: VecDeque<u8>,
+    total: u64,
+}
+
+impl OutputCap {
+    const HALF: usize = OUTPUT_CAP / 2;
+
+    fn push(&mut self, mut data: &[u8]) {
+        self.total += data.len() as u64;
+        let room = Self::HALF - self.head.len();
+        let into_head = room.min(data.len());
+        self.head.extend_from_slice(&data[..into_head]);
+        data = &data[into_head..];
+        self.tail.extend(data);
+        let excess = self.tail.len().saturating_sub(Self::HALF);
+        self.tail.drain(..excess);
+    }
+
+    fn finish(self) -> String {
+        let kept = (self.head.len() + self.tail.len()) as u64;
+        let mut bytes = self.head;
+        if self.total > kept {
+            bytes.extend_from_slice(
+                format!(
+                    "\n[shell: {} bytes of output elided; the first and last {} bytes are shown]\n",
+                    self.total - kept,
+                    Self::HALF
+                )
+                .as_bytes(),
+            );
+        }
+        bytes.extend(self.tail);
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cap_keeps_head_and_tail() {
+        let mut cap = OutputCap::default();
+        cap.push(&vec![b'h'; OutputCap::HALF]);
+        cap.push(&vec![b'm'; 3 * OutputCap::HALF]);
+        cap.push(b"TAIL");
+        let text = cap.finish();
+        assert!(text.starts_with('h'));
+        assert!(text.ends_with("mTAIL"));
+        assert!(text.contains(&format!(
+            "{} bytes of output elided",
+            2 * OutputCap::HALF + 4
+        )));
+        assert!(text.len() < OUTPUT_CAP + 200);
+        let mut small = OutputCap::default();
+        small.push(b"abc");
+        assert_eq!(small.finish(), "abc");
+    }
+}

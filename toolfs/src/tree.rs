@@ -1,0 +1,346 @@
+//! The `/tool` tree of one connection (a [`warren_9p::FileTree`]), built from that connection's
+//! grant: `tools`, and for each granted tool `<name>/{doc,schema,call}`. Nothing else exists.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use warren_9p::{DirEntry, Errno, FileTree, GetAttrMask, QId, QIdType, Result, Stat, Time, oflags};
+
+use crate::call::CallOpen;
+use crate::dispatch::Dispatcher;
+use crate::echo::EchoJournal;
+use crate::grant::ConnGrant;
+
+/// Per-connection caps.
+#[derive(Debug, Clone)]
+pub struct TreeLimits {
+    /// Call files open (or still running after their fid went away) at once, per session (per
+    /// connection on the operator socket); one more open gets EAGAIN.
+    pub max_open_calls: usize,
+    /// Argument bytes per call; a write past it gets EFBIG.
+    pub max_arg_bytes: usize,
+}
+
+impl Default for TreeLimits {
+    fn default() -> TreeLimits {
+        TreeLimits {
+            max_open_calls: 128,
+            max_arg_bytes: 1 << 20,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Node {
+    Root,
+    Tools,
+    Dir(usize),
+    Doc(usize),
+    Schema(usize),
+    Call(usize),
+}
+
+const DIR_FILES: [&str; 3] = ["doc", "schema", "call"];
+
+/// State of one fid.
+pub struct ToolFid {
+    node: Node,
+    open: Option<Opened>,
+}
+
+enum Opened {
+    /// A directory or a static file.
+    Plain,
+    Call(Box<CallOpen>),
+}
+
+pub struct ToolTree {
+    dispatcher: Arc<Dispatcher>,
+    tools_file: Vec<u8>,
+    limits: TreeLimits,
+    open_calls: Arc<AtomicUsize>,
+    mtime: Time,
+}
+
+impl ToolTree {
+    /// `open_calls` counts the open calls against `limits.max_open_calls`: a counter of the
+    /// connection's own, or one shared by every connection of a session.
+    pub fn new(
+        grant: ConnGrant,
+        limits: TreeLimits,
+        open_calls: Arc<AtomicUsize>,
+        journal: Arc<EchoJournal>,
+    ) -> ToolTree {
+        let grant = Arc::new(grant);
+        let tools_file = grant
+            .tools
+            .iter()
+            .map(|t| format!("{}\t{}\t{}\n", t.def.name, t.def.tier, t.def.description))
+            .collect::<String>()
+            .into_bytes();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        tracing::info!(conn = %grant.label, tools = grant.tools.len(), "serving a connection");
+        ToolTree {
+            dispatcher: Arc::new(Dispatcher::new(grant, journal)),
+            tools_file,
+            limits,
+            open_calls,
+            mtime: Time {
+                sec: now.as_secs(),
+                nsec: u64::from(now.subsec_nanos()),
+            },
+        }
+    }
+
+    fn grant(&self) -> &ConnGrant {
+        self.dispatcher.grant()
+    }
+
+    fn tool_name(&self, i: usize) -> &str {
+        &self.grant().tools[i].def.name
+    }
+
+    fn path_of(&self, node: Node) -> String {
+        match node {
+            Node::Root => "/".into(),
+            Node::Tools => "/tools".into(),
+            Node::Dir(i) => format!("/{}", self.tool_name(i)),
+            Node::Doc(i) => format!("/{}/doc", self.tool_name(i)),
+            Node::Schema(i) => format!("/{}/schema", self.tool_name(i)),
+            Node::Call(i) => format!("/{}/call", self.tool_name(i)),
+        }
+    }
+
+    /// The path is hashed, so a file has the same qid path everywhere; a static file's version
+    /// is a hash of its content, so `tools` of two different grants never look alike to a cache.
+    fn qid(&self, node: Node) -> QId {
+        let typ = if matches!(node, Node::Root | Node::Dir(_)) {
+            QIdType::DIR
+        } else {
+            QIdType::FILE
+        };
+        let version = self.static_bytes(node).map_or(0, |b| fnv1a(b) as u32);
+        QId {
+            typ,
+            version,
+            path: fnv1a(self.path_of(node).as_bytes()),
+        }
+    }
+    fn static_bytes(&self, node: Node) -> Option<&[u8]> {
+        match node {
+            Node::Tools => Some(&self.tools_file),
+            Node::Doc(i) => Some(self.grant().tools[i].def.doc.as_bytes()),
+            Node::Schema(i) => Some(&self.grant().tools[i].def.schema_text),
+            _ => None,
+        }
+    }
+
+    fn child(&self, node: Node, name: &str) -> Option<Node> {
+        match (node, name) {
+            (Node::Root, "..") => Some(Node::Root),
+            (Node::Dir(_), "..") => Some(Node::Root),
+            // An empty grant shows nothing at all, not even an empty `tools`.
+            (Node::Root, "tools") => (!self.grant().tools.is_empty()).then_some(Node::Tools),
+            (Node::Root, name) => self
+                .grant()
+                .tools
+                .iter()
+                .position(|t| t.def.name == name)
+                .map(Node::Dir),
+            (Node::Dir(i), "doc") => Some(Node::Doc(i)),
+            (Node::Dir(i), "schema") => Some(Node::Schema(i)),
+            (Node::Dir(i), "call") => Some(Node::Call(i)),
+            _ => None,
+        }
+    }
+
+    fn entries(&self, node: Node) -> Vec<(String, Node)> {
+        match node {
+            Node::Root => self
+                .child(Node::Root, "tools")
+                .map(|n| ("tools".to_owned(), n))
+                .into_iter()
+                .chain(
+                    self.grant()
+                        .tools
+                        .iter()
+                        .enumerate()
+                        .map(|(i, t)| (t.def.name.clone(), Node::Dir(i))),
+                )
+                .collect(),
+            Node::Dir(i) => DIR_FILES
+                .iter()
+                .map(|n| {
+                    (
+                        n.to_string(),
+                        self.child(Node::Dir(i), n).expect("fixed names"),
+                    )
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// FNV-1a: stable across connections, runs and builds (unlike std's randomly keyed hasher).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Counts a connection's open calls; shared by the fid and by a call still running after its
+/// fid was clunked, so a client cannot pile up detached calls.
+pub(crate) struct CallSlot(Arc<AtomicUsize>);
+
+impl Drop for CallSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[async_trait::async_trait]
+impl FileTree for ToolTree {
+    type Fid = ToolFid;
+
+    async fn attach(&self, _uname: &str, _aname: &str, _n_uname: u32) -> Result<(QId, ToolFid)> {
+        Ok((
+            self.qid(Node::Root),
+            ToolFid {
+                node: Node::Root,
+                open: None,
+            },
+        ))
+    }
+
+    async fn walk(&self, from: &ToolFid, names: &[String]) -> Result<(Vec<QId>, Option<ToolFid>)> {
+        let mut node = from.node;
+        let mut qids = Vec::with_capacity(names.len());
+        for name in names {
+            match self.child(node, name) {
+                Some(next) => {
+                    node = next;
+                    qids.push(self.qid(node));
+                }
+                None if qids.is_empty() => {
+                    return Err(if matches!(node, Node::Root | Node::Dir(_)) {
+                        Errno::ENOENT
+                    } else {
+                        Errno::ENOTDIR
+                    });
+                }
+                None => return Ok((qids, None)),
+            }
+        }
+        Ok((qids, Some(ToolFid { node, open: None })))
+    }
+
+    async fn getattr(&self, fid: &ToolFid, _mask: GetAttrMask) -> Result<(QId, Stat)> {
+        let (mode, nlink, size) = match fid.node {
+            Node::Root | Node::Dir(_) => (libc::S_IFDIR | 0o555, 2, 0),
+            Node::Call(_) => (libc::S_IFREG | 0o666, 1, 0),
+            node => (
+                libc::S_IFREG | 0o444,
+                1,
+                self.static_bytes(node).map_or(0, <[u8]>::len) as u64,
+            ),
+        };
+        let stat = Stat {
+            mode,
+            uid: 0,
+            gid: 0,
+            nlink,
+            rdev: 0,
+            size,
+            blksize: 4096,
+            blocks: size.div_ceil(512),
+            atime: self.mtime,
+            mtime: self.mtime,
+            ctime: self.mtime,
+        };
+        Ok((self.qid(fid.node), stat))
+    }
+
+    async fn open(&self, fid: &mut ToolFid, flags: u32) -> Result<(QId, u32)> {
+        if fid.open.is_some() {
+            return Err(Errno::EINVAL);
+        }
+        let writes = flags & oflags::ACCMODE != oflags::RDONLY;
+        fid.open = Some(match fid.node {
+            Node::Call(i) => {
+                if self.open_calls.fetch_add(1, Ordering::AcqRel) >= self.limits.max_open_calls {
+                    self.open_calls.fetch_sub(1, Ordering::AcqRel);
+                    tracing::warn!(conn = %self.grant().label, "open call cap ({}) reached", self.limits.max_open_calls);
+                    return Err(Errno::EAGAIN);
+                }
+                let slot = CallSlot(self.open_calls.clone());
+                Opened::Call(Box::new(CallOpen::new(self.grant().tools[i].clone(), slot)))
+            }
+            Node::Root | Node::Dir(_) if writes => return Err(Errno::EISDIR),
+            _ if writes => return Err(Errno::EACCES),
+            _ => Opened::Plain,
+        });
+        Ok((self.qid(fid.node), 0))
+    }
+
+    async fn read(&self, fid: &mut ToolFid, offset: u64, count: u32) -> Result<Vec<u8>> {
+        match &mut fid.open {
+            None => Err(Errno::EBADF),
+            Some(Opened::Call(call)) => call.read(&self.dispatcher, offset, count).await,
+            Some(Opened::Plain) => {
+                let bytes = self.static_bytes(fid.node).ok_or(Errno::EISDIR)?;
+                let start = usize::try_from(offset)
+                    .unwrap_or(usize::MAX)
+                    .min(bytes.len());
+                let end = start.saturating_add(count as usize).min(bytes.len());
+                Ok(bytes[start..end].to_vec())
+            }
+        }
+    }
+
+    async fn write(&self, fid: &mut ToolFid, _offset: u64, data: &[u8]) -> Result<u32> {
+        match &mut fid.open {
+            Some(Opened::Call(call)) => call.append(data, self.limits.max_arg_bytes),
+            Some(Opened::Plain) => Err(Errno::EACCES),
+            None => Err(Errno::EBADF),
+        }
+    }
+
+    async fn readdir(&self, fid: &mut ToolFid, offset: u64, _count: u32) -> Result<Vec<DirEntry>> {
+        if fid.open.is_none() {
+            return Err(Errno::EBADF);
+        }
+        if !matches!(fid.node, Node::Root | Node::Dir(_)) {
+            return Err(Errno::ENOTDIR);
+        }
+        Ok(self
+            .entries(fid.node)
+            .into_iter()
+            .enumerate()
+            .skip(usize::try_from(offset).unwrap_or(usize::MAX))
+            .map(|(i, (name, node))| {
+                let qid = self.qid(node);
+                let typ = if qid.typ.contains(QIdType::DIR) {
+                    libc::DT_DIR
+                } else {
+                    libc::DT_REG
+                };
+                DirEntry {
+                    qid,
+                    offset: i as u64 + 1,
+                    typ,
+                    name,
+                }
+            })
+            .collect())
+    }
+
+    async fn clunk(&self, fid: ToolFid) {
+        if let Some(Opened::Call(call)) = fid.open {
+            call.closed(&self.grant().label);
+        }
+    }
+}

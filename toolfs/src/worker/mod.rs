@@ -1,0 +1,489 @@
+//! Tool workers, toolfs's side: one process per (connection, tool), holding only that tool's
+//! authority (its root directory fds), running as an unprivileged uid/gid, serving calls one at
+//! a time over a socketpair. The wire format is in `protocol` (specs/worker-protocol.md); the
+//! worker's own side is `serve`, run by the `warren-tool-worker` binary.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+pub mod privilege;
+pub mod protocol;
+pub mod serve;
+
+use protocol::{FromWorker, Incoming, PROTOCOL_VERSION, RootConfig, ToWorker};
+
+/// Environment variable naming the worker binary (default: `warren-tool-worker` beside the
+/// current executable).
+pub const WORKER_ENV: &str = "WARREN_TOOL_WORKER";
+pub const WORKER_BINARY: &str = "warren-tool-worker";
+/// How long a new worker may take to answer Hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long toolfs waits past a call's timeout for the worker's own timeout answer before it
+/// kills the worker.
+pub const KILL_GRACE: Duration = Duration::from_secs(2);
+
+/// One host directory a tool may use.
+pub struct Root {
+    /// The path as the tool sees it: absolute, e.g. "/home/me/repo".
+    pub path: String,
+    /// An O_PATH|O_DIRECTORY fd of the host directory.
+    pub dir: OwnedFd,
+    pub writable: bool,
+}
+
+/// A tool's authority: its roots and whether it may use the network.
+pub struct ToolAuthority {
+    pub roots: Vec<Root>,
+    pub network: bool,
+}
+
+/// One call's answer from the worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerOutput {
+    pub ok: bool,
+    /// The text result, or an error message naming the problem.
+    pub content: String,
+}
+
+/// A running worker process.
+pub struct Worker {
+    tool: String,
+    pid: i32,
+    uid: u32,
+    child: Mutex<Option<Child>>,
+    channel: tokio::sync::Mutex<Channel>,
+    /// The call whose command's process group is running, from the worker's last `started`
+    /// (cleared by its `done`); killed with the worker.
+    running: Mutex<Option<(u64, i32)>>,
+    dead: AtomicBool,
+    next_id: AtomicU64,
+}
+
+/// The socket and what has been read from it but not yet consumed (so a call future dropped
+/// mid-read loses nothing: the next call skips the stale answer by id).
+struct Channel {
+    std: Option<UnixStream>,
+    stream: Option<tokio::net::UnixStream>,
+    buffer: Vec<u8>,
+    /// A write was cut short (its future dropped): the stream is out of step for good.
+    torn_write: bool,
+}
+
+impl Channel {
+    fn new() -> Channel {
+        Channel {
+            std: None,
+            stream: None,
+            buffer: Vec::new(),
+            torn_write: false,
+        }
+    }
+}
+
+impl Worker {
+    /// Spawns the worker process for one tool with that tool's authority, running as uid/gid
+    /// (never 0: uid 0 and gid 0 are refused). Returns once the worker has dropped privileges.
+    pub fn spawn(tool: &str, authority: &ToolAuthority, uid: u32, gid: u32) -> io::Result<Worker> {
+        if uid == 0 || gid == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!(
+                    "refusing to run the {tool} worker as uid {uid} gid {gid}: tool workers never run as 0"
+                ),
+            ));
+        }
+        if !crate::tools::WORKER_TOOLS.contains(&tool) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("no tool named {tool:?} runs in a worker"),
+            ));
+        }
+        for root in &authority.roots {
+            check_root_path(&root.path)?;
+        }
+        let program = worker_program()?;
+        let (mut ours, theirs) = UnixStream::pair()?;
+        let mut sources: Vec<RawFd> = vec![theirs.as_raw_fd()];
+        // The worker finds them by the numbers on its argv: socket first, then root i.
+        sources.extend(authority.roots.iter().map(|r| r.dir.as_raw_fd()));
+        let mut command = Command::new(&program);
+        command.arg(tool);
+        for fd in &sources {
+            command.arg(fd.to_string());
+        }
+        command
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            // Its own process group: a terminal's ^C to toolfs's group does not reach workers;
+            // toolfs ends them itself (Drop).
+            .process_group(0);
+        for name in crate::tools::shell::ENV_KEPT {
+            if let Some(value) = std::env::var_os(name) {
+                command.env(name, value);
+            }
+        }
+        // SAFETY: runs in the forked child before exec and only calls fcntl(F_SETFD), which is
+        // async-signal-safe, on fds open in the parent (borrowed for the whole spawn), reading a
+        // vector allocated before the fork. Clearing close-on-exec in the child's own fd table
+        // lets exactly these fds (at the numbers argv names) reach the worker; the parent's
+        // flags are untouched, and no fd is moved, so nothing std holds in the child is clobbered.
+        unsafe {
+            command.pre_exec(move || {
+                for &fd in &sources {
+                    if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let child = command.spawn().map_err(|e| {
+            io::Error::new(e.kind(), format!("cannot start {}: {e}", program.display()))
+        })?;
+        drop(theirs);
+        let pid = child.id() as i32;
+        let mut worker = Worker {
+            tool: tool.to_string(),
+            pid,
+            uid,
+            child: Mutex::new(Some(child)),
+            channel: tokio::sync::Mutex::new(Channel::new()),
+            running: Mutex::new(None),
+            dead: AtomicBool::new(false),
+            next_id: AtomicU64::new(1),
+        };
+        // On any failure below, dropping `worker` kills and reaps the process.
+        let hello = ToWorker::Hello {
+            version: PROTOCOL_VERSION,
+            tool: tool.to_string(),
+            uid,
+            gid,
+            network: authority.network,
+            roots: authority
+                .roots
+                .iter()
+                .map(|r| RootConfig {
+                    path: r.path.clone(),
+                    writable: r.writable,
+                })
+                .collect(),
+        };
+        ours.set_read_timeout(Some(HELLO_TIMEOUT))?;
+        protocol::write_message_blocking(&mut ours, &hello)?;
+        let answer = match protocol::read_frame_blocking(&mut ours)? {
+            Incoming::Frame(body) => serde_json::from_slice::<FromWorker>(&body).map_err(|e| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("worker answered hello with garbage: {e}"),
+                )
+            })?,
+            Incoming::Oversized(n) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("worker answered hello with {n} bytes"),
+                ));
+            }
+            Incoming::Eof => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the worker exited before answering hello",
+                ));
+            }
+        };
+        match answer {
+            FromWorker::Ready {
+                pid: ready_pid,
+                uid: got_uid,
+                gid: got_gid,
+            } if ready_pid == pid && got_uid == uid && got_gid == gid => {}
+            FromWorker::Ready {
+                uid: got_uid,
+                gid: got_gid,
+                ..
+            } => {
+                return Err(io::Error::other(format!(
+                    "the worker reports uid {got_uid} gid {got_gid}, not {uid} {gid}"
+                )));
+            }
+            FromWorker::Fatal { message } => {
+                return Err(io::Error::other(format!(
+                    "the {tool} worker cannot start: {message}"
+                )));
+            }
+            other => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("worker answered hello with {other:?}"),
+                ));
+            }
+        }
+        ours.set_read_timeout(None)?;
+        ours.set_nonblocking(true)?;
+        worker.channel.get_mut().std = Some(ours);
+        Ok(worker)
+    }
+
+    /// Runs one call on the canonical (RFC 8785) JSON argument bytes; answers when the worker
+    /// does, or at the timeout (the worker bounds the call itself; if it has not answered
+    /// [`KILL_GRACE`] later it is killed with its call's process group, and this returns a
+    /// `TimedOut` error). Any other error also leaves the worker dead: spawn a new one.
+    pub async fn call(&self, canonical_args: &[u8], timeout: Duration) -> io::Result<WorkerOutput> {
+        let args = std::str::from_utf8(canonical_args).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("arguments are not UTF-8: {e}"),
+            )
+        })?;
+        let mut channel = self.channel.lock().await;
+        if self.dead.load(Ordering::SeqCst) || channel.torn_write {
+            self.kill(&mut channel);
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                format!("the {} worker is gone", self.tool),
+            ));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let timeout_ms = timeout.as_millis().min(u64::MAX as u128) as u64;
+        let frame = protocol::encode(&ToWorker::Call {
+            id,
+            args: args.to_string(),
+            timeout_ms,
+        })?;
+        let result = tokio::time::timeout(
+            timeout.saturating_add(KILL_GRACE),
+            self.exchange(&mut channel, id, &frame),
+        )
+        .await;
+        match result {
+            Ok(Ok(output)) => Ok(output),
+            Ok(Err(e)) => {
+                self.kill(&mut channel);
+                Err(e)
+            }
+            Err(_) => {
+                self.kill(&mut channel);
+                Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "the {} call did not answer within {:?}; the worker and its call were killed",
+                        self.tool, timeout
+                    ),
+                ))
+            }
+        }
+    }
+
+    async fn exchange(
+        &self,
+        channel: &mut Channel,
+        id: u64,
+        frame: &[u8],
+    ) -> io::Result<WorkerOutput> {
+        if channel.stream.is_none() {
+            let std = channel
+                .std
+                .take()
+                .ok_or_else(|| io::Error::other("worker socket missing"))?;
+            channel.stream = Some(tokio::net::UnixStream::from_std(std)?);
+        }
+        channel.torn_write = true;
+        channel
+            .stream
+            .as_mut()
+            .expect("set above")
+            .write_all(frame)
+            .await?;
+        channel.torn_write = false;
+        loop {
+            while let Some(body) = protocol::take_frame(&mut channel.buffer)? {
+                let message = serde_json::from_slice::<FromWorker>(&body).map_err(|e| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("garbage from the worker: {e}"),
+                    )
+                })?;
+                self.track(&message);
+                match message {
+                    FromWorker::Done {
+                        id: got,
+                        ok,
+                        content,
+                    } if got == id => return Ok(WorkerOutput { ok, content }),
+                    FromWorker::Done { id: 0, content, .. } => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!("the worker refused the request: {content}"),
+                        ));
+                    }
+                    // Progress of this call, or an answer to a call whose caller went away.
+                    FromWorker::Done { .. } | FromWorker::Started { .. } => {}
+                    other => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!("unexpected frame from the worker: {other:?}"),
+                        ));
+                    }
+                }
+            }
+            let mut chunk = [0u8; 64 * 1024];
+            let n = channel
+                .stream
+                .as_mut()
+                .expect("set above")
+                .read(&mut chunk)
+                .await?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("the {} worker exited", self.tool),
+                ));
+            }
+            channel.buffer.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// The worker's process id.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// The uid the worker runs as.
+    pub fn uid(&self) -> u32 {
+        self.uid
+    }
+
+    /// False once the worker has been killed or has failed; such a worker answers every call
+    /// with an error.
+    pub fn is_alive(&self) -> bool {
+        !self.dead.load(Ordering::SeqCst)
+    }
+
+    /// Notes which call's process group is running (any call's: a withdrawn call runs on).
+    fn track(&self, message: &FromWorker) {
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        match *message {
+            FromWorker::Started { id, pgid } => *running = Some((id, pgid)),
+            FromWorker::Done { id, .. } if running.is_some_and(|(r, _)| r == id) => *running = None,
+            _ => {}
+        }
+    }
+
+    /// Reads whatever the worker has already sent without waiting, so a `started` nobody has
+    /// read yet is known before the kill.
+    fn absorb_pending(&self, channel: &mut Channel) {
+        let mut chunk = [0u8; 16 * 1024];
+        loop {
+            // A raw read: the socket is non-blocking, and tokio's readiness cache may not know
+            // yet that data arrived.
+            let read = match (&channel.stream, &channel.std) {
+                (Some(stream), _) => nix::unistd::read(stream, &mut chunk),
+                (None, Some(std)) => nix::unistd::read(std, &mut chunk),
+                (None, None) => return,
+            };
+            match read {
+                Ok(n) if n > 0 => channel.buffer.extend_from_slice(&chunk[..n]),
+                _ => break,
+            }
+        }
+        while let Ok(Some(body)) = protocol::take_frame(&mut channel.buffer) {
+            if let Ok(message) = serde_json::from_slice::<FromWorker>(&body) {
+                self.track(&message);
+            }
+        }
+    }
+
+    /// Kills the running call's process group and the worker, and reaps the worker.
+    fn kill(&self, channel: &mut Channel) {
+        self.dead.store(true, Ordering::SeqCst);
+        self.absorb_pending(channel);
+        let running = self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some((_, group)) = running {
+            match killpg(Pid::from_raw(group), Signal::SIGKILL) {
+                Ok(()) | Err(Errno::ESRCH) => {}
+                Err(e) => tracing::warn!(tool = %self.tool, "killpg({group}): {e}"),
+            }
+        }
+        let mut child = self.child.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(mut child) = child.take() {
+            // kill then wait: SIGKILL cannot be caught, so the wait is short.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // No call can be running: each borrows the worker.
+        let mut channel = std::mem::replace(self.channel.get_mut(), Channel::new());
+        self.kill(&mut channel);
+    }
+}
+
+/// A root path must be absolute and plain (no `.`/`..`/empty components), or the longest-prefix
+/// match in the worker would be ambiguous.
+fn check_root_path(path: &str) -> io::Result<()> {
+    let plain = path.starts_with('/')
+        && !path.contains('\0')
+        && (path == "/"
+            || path[1..]
+                .split('/')
+                .all(|c| !c.is_empty() && c != "." && c != ".."));
+    if plain {
+        Ok(())
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("root path {path:?} must be absolute and normalised"),
+        ))
+    }
+}
+
+/// `$WARREN_TOOL_WORKER`, else `warren-tool-worker` beside the current executable (or one
+/// directory up, where cargo puts binaries when the current executable is a test in `deps/` or an
+/// example in `examples/`).
+pub fn worker_program() -> io::Result<PathBuf> {
+    if let Some(path) = std::env::var_os(WORKER_ENV) {
+        return Ok(PathBuf::from(path));
+    }
+    let exe = std::env::current_exe()?;
+    let dir = exe
+        .parent()
+        .ok_or_else(|| io::Error::other("the current executable has no directory"))?;
+    let mut tried = vec![dir.join(WORKER_BINARY)];
+    if dir
+        .file_name()
+        .is_some_and(|n| n == "deps" || n == "examples")
+        && let Some(up) = dir.parent()
+    {
+        tried.push(up.join(WORKER_BINARY));
+    }
+    tried.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
+        let names: Vec<String> = tried.iter().map(|p| p.display().to_string()).collect();
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!(
+                "no {WORKER_BINARY} at {} (set {WORKER_ENV})",
+                names.join(" or ")
+            ),
+        )
+    })
+}

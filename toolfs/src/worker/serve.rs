@@ -1,0 +1,238 @@
+//! The worker process's side: read Hello on the argv's socket fd, take the root fds, seal the fd
+//! table, drop to
+//! the tool's uid/gid, answer Ready, then serve calls one at a time until the socket closes.
+//! A malformed frame or a failing (even panicking) tool gets an error answer; the worker goes on.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use nix::sys::stat::{Mode, SFlag, fstat, umask};
+
+use super::privilege::{drop_to, inherited_fd, seal_fds};
+use super::protocol::{
+    FromWorker, Incoming, PROTOCOL_VERSION, ToWorker, WorkerArgs, read_frame_blocking,
+    write_message_blocking,
+};
+use crate::tools::{self, CallScope, RootDir, ToolContext, WORKER_TOOLS};
+
+/// The longest a single call may be given (a bound on a bogus `timeout_ms`).
+const MAX_CALL: Duration = Duration::from_secs(3600);
+
+/// The worker binary's whole main.
+pub fn main() -> ExitCode {
+    let args = match WorkerArgs::parse(std::env::args()) {
+        Ok(args) => args,
+        Err(e) => return not_for_people(&e),
+    };
+    if let Err(e) = check_is_socket(args.socket_fd) {
+        return not_for_people(&format!(
+            "fd {} is not the toolfs socket ({e})",
+            args.socket_fd
+        ));
+    }
+    // SAFETY: the fd is the socket toolfs passed us (checked above) and nothing else owns it.
+    let mut socket = unsafe { UnixStream::from_raw_fd(args.socket_fd) };
+    let (tool, ctx) = match start(&mut socket, &args) {
+        Ok(started) => started,
+        Err(e) => {
+            let _ = write_message_blocking(
+                &mut socket,
+                &FromWorker::Fatal {
+                    message: e.to_string(),
+                },
+            );
+            eprintln!("warren-tool-worker: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match serve(&mut socket, &tool, &ctx) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("warren-tool-worker ({tool}): {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn not_for_people(problem: &str) -> ExitCode {
+    eprintln!(
+        "warren-tool-worker: {problem}; this program is started by toolfs only (specs/worker-protocol.md)"
+    );
+    ExitCode::from(2)
+}
+
+fn check_is_socket(fd: RawFd) -> io::Result<()> {
+    let st = fstat(inherited_fd(fd)).map_err(io::Error::from)?;
+    if st.st_mode & SFlag::S_IFMT.bits() != SFlag::S_IFSOCK.bits() {
+        return Err(io::Error::other("not a socket"));
+    }
+    Ok(())
+}
+
+/// Hello → hardened worker with its tool context, or the reason it cannot start.
+fn start(socket: &mut UnixStream, args: &WorkerArgs) -> io::Result<(String, ToolContext)> {
+    let hello = match read_frame_blocking(socket)? {
+        Incoming::Frame(body) => serde_json::from_slice::<ToWorker>(&body)
+            .map_err(|e| io::Error::other(format!("bad hello: {e}")))?,
+        Incoming::Oversized(n) => {
+            return Err(io::Error::other(format!("hello of {n} bytes is too large")));
+        }
+        Incoming::Eof => return Err(io::Error::other("toolfs closed the socket before hello")),
+    };
+    let ToWorker::Hello {
+        version,
+        tool,
+        uid,
+        gid,
+        network,
+        roots,
+    } = hello
+    else {
+        return Err(io::Error::other("the first frame must be hello"));
+    };
+    if version != PROTOCOL_VERSION {
+        return Err(io::Error::other(format!(
+            "protocol version {version}; this worker speaks {PROTOCOL_VERSION}"
+        )));
+    }
+    if tool != args.tool {
+        return Err(io::Error::other(format!(
+            "hello names {tool:?}, argv {:?}",
+            args.tool
+        )));
+    }
+    if roots.len() != args.root_fds.len() {
+        return Err(io::Error::other(format!(
+            "hello names {} roots, argv {} root fds",
+            roots.len(),
+            args.root_fds.len()
+        )));
+    }
+    if !WORKER_TOOLS.contains(&tool.as_str()) {
+        return Err(io::Error::other(format!(
+            "no tool named {tool:?} runs in a worker"
+        )));
+    }
+    let root_fds = args.root_fds.clone();
+    for &fd in &root_fds {
+        let st =
+            fstat(inherited_fd(fd)).map_err(|e| io::Error::other(format!("root fd {fd}: {e}")))?;
+        if st.st_mode & SFlag::S_IFMT.bits() != SFlag::S_IFDIR.bits() {
+            return Err(io::Error::other(format!("root fd {fd} is not a directory")));
+        }
+    }
+    let mut keep = vec![args.socket_fd];
+    keep.extend(&root_fds);
+    if keep.len() != keep.iter().collect::<std::collections::HashSet<_>>().len() {
+        return Err(io::Error::other("argv names an fd twice"));
+    }
+    seal_fds(&keep)?;
+    umask(Mode::from_bits_truncate(0o022));
+    std::env::set_current_dir("/")?;
+    drop_to(uid, gid)?;
+    let roots = roots
+        .into_iter()
+        .zip(root_fds)
+        // SAFETY: each fd was inherited from toolfs as argv says, checked to be a directory
+        // above, distinct from the others, and is owned by nothing else in this process.
+        .map(|(config, fd)| RootDir {
+            path: config.path,
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            writable: config.writable,
+        })
+        .collect();
+    let ready = FromWorker::Ready {
+        pid: std::process::id() as i32,
+        uid: nix::unistd::getuid().as_raw(),
+        gid: nix::unistd::getgid().as_raw(),
+    };
+    write_message_blocking(socket, &ready)?;
+    Ok((tool, ToolContext { roots, network }))
+}
+
+fn serve(socket: &mut UnixStream, tool: &str, ctx: &ToolContext) -> io::Result<()> {
+    loop {
+        let body = match read_frame_blocking(socket)? {
+            Incoming::Eof => return Ok(()),
+            Incoming::Oversized(n) => {
+                write_message_blocking(
+                    socket,
+                    &FromWorker::Done {
+                        id: 0,
+                        ok: false,
+                        content: format!("request frame of {n} bytes is too large"),
+                    },
+                )?;
+                continue;
+            }
+            Incoming::Frame(body) => body,
+        };
+        let (id, args, timeout_ms) = match serde_json::from_slice::<ToWorker>(&body) {
+            Ok(ToWorker::Call {
+                id,
+                args,
+                timeout_ms,
+            }) => (id, args, timeout_ms),
+            Ok(ToWorker::Hello { .. }) => {
+                write_message_blocking(
+                    socket,
+                    &FromWorker::Done {
+                        id: 0,
+                        ok: false,
+                        content: "hello after start is refused".into(),
+                    },
+                )?;
+                continue;
+            }
+            Err(e) => {
+                write_message_blocking(
+                    socket,
+                    &FromWorker::Done {
+                        id: 0,
+                        ok: false,
+                        content: format!("malformed request: {e}"),
+                    },
+                )?;
+                continue;
+            }
+        };
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms).min(MAX_CALL);
+        let caller = inherited_fd(socket.as_raw_fd());
+        let mut started_error = None;
+        let outcome = {
+            let mut on_started = |pgid: i32| {
+                if let Err(e) = write_message_blocking(socket, &FromWorker::Started { id, pgid }) {
+                    started_error = Some(e);
+                }
+            };
+            let mut scope = CallScope {
+                deadline,
+                caller,
+                on_started: &mut on_started,
+            };
+            catch_unwind(AssertUnwindSafe(|| {
+                tools::run(tool, ctx, &args, &mut scope)
+            }))
+        };
+        if let Some(e) = started_error {
+            return Err(e);
+        }
+        let output = outcome.unwrap_or_else(|_| {
+            tools::ToolOutput::error(format!(
+                "{tool}: internal error (the tool panicked); the worker goes on"
+            ))
+        });
+        write_message_blocking(
+            socket,
+            &FromWorker::Done {
+                id,
+                ok: output.ok,
+                content: output.content,
+            },
+        )?;
+    }
+}
