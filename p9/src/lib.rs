@@ -5,9 +5,12 @@
 //!
 //! - [`serve`] serves one connection (any `AsyncRead + AsyncWrite`, e.g. a socketpair end nsd
 //!   handed over) with one [`FileTree`] instance — so everything the tree knows about its caller
-//!   came with the connection, never from the attach's aname.
+//!   came with the connection, never from the attach's aname. [`serve_fd`] does the same for a
+//!   connected socket passed as a file descriptor.
 //! - [`Client`] is a multiplexed client: many requests in flight on one connection, fids managed
 //!   for you, and a dropped request future sends Tflush.
+//! - [`demo::DemoTree`] is a tiny tree (`hello`, `zero`, `null`) for interop checks and the
+//!   `diodload` benchmark (`examples/demo_server.rs`, `scripts/bench-9p`).
 //!
 //! The contract (normative in `specs/9p.md`): msize negotiated down to [`Limits::max_msize`] and
 //! never exceeded; every length checked against the frame before anything is allocated; Tflush
@@ -18,16 +21,15 @@
 //! that connection only.
 
 mod client;
+pub mod demo;
 mod errno;
 mod server;
 pub mod wire;
 
 pub use client::{Client, Fid};
 pub use errno::{Errno, Result};
-pub use rs9p::{
-    DirEntry, GetAttrMask, QId, QIdType, SetAttr, SetAttrMask, Stat, StatFs, Time,
-};
-pub use server::{Limits, serve};
+pub use rs9p::{DirEntry, GetAttrMask, QId, QIdType, SetAttr, SetAttrMask, Stat, StatFs, Time};
+pub use server::{Limits, serve, serve_fd};
 
 /// The open flags of Tlopen (Linux `O_*` values as 9P2000.L carries them).
 pub mod oflags {
@@ -62,8 +64,11 @@ pub trait FileTree: Send + Sync + 'static {
     /// fid is `None`, and the walk of the first name failing is an error, ENOENT) — and, when every
     /// name was walked, the new fid's state. Zero names clones `from`. `..` at the root stays at
     /// the root.
-    async fn walk(&self, from: &Self::Fid, names: &[String])
-    -> Result<(Vec<QId>, Option<Self::Fid>)>;
+    async fn walk(
+        &self,
+        from: &Self::Fid,
+        names: &[String],
+    ) -> Result<(Vec<QId>, Option<Self::Fid>)>;
 
     /// Tgetattr.
     async fn getattr(&self, fid: &Self::Fid, mask: GetAttrMask) -> Result<(QId, Stat)>;
@@ -94,7 +99,11 @@ pub trait FileTree: Send + Sync + 'static {
     /// else by default.
     async fn setattr(&self, fid: &mut Self::Fid, valid: SetAttrMask, attr: &SetAttr) -> Result<()> {
         let _ = fid;
-        if valid.difference(SetAttrMask::SIZE | SetAttrMask::ATIME | SetAttrMask::MTIME | SetAttrMask::CTIME).is_empty()
+        if valid
+            .difference(
+                SetAttrMask::SIZE | SetAttrMask::ATIME | SetAttrMask::MTIME | SetAttrMask::CTIME,
+            )
+            .is_empty()
             && (!valid.contains(SetAttrMask::SIZE) || attr.size == 0)
         {
             Ok(())
@@ -106,12 +115,29 @@ pub trait FileTree: Send + Sync + 'static {
     /// Tstatfs.
     async fn statfs(&self, fid: &Self::Fid) -> Result<StatFs> {
         let _ = fid;
-        Ok(StatFs { typ: 0x01021997, bsize: 4096, blocks: 0, bfree: 0, bavail: 0, files: 0, ffree: 0, fsid: 0, namelen: 255 })
+        Ok(StatFs {
+            typ: 0x01021997,
+            bsize: 4096,
+            blocks: 0,
+            bfree: 0,
+            bavail: 0,
+            files: 0,
+            ffree: 0,
+            fsid: 0,
+            namelen: 255,
+        })
     }
 
     /// Tlcreate: create `name` in the directory `dir` and open it; on success `dir`'s state
     /// becomes the new file's (9P's rule), so the handler replaces `*dir`.
-    async fn create(&self, dir: &mut Self::Fid, name: &str, flags: u32, mode: u32, gid: u32) -> Result<(QId, u32)> {
+    async fn create(
+        &self,
+        dir: &mut Self::Fid,
+        name: &str,
+        flags: u32,
+        mode: u32,
+        gid: u32,
+    ) -> Result<(QId, u32)> {
         let _ = (dir, name, flags, mode, gid);
         Err(Errno::EACCES)
     }
