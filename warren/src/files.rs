@@ -121,30 +121,22 @@ pub async fn write(dirs: &Dirs, path: &str, data: Option<String>) -> Result<Exit
 }
 
 pub async fn call(dirs: &Dirs, tool: &str, json: &str) -> Result<ExitCode> {
-    if tool.contains('/') || tool.is_empty() {
+    if tool.is_empty() || tool.contains('/') {
         bail!("{tool:?} is not a tool name");
     }
-    let path = format!("/tool/{tool}/call");
-    let fid = walk(dirs, &path).await?;
-    fid.open(oflags::RDWR).await.with_context(|| path.clone())?;
-    fid.write_all(0, json.as_bytes())
+    let root = walk(dirs, "/tool").await?;
+    let reply = warren_toolfs::client::call_bytes(&root, tool, json.as_bytes())
         .await
-        .with_context(|| path.clone())?;
-    let reply = fid
-        .read_to_end(json.len() as u64)
-        .await
-        .with_context(|| path.clone())?;
+        .with_context(|| format!("/tool/{tool}/call"))?;
     let mut out = std::io::stdout().lock();
     out.write_all(&reply)?;
     if !reply.ends_with(b"\n") {
         writeln!(out)?;
     }
-    let status = serde_json::from_slice::<serde_json::Value>(&reply)
-        .ok()
-        .and_then(|v| v.get("status").and_then(|s| s.as_str()).map(str::to_owned));
-    Ok(match status.as_deref() {
-        Some("ok") => ExitCode::SUCCESS,
-        Some("denied") => ExitCode::from(3),
+    use warren_toolfs::envelope::Status;
+    Ok(match warren_toolfs::Envelope::parse(&reply).map(|e| e.status) {
+        Ok(Status::Ok) => ExitCode::SUCCESS,
+        Ok(Status::Denied) => ExitCode::from(3),
         _ => ExitCode::from(1),
     })
 }
