@@ -57,6 +57,22 @@ fn libexec_dir() -> Result<PathBuf> {
         .to_path_buf())
 }
 
+/// Creates the `warren` system group if the host has none: its members are operators, and the
+/// daemons carry it so they can reach each other's sockets in the 0750 runtime dir.
+fn ensure_operator_group() -> Result<()> {
+    if nix::unistd::Group::from_name("warren")?.is_some() {
+        return Ok(());
+    }
+    let status = std::process::Command::new("groupadd")
+        .args(["--system", "warren"])
+        .status()
+        .context("run groupadd to create the warren group")?;
+    if !status.success() && nix::unistd::Group::from_name("warren")?.is_none() {
+        bail!("groupadd --system warren failed ({status})");
+    }
+    Ok(())
+}
+
 fn operator_gid() -> u32 {
     warren_daemon::operator::OperatorPolicy::from_host()
         .operator_gid
@@ -125,6 +141,7 @@ pub fn up(dirs: &Dirs) -> Result<ExitCode> {
             "warren up needs root in this version (nsd is a system service; see docs/decisions.md)"
         );
     }
+    ensure_operator_group()?;
     prepare_dirs(dirs)?;
     match try_lock(dirs)? {
         None => {
