@@ -1,0 +1,172 @@
+//! Open files: OPEN/OPENDIR, READ, WRITE, READDIR, RELEASE/RELEASEDIR, FSYNC, and STATFS.
+
+use std::sync::Arc;
+
+use polyfuse_kernel as abi;
+use rs9p::FCall;
+use warren_9p::{Errno, oflags};
+
+use crate::attr;
+use crate::reply::{self, DirentBuf};
+use crate::session::{OpenFile, Reply, Session};
+
+impl Session {
+    /// A fresh fid cloned from the node's and Tlopen'ed: one FUSE open is one 9P open, which is
+    /// what makes each open of a transaction file its own call. `flags` is `None` for OPENDIR.
+    pub(super) async fn open(&self, nodeid: u64, flags: Option<u32>) -> Result<Reply, Errno> {
+        let att = self.conn.current();
+        let node_fid = self.node_fid(nodeid, &att).await?;
+        let size = self.nodes().get(nodeid).map_or(0, |n| n.size);
+        let spare = self.nodes().take_spare(nodeid, att.generation);
+        let fid = match spare {
+            Some(fid) => fid,
+            None => node_fid.walk(&[]).await?,
+        };
+        if flags.is_some() {
+            self.walk_spare(nodeid, node_fid, att.generation);
+        }
+        // The kernel strips O_CREAT/O_EXCL/O_NOCTTY, and O_TRUNC (no atomic_o_trunc).
+        let lflags = flags.map_or(oflags::RDONLY, |f| {
+            f & (oflags::ACCMODE | libc::O_APPEND as u32)
+        });
+        fid.open(lflags).await?;
+        let fh = self.add_file(OpenFile {
+            fid,
+            client: att.client.clone(),
+            generation: att.generation,
+        });
+        let open_flags = if flags.is_some() {
+            self.open_flags(size)
+        } else {
+            0
+        };
+        let out = abi::fuse_open_out {
+            fh,
+            open_flags,
+            padding: 0,
+        };
+        Ok(Reply {
+            body: reply::body(&out),
+            forget_if_lost: None,
+            close_if_lost: Some(fh),
+        })
+    }
+
+    /// Walks the next OPEN's fid for `nodeid` in the background (a walk has no effect on the
+    /// server beyond the fid: a transaction starts at Tlopen, never at Twalk).
+    fn walk_spare(&self, nodeid: u64, node_fid: Arc<warren_9p::Fid>, generation: u64) {
+        let nodes = self.nodes.clone();
+        tokio::spawn(async move {
+            if let Ok(spare) = node_fid.walk(&[]).await {
+                nodes
+                    .lock()
+                    .expect("node table lock")
+                    .put_spare(nodeid, generation, spare);
+            }
+        });
+    }
+
+    /// One Tread, unless the kernel asked for more than one 9P message can carry (a small
+    /// msize): a short read means end of file to the page cache, so then read on.
+    pub(super) async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Reply, Errno> {
+        let file = self.file(fh)?;
+        let mut data = file.fid.read(offset, size).await?;
+        while data.len() < size as usize
+            && data.len() % self.settings.rpc_max as usize == 0
+            && !data.is_empty()
+        {
+            let more = file
+                .fid
+                .read(offset + data.len() as u64, size - data.len() as u32)
+                .await?;
+            if more.is_empty() {
+                break;
+            }
+            data.extend_from_slice(&more);
+        }
+        Ok(Reply::plain(data))
+    }
+
+    pub(super) async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<Reply, Errno> {
+        let file = self.file(fh)?;
+        let written = if data.len() <= self.settings.rpc_max as usize {
+            file.fid.write(offset, data).await?
+        } else {
+            file.fid.write_all(offset, data).await?;
+            data.len() as u32
+        };
+        Ok(Reply::plain(reply::body(&abi::fuse_write_out {
+            size: written,
+            padding: 0,
+        })))
+    }
+
+    /// Treaddir from the kernel's cookie; entries packed as `fuse_dirent`s until `size` is
+    /// full. Each entry's 9P offset is its cookie, so the kernel resumes right after the last
+    /// entry that fitted.
+    pub(super) async fn readdir(&self, fh: u64, offset: u64, size: u32) -> Result<Reply, Errno> {
+        let file = self.file(fh)?;
+        let count = size.min(self.settings.rpc_max);
+        let answer = file
+            .client
+            .rpc(FCall::TReadDir {
+                fid: file.fid.id(),
+                offset,
+                count,
+            })
+            .await?;
+        let FCall::RReadDir { data } = answer else {
+            return Err(Errno::EIO);
+        };
+        let mut dirents = DirentBuf::new(size as usize);
+        for entry in &data.data {
+            // A cookie equal to the one we resumed from would make the kernel ask again
+            // forever (a broken or hostile server): end the listing there.
+            if entry.offset == offset {
+                break;
+            }
+            let typ = attr::dirent_type(entry.typ, &entry.qid);
+            if !dirents.push(
+                attr::ino(&entry.qid),
+                entry.offset,
+                typ,
+                entry.name.as_bytes(),
+            ) {
+                break;
+            }
+        }
+        Ok(Reply::plain(dirents.into_body()))
+    }
+
+    /// Clunks the open fid before answering, so whatever the server does at clunk (a transaction
+    /// file withdrawing an unstarted call) has happened when RELEASE returns. A read still
+    /// running on the handle keeps the fid alive; it is clunked when that read ends.
+    pub(super) async fn release(&self, fh: u64) -> Result<Reply, Errno> {
+        let file = self.files().remove(&fh).ok_or(Errno::EBADF)?;
+        if let Ok(file) = Arc::try_unwrap(file) {
+            // The fid is gone on our side either way; a clunk error changes nothing for the caller.
+            let _ = file.fid.clunk().await;
+        }
+        Ok(Reply::plain(Vec::new()))
+    }
+
+    pub(super) async fn fsync(&self, fh: u64) -> Result<Reply, Errno> {
+        let file = self.file(fh)?;
+        file.client
+            .rpc(FCall::TFSync { fid: file.fid.id() })
+            .await?;
+        Ok(Reply::plain(Vec::new()))
+    }
+
+    pub(super) async fn statfs(&self) -> Result<Reply, Errno> {
+        let att = self.conn.current();
+        let answer = att
+            .client
+            .rpc(FCall::TStatFs { fid: att.root.id() })
+            .await?;
+        let FCall::RStatFs { statfs } = answer else {
+            return Err(Errno::EIO);
+        };
+        Ok(Reply::plain(reply::body(&attr::statfs_out(&statfs))))
+    }
+}

@@ -1,0 +1,334 @@
+//! The session loop: INIT, then one reader decoding requests and one tokio task per request;
+//! FUSE_INTERRUPT cancels the task (its 9P request is flushed) and answers EINTR.
+//!
+//! Every replyable request is registered in `inflight` (unique → cancel sender) before its task
+//! starts. Whoever removes the entry owns the reply: the task when it finishes, or the INTERRUPT
+//! handler, which answers EINTR at once. So each request gets exactly one reply, and a reply
+//! the kernel never saw (interrupted, or the caller gone: ENOENT) can be undone.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use polyfuse_kernel as abi;
+use tokio::sync::oneshot;
+use warren_9p::{Client, Errno, Fid};
+
+use crate::attr::Owner;
+use crate::conn::Conn;
+use crate::device::{Device, Read};
+use crate::nodes::Nodes;
+use crate::reply::{self, Body};
+use crate::request::{self, DecodeError, Op, Request};
+
+/// FOPEN_NOFLUSH (linux/fuse.h 7.35; newer than the 7.31 ABI crate): close(2) sends no FLUSH.
+pub(crate) const FOPEN_NOFLUSH: u32 = 1 << 5;
+/// The largest WRITE the kernel will send (also bounded by the 9P msize).
+const MAX_WRITE: u32 = 128 * 1024;
+/// The INIT flags the bridge asks for (and only those the kernel offers): parallel reads and
+/// directory operations. No writeback cache, no splice, no READDIRPLUS, no atomic O_TRUNC
+/// (truncation arrives as SETATTR and goes to the server as Tsetattr).
+const INIT_FLAGS: u32 = abi::FUSE_ASYNC_READ | abi::FUSE_BIG_WRITES | abi::FUSE_PARALLEL_DIROPS;
+
+/// How the session presents the server's files.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Settings {
+    pub direct_io_all: bool,
+    pub ttl: Duration,
+    pub owner: Owner,
+    /// Data bytes one Tread/Twrite can carry on this connection.
+    pub rpc_max: u32,
+    pub max_write: u32,
+}
+
+impl Settings {
+    pub(crate) fn new(direct_io_all: bool, ttl: Duration, owner: Owner, msize: u32) -> Settings {
+        let rpc_max = msize.saturating_sub(warren_9p::wire::IOHDRSZ).max(1);
+        Settings {
+            direct_io_all,
+            ttl,
+            owner,
+            rpc_max,
+            max_write: MAX_WRITE.min(rpc_max).max(4096),
+        }
+    }
+}
+
+/// An open file or directory: a fid that has been Tlopen'ed, and the connection it lives on.
+pub(crate) struct OpenFile {
+    pub fid: Fid,
+    pub client: Client,
+    pub generation: u64,
+}
+
+/// A successful answer, and what to undo if the kernel never receives it.
+pub(crate) struct Reply {
+    pub body: Body,
+    /// A node reference the reply hands the kernel (LOOKUP, CREATE, MKDIR).
+    pub forget_if_lost: Option<u64>,
+    /// A file handle the reply hands the kernel (OPEN, OPENDIR, CREATE).
+    pub close_if_lost: Option<u64>,
+}
+
+impl Reply {
+    pub(crate) fn plain(body: Body) -> Reply {
+        Reply {
+            body,
+            forget_if_lost: None,
+            close_if_lost: None,
+        }
+    }
+}
+
+pub(crate) struct Session {
+    dev: Device,
+    pub(crate) conn: Conn,
+    pub(crate) settings: Settings,
+    pub(crate) nodes: Arc<Mutex<Nodes>>,
+    pub(crate) files: Mutex<HashMap<u64, Arc<OpenFile>>>,
+    next_fh: AtomicU64,
+    inflight: Mutex<HashMap<u64, oneshot::Sender<()>>>,
+}
+
+impl Session {
+    pub(crate) fn new(dev: Device, conn: Conn, settings: Settings) -> Session {
+        let root = conn.current();
+        Session {
+            dev,
+            settings,
+            nodes: Arc::new(Mutex::new(Nodes::new(root.root.clone(), root.generation))),
+            conn,
+            files: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            inflight: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Reads and dispatches requests until the connection goes away (unmount or abort).
+    pub(crate) async fn run(self: Arc<Self>) -> io::Result<()> {
+        // The kernel refuses a read into a buffer smaller than its largest WRITE.
+        let mut buf = vec![
+            0u8;
+            (self.settings.max_write as usize + 4096)
+                .max(abi::FUSE_MIN_READ_BUFFER as usize)
+        ];
+        let result = loop {
+            match self.dev.read(&mut buf).await {
+                Ok(Read::Gone) => break Ok(()),
+                Ok(Read::Request(n)) => self.dispatch(&buf[..n]),
+                Err(e) => break Err(e),
+            }
+        };
+        self.stop();
+        result
+    }
+
+    /// The connection is over: cancel every request still running (their 9P requests are
+    /// flushed) and let go of the open fids, so nothing waits on a server for a dead mount.
+    fn stop(&self) {
+        let cancels: Vec<_> = self
+            .inflight
+            .lock()
+            .expect("inflight lock")
+            .drain()
+            .collect();
+        for (_, cancel) in cancels {
+            let _ = cancel.send(());
+        }
+        self.files().clear();
+    }
+
+    fn dispatch(self: &Arc<Self>, bytes: &[u8]) {
+        let req = match request::decode(bytes) {
+            Ok(req) => req,
+            Err(DecodeError::Header) => {
+                tracing::warn!(len = bytes.len(), "bridge: unreadable FUSE request header");
+                return;
+            }
+            Err(DecodeError::Args { unique }) => {
+                self.send(unique, Err(libc::EINVAL));
+                return;
+            }
+        };
+        tracing::trace!(
+            unique = req.unique,
+            nodeid = req.nodeid,
+            opcode = req.opcode,
+            "fuse request"
+        );
+        match req.op {
+            Op::Init(init) => self.init(req.unique, &init),
+            Op::Forget { nlookup } => self.nodes().forget(req.nodeid, nlookup),
+            Op::BatchForget(ref forgets) => {
+                let mut nodes = self.nodes();
+                for &(nodeid, nlookup) in forgets {
+                    nodes.forget(nodeid, nlookup);
+                }
+            }
+            Op::Interrupt { target } => self.interrupt(req.unique, target),
+            // Answered here: no 9P involved.
+            Op::Destroy | Op::Flush => {
+                self.send(req.unique, Ok(&[]));
+            }
+            Op::Getxattr | Op::Listxattr { .. } | Op::Setxattr { .. } | Op::Removexattr => {
+                let answer = crate::ops::xattr(&req.op);
+                self.send(req.unique, answer.as_deref().map_err(|e| *e));
+            }
+            Op::Unsupported => {
+                self.send(req.unique, Err(libc::ENOSYS));
+            }
+            _ => self.spawn(req),
+        }
+    }
+
+    fn init(&self, unique: u64, init: &abi::fuse_init_in) {
+        if init.major != abi::FUSE_KERNEL_VERSION {
+            tracing::warn!(major = init.major, "bridge: unsupported FUSE major version");
+            self.send(unique, Err(libc::EPROTO));
+            return;
+        }
+        let out = abi::fuse_init_out {
+            major: abi::FUSE_KERNEL_VERSION,
+            minor: init.minor.min(abi::FUSE_KERNEL_MINOR_VERSION),
+            max_readahead: init.max_readahead,
+            flags: init.flags & INIT_FLAGS,
+            // Background requests (RELEASE, async reads) in flight before the kernel queues.
+            max_background: 64,
+            congestion_threshold: 48,
+            max_write: self.settings.max_write,
+            time_gran: 1,
+            ..Default::default()
+        };
+        tracing::debug!(
+            minor = out.minor,
+            flags = out.flags,
+            max_write = out.max_write,
+            "fuse init"
+        );
+        self.send(unique, Ok(&reply::body(&out)));
+    }
+
+    fn spawn(self: &Arc<Self>, req: Request) {
+        let (cancel, cancelled) = oneshot::channel();
+        self.inflight
+            .lock()
+            .expect("inflight lock")
+            .insert(req.unique, cancel);
+        let session = self.clone();
+        tokio::spawn(async move {
+            let unique = req.unique;
+            let outcome = tokio::select! {
+                biased;
+                // Interrupted: the handler's future (and any 9P request in it, which sends
+                // Tflush as it drops) goes away; the INTERRUPT handler already answered.
+                _ = cancelled => return,
+                outcome = session.handle(req) => outcome,
+            };
+            session.finish(unique, outcome);
+        });
+    }
+
+    fn finish(&self, unique: u64, outcome: Result<Reply, Errno>) {
+        let claimed = self
+            .inflight
+            .lock()
+            .expect("inflight lock")
+            .remove(&unique)
+            .is_some();
+        let delivered = claimed
+            && match &outcome {
+                Ok(r) => self.send(unique, Ok(&r.body)),
+                Err(e) => self.send(unique, Err(reply::wire_errno(*e))),
+            };
+        if let (false, Ok(reply)) = (delivered, outcome) {
+            if let Some(nodeid) = reply.forget_if_lost {
+                self.nodes().forget(nodeid, 1);
+            }
+            if let Some(fh) = reply.close_if_lost {
+                self.files().remove(&fh);
+            }
+        }
+    }
+
+    /// FUSE_INTERRUPT for `target`. Known: cancel its task (flushing its 9P request) and answer
+    /// it EINTR now. Unknown: it already finished, or (with several readers) the INTERRUPT
+    /// overtook it; answer EAGAIN so the kernel re-queues the INTERRUPT (libfuse does the same).
+    fn interrupt(&self, unique: u64, target: u64) {
+        let cancel = self.inflight.lock().expect("inflight lock").remove(&target);
+        match cancel {
+            Some(cancel) => {
+                let _ = cancel.send(());
+                self.send(target, Err(libc::EINTR));
+            }
+            None => {
+                self.send(unique, Err(libc::EAGAIN));
+            }
+        }
+    }
+
+    /// Writes one reply. False when the kernel did not take it: ENOENT means the request is
+    /// gone (interrupted and answered, or its caller was killed before a reply was possible).
+    fn send(&self, unique: u64, result: Result<&[u8], i32>) -> bool {
+        match self.dev.write(&reply::frame(unique, result)) {
+            Ok(()) => true,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => false,
+            Err(e) => {
+                tracing::warn!(unique, error = %e, "bridge: reply refused by the kernel");
+                // A request never answered would hang its caller (and turn each INTERRUPT
+                // for it into an EAGAIN loop): answer it with a bare EIO instead.
+                if result.is_ok() {
+                    let _ = self.dev.write(&reply::frame(unique, Err(libc::EIO)));
+                }
+                false
+            }
+        }
+    }
+
+    /// FUSE_NOTIFY_INVAL_ENTRY: the kernel drops its cached `name` in `parent` (and the
+    /// attributes under it), so the next use looks it up again. A name it does not have cached
+    /// is not an error. Blocks while the kernel holds the directory's lock (e.g. during a
+    /// LOOKUP in it), so call it off the runtime's worker threads.
+    pub(crate) fn invalidate_entry(&self, parent: u64, name: &str) -> io::Result<()> {
+        let head = abi::fuse_notify_inval_entry_out {
+            parent,
+            namelen: name.len() as u32,
+            padding: 0,
+        };
+        let mut body = reply::body(&head);
+        body.extend_from_slice(name.as_bytes());
+        body.push(0);
+        match self
+            .dev
+            .write(&reply::notification(abi::FUSE_NOTIFY_INVAL_ENTRY, &body))
+        {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            other => other,
+        }
+    }
+
+    pub(crate) fn nodes(&self) -> std::sync::MutexGuard<'_, Nodes> {
+        self.nodes.lock().expect("node table lock")
+    }
+
+    pub(crate) fn files(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<OpenFile>>> {
+        self.files.lock().expect("open file table lock")
+    }
+
+    pub(crate) fn add_file(&self, file: OpenFile) -> u64 {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.files().insert(fh, Arc::new(file));
+        fh
+    }
+
+    /// An open handle. EIO for a handle opened on a connection that has since been replaced:
+    /// a transaction cannot be carried over to the new one.
+    pub(crate) fn file(&self, fh: u64) -> Result<Arc<OpenFile>, Errno> {
+        let file = self.files().get(&fh).cloned().ok_or(Errno::EBADF)?;
+        if file.generation != self.conn.current().generation {
+            return Err(Errno::EIO);
+        }
+        Ok(file)
+    }
+}
