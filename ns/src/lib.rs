@@ -1,1 +1,25 @@
-//! placeholder
+//! warren-ns: the namespace spec language, narrowing (`covers`), confinement, and `warren run`.
+//! See specs/namespace.md and docs/confinement.md.
+
+pub mod confine;
+pub mod covers;
+pub mod inode;
+pub mod nsd;
+pub mod pty;
+pub mod run;
+pub mod spec;
+#[cfg(test)]
+mod testutil;
+
+pub use confine::fuse::MountServer;
+pub use confine::guard::ProtectedDirs;
+pub use covers::{Widened, Widening, covers};
+pub use run::{CliGrants, PayloadStdio, RunOptions, Running, run, spawn, spec_from_cli};
+pub use spec::{Spec, SpecError, parse};
+
+/// The payload's writable home directory.
+pub const HOME: &str = "/home/agent";
+/// The namespace's hostname (its own UTS namespace).
+pub const HOSTNAME: &str = "warren";
+/// The payload's PATH.
+pub const PAYLOAD_PATH: &str = "/usr/bin:/bin";

@@ -1,0 +1,106 @@
+//! Step 5: Landlock (ABI V7, pinned and tested here). The filesystem rights are always handled:
+//! read and execute on the view, write only where the namespace may write. TCP is handled (and
+//! so denied) under `net none`; abstract-socket and signal scopes always. Anything short of
+//! FullyEnforced is refused unless the operator passed `--weaker-landlock`.
+
+use landlock::{
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
+    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+};
+
+use crate::spec::Net;
+
+pub const LANDLOCK_ABI: ABI = ABI::V7;
+
+/// What the payload may read and write, as paths in the new root.
+pub struct View {
+    pub read: Vec<String>,
+    pub write: Vec<String>,
+    /// Device files that must stay writable (null, zero, full, tty, ptmx) and the pts dir.
+    pub devices: Vec<String>,
+    pub net: Net,
+}
+
+/// Restricts the calling thread (and what it forks and execs). Returns a one-line status.
+pub fn restrict(view: &View, weaker_landlock: bool) -> Result<String, String> {
+    let abi = LANDLOCK_ABI;
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(AccessFs::from_all(abi))
+        .map_err(|e| format!("landlock fs: {e}"))?
+        .scope(Scope::from_all(abi))
+        .map_err(|e| format!("landlock scope: {e}"))?;
+    if view.net == Net::None {
+        ruleset = ruleset
+            .handle_access(AccessNet::from_all(abi))
+            .map_err(|e| format!("landlock net: {e}"))?;
+    }
+    let mut created = ruleset
+        .create()
+        .map_err(|e| format!("landlock create: {e}"))?;
+    let rules = view
+        .read
+        .iter()
+        .map(|p| (p, AccessFs::from_read(abi)))
+        .chain(view.write.iter().map(|p| (p, AccessFs::from_all(abi))))
+        .chain(view.devices.iter().map(|p| (p, AccessFs::from_all(abi))));
+    for (path, access) in rules {
+        let fd = match PathFd::new(path) {
+            Ok(fd) => fd,
+            // A device the host lacks (e.g. no /dev/tty) simply has no rule.
+            Err(_) if view.devices.contains(path) => continue,
+            Err(e) => return Err(format!("landlock rule {path}: {e}")),
+        };
+        let is_dir = std::fs::metadata(path).map(|m| m.is_dir()).unwrap_or(false);
+        let access = if is_dir {
+            access
+        } else {
+            access & AccessFs::from_file(abi)
+        };
+        created = created
+            .add_rule(PathBeneath::new(fd, access))
+            .map_err(|e| format!("landlock rule {path}: {e}"))?;
+    }
+    let status = created
+        .restrict_self()
+        .map_err(|e| format!("landlock restrict_self: {e}"))?;
+    let line = format!(
+        "landlock {:?} no_new_privs={} abi={:?}",
+        status.ruleset, status.no_new_privs, abi
+    );
+    accept(status.ruleset, weaker_landlock, line)
+}
+
+/// The floor: FullyEnforced, or the operator's loud `--weaker-landlock` (never NotEnforced).
+fn accept(ruleset: RulesetStatus, weaker_landlock: bool, line: String) -> Result<String, String> {
+    match (ruleset, weaker_landlock) {
+        (RulesetStatus::FullyEnforced, _) => Ok(line),
+        (RulesetStatus::PartiallyEnforced, true) => {
+            Ok(format!("{line} (WEAKER: --weaker-landlock)"))
+        }
+        (RulesetStatus::NotEnforced, _) => Err(format!(
+            "{line}: Landlock is not enforced at all; refusing to run"
+        )),
+        (_, false) => Err(format!(
+            "{line}: refusing to run without a fully enforced Landlock V7 ruleset \
+             (pass --weaker-landlock to accept it, loudly)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_full_enforcement_passes_without_the_weaker_flag() {
+        let l = || "landlock".to_string();
+        assert!(accept(RulesetStatus::FullyEnforced, false, l()).is_ok());
+        let e = accept(RulesetStatus::PartiallyEnforced, false, l()).unwrap_err();
+        assert!(e.contains("--weaker-landlock"), "{e}");
+        let ok = accept(RulesetStatus::PartiallyEnforced, true, l()).unwrap();
+        assert!(ok.contains("WEAKER"), "{ok}");
+        assert!(accept(RulesetStatus::NotEnforced, true, l()).is_err());
+        assert!(accept(RulesetStatus::NotEnforced, false, l()).is_err());
+    }
+}

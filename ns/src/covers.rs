@@ -1,0 +1,478 @@
+//! Narrowing: `covers(parent, child)` holds when the child spec asks for nothing the parent
+//! lacks (design.md, "Namespace specs"). A request that widens anything is refused whole.
+//!
+//! Host paths are compared by what they resolve to — (st_dev, st_ino) along the kernel's `..`
+//! walk, and the mount id where a non-recursive bind must not cross into a submount — never by
+//! their strings. Issue 4 replaces "host path" with "path in the parent's view", resolved from the
+//! parent's bind fds with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`.
+
+use std::fmt;
+use std::os::fd::AsFd;
+use std::path::Path;
+
+use crate::inode::{Ident, ancestry, ident, open_path};
+use crate::spec::{Access, Net, Server, Spec};
+
+/// One way in which a child asks for more than its parent has.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Widened {
+    /// A child path that is under no parent bind (or tool authority) at all.
+    PathNotUnderParent {
+        what: String,
+        host: String,
+    },
+    /// Under a parent bind, but `-w` where the parent has `-r`.
+    WriteWhereParentReads {
+        what: String,
+        host: String,
+    },
+    /// `-R` (or a path in another mount) under a non-recursive parent bind: shows submounts
+    /// the parent cannot see.
+    CrossesSubmount {
+        what: String,
+        host: String,
+    },
+    /// A host path that cannot be resolved cannot be shown to be covered.
+    Unresolvable {
+        what: String,
+        host: String,
+        error: String,
+    },
+    ToolNotGranted {
+        name: String,
+    },
+    MountNotInParent {
+        server: String,
+        path: String,
+    },
+    Net {
+        parent: Net,
+        child: Net,
+    },
+    Limit {
+        key: &'static str,
+        parent: u64,
+        child: Option<u64>,
+    },
+    Env {
+        name: String,
+    },
+}
+
+impl fmt::Display for Widened {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Widened::PathNotUnderParent { what, host } => {
+                write!(f, "{what} `{host}` is not under any of the parent's")
+            }
+            Widened::WriteWhereParentReads { what, host } => {
+                write!(f, "{what} `{host}` asks -w where the parent has only -r")
+            }
+            Widened::CrossesSubmount { what, host } => write!(
+                f,
+                "{what} `{host}` reaches a submount the parent's non-recursive bind does not show"
+            ),
+            Widened::Unresolvable { what, host, error } => {
+                write!(f, "{what} `{host}` cannot be resolved: {error}")
+            }
+            Widened::ToolNotGranted { name } => {
+                write!(f, "tool `{name}` is not granted to the parent")
+            }
+            Widened::MountNotInParent { server, path } => write!(
+                f,
+                "mount of `{server}` at {path} is not one of the parent's (same server, same key, a subset of its spec)"
+            ),
+            Widened::Net { parent, child } => {
+                write!(f, "net {child:?} is wider than the parent's net {parent:?}")
+            }
+            Widened::Limit { key, parent, child } => match child {
+                Some(c) => write!(f, "limit {key}={c} is above the parent's {parent}"),
+                None => write!(f, "limit {key} is unset but the parent has {key}={parent}"),
+            },
+            Widened::Env { name } => write!(f, "env {name} is not passed to the parent"),
+        }
+    }
+}
+
+/// Every widening found, in spec order. Never empty.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Widening(pub Vec<Widened>);
+
+impl fmt::Display for Widening {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the child spec widens its parent's:")?;
+        for w in &self.0 {
+            write!(f, "\n  - {w}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Widening {}
+
+struct Grant {
+    id: Ident,
+    access: Access,
+    recursive: bool,
+}
+
+fn resolve(host: &str) -> Result<(Ident, Vec<Ident>), String> {
+    let fd = open_path(Path::new(host)).map_err(|e| e.to_string())?;
+    let id = ident(fd.as_fd()).map_err(|e| e.to_string())?;
+    let chain = ancestry(fd.as_fd()).map_err(|e| e.to_string())?;
+    Ok((id, chain))
+}
+
+/// Is the child path (resolved to `chain`) covered by one of `grants`?
+fn check_path(
+    what: &str,
+    host: &str,
+    access: Access,
+    recursive: bool,
+    grants: &[Grant],
+) -> Option<Widened> {
+    let chain = match resolve(host) {
+        Ok((_, chain)) => chain,
+        Err(error) => {
+            return Some(Widened::Unresolvable {
+                what: what.into(),
+                host: host.into(),
+                error,
+            });
+        }
+    };
+    let mut best: Option<Widened> = None;
+    for g in grants {
+        let Some(depth) = chain.iter().position(|c| c.same_file(&g.id)) else {
+            continue;
+        };
+        if access == Access::Write && g.access == Access::Read {
+            best.get_or_insert(Widened::WriteWhereParentReads {
+                what: what.into(),
+                host: host.into(),
+            });
+            continue;
+        }
+        // A non-recursive grant shows only its own mount: the child must be reached without
+        // crossing into another one, and may not itself ask for submounts.
+        let crosses =
+            !g.recursive && (recursive || chain[..=depth].iter().any(|c| c.mnt_id != g.id.mnt_id));
+        if crosses {
+            best = Some(Widened::CrossesSubmount {
+                what: what.into(),
+                host: host.into(),
+            });
+            continue;
+        }
+        return None;
+    }
+    Some(best.unwrap_or(Widened::PathNotUnderParent {
+        what: what.into(),
+        host: host.into(),
+    }))
+}
+
+/// The parent's paths as grants. A parent path that does not resolve grants nothing (a child
+/// needing it is then reported as not covered).
+fn grants_of<'a>(items: impl Iterator<Item = (&'a str, Access, bool)>) -> Vec<Grant> {
+    items
+        .filter_map(|(host, access, recursive)| {
+            resolve(host).ok().map(|(id, _)| Grant {
+                id,
+                access,
+                recursive,
+            })
+        })
+        .collect()
+}
+
+fn same_key(a: &Option<String>, b: &Option<String>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) if a.starts_with('/') && b.starts_with('/') => {
+            match (resolve(a), resolve(b)) {
+                (Ok((x, _)), Ok((y, _))) => x.same_file(&y),
+                _ => false,
+            }
+        }
+        // Relative key names are resolved against warren's key directory (issue 4); until
+        // then only the identical name is the same key.
+        (Some(a), Some(b)) => a == b,
+        _ => false,
+    }
+}
+
+fn same_server(a: &Server, b: &Server) -> bool {
+    match (a, b) {
+        (Server::Unix(x), Server::Unix(y)) => match (resolve(x), resolve(y)) {
+            (Ok((i, _)), Ok((j, _))) => i.same_file(&j),
+            _ => false,
+        },
+        _ => a == b,
+    }
+}
+
+/// `Ok(())` when `child` asks for nothing `parent` lacks; otherwise every widening, by name.
+pub fn covers(parent: &Spec, child: &Spec) -> Result<(), Widening> {
+    let mut out = Vec::new();
+
+    let bind_grants = grants_of(
+        parent
+            .binds
+            .iter()
+            .map(|b| (b.host.as_str(), b.access, b.recursive)),
+    );
+    for b in &child.binds {
+        if let Some(w) = check_path("bind", &b.host, b.access, b.recursive, &bind_grants) {
+            out.push(w);
+        }
+    }
+
+    let parent_tools = parent.tool_grants();
+    for name in child.tool_grants() {
+        if !parent_tools.contains(&name) {
+            out.push(Widened::ToolNotGranted { name });
+        }
+    }
+    for t in &child.tools {
+        let grants = grants_of(
+            parent
+                .tools
+                .iter()
+                .filter(|p| p.name == t.name)
+                .flat_map(|p| {
+                    p.host_paths
+                        .iter()
+                        .map(move |h| (h.as_str(), p.access, false))
+                }),
+        );
+        for h in &t.host_paths {
+            let what = format!("tool {} authority", t.name);
+            if let Some(w) = check_path(&what, h, t.access, false, &grants) {
+                out.push(w);
+            }
+        }
+    }
+
+    for m in &child.mounts {
+        let found = parent.mounts.iter().any(|p| {
+            same_server(&p.server, &m.server)
+                && same_key(&p.key, &m.key)
+                && m.spec.iter().all(|s| p.spec.contains(s))
+        });
+        if !found {
+            out.push(Widened::MountNotInParent {
+                server: m.server.to_string(),
+                path: m.path.clone(),
+            });
+        }
+    }
+
+    if child.net() > parent.net() {
+        out.push(Widened::Net {
+            parent: parent.net(),
+            child: child.net(),
+        });
+    }
+
+    let (p, c) = (&parent.limits, &child.limits);
+    for (key, pl, cl) in [
+        ("mem", p.mem, c.mem),
+        ("pids", p.pids, c.pids),
+        ("cpu", p.cpu, c.cpu),
+        ("wall", p.wall, c.wall),
+    ] {
+        if let Some(pv) = pl
+            && cl.is_none_or(|cv| cv > pv)
+        {
+            out.push(Widened::Limit {
+                key,
+                parent: pv,
+                child: cl,
+            });
+        }
+    }
+
+    for e in &child.env {
+        if !parent.env.contains(e) {
+            out.push(Widened::Env { name: e.clone() });
+        }
+    }
+
+    if out.is_empty() {
+        Ok(())
+    } else {
+        Err(Widening(out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::parse;
+    use std::os::unix::fs::symlink;
+
+    fn spec(text: &str) -> Spec {
+        parse("t.ns", text).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    struct Tree(tempfile::TempDir);
+    impl Tree {
+        fn new() -> Tree {
+            let t = tempfile::Builder::new()
+                .prefix("wcov")
+                .tempdir_in("/tmp")
+                .unwrap();
+            for d in ["repo/src", "repo/docs", "other", "sub"] {
+                std::fs::create_dir_all(t.path().join(d)).unwrap();
+            }
+            Tree(t)
+        }
+        fn p(&self, rel: &str) -> String {
+            self.0.path().join(rel).to_str().unwrap().to_string()
+        }
+    }
+
+    #[test]
+    fn narrower_child_is_covered() {
+        let t = Tree::new();
+        let parent = spec(&format!(
+            "bind -w {r} /repo\nmount tool /tool fs_read fs_list\ntool fs_read -w {r}\nnet loopback\nenv TERM\nlimit pids=64 mem=1G",
+            r = t.p("repo")
+        ));
+        let child = spec(&format!(
+            "bind -r {s} /src\nmount tool /t fs_read\ntool fs_read -r {s}\nnet none\nenv TERM\nlimit pids=10 mem=512M",
+            s = t.p("repo/src")
+        ));
+        covers(&parent, &child).unwrap();
+        covers(&parent, &parent).unwrap();
+    }
+
+    #[test]
+    fn each_widening_is_named() {
+        let t = Tree::new();
+        let parent = spec(&format!(
+            "bind -r {r} /repo\nmount tool /tool fs_read\ntool fs_read -r {r}\nnet none\nlimit pids=64",
+            r = t.p("repo")
+        ));
+        let child = spec(&format!(
+            "bind -w {s} /src\nbind -r {o} /o\nmount tool /tool fs_read shell\ntool fs_read -w {s}\nmount gate /gate\nnet loopback\nenv SECRET\nlimit pids=65",
+            s = t.p("repo/src"),
+            o = t.p("other")
+        ));
+        let err = covers(&parent, &child).unwrap_err();
+        let got = &err.0;
+        assert!(got.contains(&Widened::WriteWhereParentReads {
+            what: "bind".into(),
+            host: t.p("repo/src")
+        }));
+        assert!(got.contains(&Widened::PathNotUnderParent {
+            what: "bind".into(),
+            host: t.p("other")
+        }));
+        assert!(got.contains(&Widened::ToolNotGranted {
+            name: "shell".into()
+        }));
+        assert!(got.contains(&Widened::WriteWhereParentReads {
+            what: "tool fs_read authority".into(),
+            host: t.p("repo/src")
+        }));
+        assert!(
+            got.iter()
+                .any(|w| matches!(w, Widened::MountNotInParent { server, .. } if server == "gate"))
+        );
+        assert!(got.contains(&Widened::Net {
+            parent: Net::None,
+            child: Net::Loopback
+        }));
+        assert!(got.contains(&Widened::Env {
+            name: "SECRET".into()
+        }));
+        assert!(got.contains(&Widened::Limit {
+            key: "pids",
+            parent: 64,
+            child: Some(65)
+        }));
+        // The `mount tool` line itself also widens (its spec is not a subset).
+        assert!(
+            got.iter()
+                .any(|w| matches!(w, Widened::MountNotInParent { server, .. } if server == "tool"))
+        );
+        assert_eq!(got.len(), 9, "{err}");
+        // Dropping a parent limit is widening too.
+        let e = covers(&parent, &spec("")).unwrap_err();
+        assert_eq!(
+            e.0,
+            vec![Widened::Limit {
+                key: "pids",
+                parent: 64,
+                child: None
+            }]
+        );
+    }
+
+    /// The comparison is by inode, not by string: a symlink that *names* a path under the
+    /// parent's bind but points elsewhere is not covered, and a differently spelled path to a
+    /// covered directory is.
+    #[test]
+    fn paths_compare_by_inode_not_string() {
+        let t = Tree::new();
+        symlink(t.p("other"), t.p("repo/escape")).unwrap();
+        symlink(t.p("repo/src"), t.p("sub/alias")).unwrap();
+        let parent = spec(&format!("bind -r {} /repo", t.p("repo")));
+        let child = spec(&format!("bind -r {} /x", t.p("repo/escape")));
+        let e = covers(&parent, &child).unwrap_err();
+        assert!(matches!(e.0[0], Widened::PathNotUnderParent { .. }), "{e}");
+        let child = spec(&format!("bind -r {} /x", t.p("sub/alias")));
+        covers(&parent, &child).unwrap();
+    }
+
+    #[test]
+    fn unresolvable_child_path_is_refused() {
+        let t = Tree::new();
+        let parent = spec(&format!("bind -r {} /repo", t.p("repo")));
+        let child = spec(&format!("bind -r {} /x", t.p("repo/missing")));
+        let e = covers(&parent, &child).unwrap_err();
+        assert!(matches!(e.0[0], Widened::Unresolvable { .. }), "{e}");
+    }
+
+    /// A non-recursive parent bind does not show the submounts under it; a child may not reach
+    /// one, nor ask `-R`. Uses a real tmpfs mount (we run as root) in a private mount namespace
+    /// of a child process so the host never sees it.
+    #[test]
+    fn non_recursive_parent_does_not_cover_submounts() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIP non_recursive_parent_does_not_cover_submounts: needs root to mount");
+            return;
+        }
+        let t = Tree::new();
+        let status = crate::testutil::in_private_mount_ns(|| {
+            nix::mount::mount(
+                Some("tmpfs"),
+                t.p("repo/docs").as_str(),
+                Some("tmpfs"),
+                nix::mount::MsFlags::empty(),
+                None::<&str>,
+            )
+            .map_err(|e| format!("mount: {e}"))?;
+            std::fs::create_dir(t.p("repo/docs/inner")).map_err(|e| e.to_string())?;
+            let flat = spec(&format!("bind -r {} /repo", t.p("repo")));
+            let deep = spec(&format!("bind -r -R {} /repo", t.p("repo")));
+            let child = spec(&format!("bind -r {} /d", t.p("repo/docs/inner")));
+            match covers(&flat, &child) {
+                Err(e) if matches!(e.0[0], Widened::CrossesSubmount { .. }) => {}
+                other => return Err(format!("flat parent: {other:?}")),
+            }
+            covers(&deep, &child).map_err(|e| format!("recursive parent: {e}"))?;
+            let child_r = spec(&format!("bind -r -R {} /s", t.p("repo/src")));
+            match covers(&flat, &child_r) {
+                Err(e) if matches!(e.0[0], Widened::CrossesSubmount { .. }) => {}
+                other => return Err(format!("-R under flat parent: {other:?}")),
+            }
+            covers(&flat, &spec(&format!("bind -r {} /s", t.p("repo/src"))))
+                .map_err(|e| format!("same-mount child: {e}"))?;
+            Ok(())
+        });
+        assert_eq!(status, Ok(()));
+    }
+}

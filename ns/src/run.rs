@@ -1,0 +1,375 @@
+//! `warren run`: build a namespace from a spec and run a command in it. Called by the invoking
+//! (root) process for `warren run`, and by nsd for namespaces cloned through `/ns`.
+
+use std::ffi::CString;
+use std::io::{self, Read};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use nix::sys::wait::waitpid;
+use nix::unistd::{ForkResult, Pid};
+
+use crate::confine::fuse::{MountServer, recv_fd};
+use crate::confine::guard::{Guard, ProtectedDirs};
+use crate::confine::limits::{self, Enforcement};
+use crate::confine::{self, Plan, binds, init, sys};
+use crate::spec::{self, Access, Bind, Net, Spec, SpecError, quote};
+
+/// How to run; `Default` reads the protected dirs from the environment.
+#[derive(Clone)]
+pub struct RunOptions {
+    /// warren's runtime, data and secrets dirs: never bindable.
+    pub protected: ProtectedDirs,
+    /// Accept a Landlock ruleset that is not fully enforced (loudly named on purpose).
+    pub weaker_landlock: bool,
+    /// The payload's uid (the invoking operator's, for a non-root operator). `None`: a
+    /// per-namespace uid `uid_base + holder pid`, unique while the namespace lives.
+    pub uid: Option<u32>,
+    pub uid_base: u32,
+    /// Do not bind the host's /etc files (ld.so.cache, nsswitch.conf, certs, …).
+    pub bare: bool,
+    /// Serves the namespace's 9P mounts over FUSE (the bridge). Without it a spec with a
+    /// `mount` line is refused.
+    pub mount_server: Option<Arc<dyn MountServer>>,
+    /// The payload's stdin/stdout/stderr; `None`: the launcher's own.
+    pub stdio: Option<Arc<PayloadStdio>>,
+    /// Give the payload a pty of the namespace's own devpts as its controlling terminal and
+    /// stdio; its master is `Running::pty_master`, for the launcher to relay (see `pty`).
+    pub pty: bool,
+}
+
+/// Descriptors to give the payload as fds 0, 1 and 2.
+#[derive(Debug)]
+pub struct PayloadStdio {
+    pub stdin: OwnedFd,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+}
+
+impl PayloadStdio {
+    /// All three on /dev/null (a daemon-started namespace has no terminal).
+    pub fn null() -> io::Result<PayloadStdio> {
+        let open = |write: bool| -> io::Result<OwnedFd> {
+            Ok(std::fs::OpenOptions::new()
+                .read(!write)
+                .write(write)
+                .open("/dev/null")?
+                .into())
+        };
+        Ok(PayloadStdio {
+            stdin: open(false)?,
+            stdout: open(true)?,
+            stderr: open(true)?,
+        })
+    }
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            protected: ProtectedDirs::from_env(),
+            weaker_landlock: false,
+            uid: None,
+            uid_base: 200_000,
+            bare: false,
+            mount_server: None,
+            stdio: None,
+            pty: false,
+        }
+    }
+}
+
+/// `warren run`'s convenience flags.
+#[derive(Clone, Debug, Default)]
+pub struct CliGrants {
+    pub tools: Vec<String>,
+    pub ro: Vec<String>,
+    pub rw: Vec<String>,
+    pub net_loopback: bool,
+    /// Skip the default read-only /usr, /bin, /lib, /lib64.
+    pub bare: bool,
+}
+
+/// Host directories bound read-only unless `--bare`, so ordinary commands run.
+pub const SYSTEM_DIRS: &[&str] = &["/usr", "/bin", "/lib", "/lib64"];
+
+/// Builds a spec from `--ns` (if any) plus the convenience flags. The flags become spec text
+/// and go through the same parser, so they get the same checks and error messages.
+pub fn spec_from_cli(base: Option<&Spec>, grants: &CliGrants) -> Result<Spec, SpecError> {
+    let mut text = base.map(Spec::to_text).unwrap_or_default();
+    let taken = |p: &str| base.is_some_and(|b| b.binds.iter().any(|x| x.path == p));
+    if !grants.bare {
+        for dir in SYSTEM_DIRS {
+            if Path::new(dir).exists() && !taken(dir) {
+                text.push_str(&format!("bind -r {0} {0}\n", quote(dir)));
+            }
+        }
+    }
+    for p in &grants.ro {
+        text.push_str(&format!("bind -r {0} {0}\n", quote(p)));
+    }
+    for p in &grants.rw {
+        text.push_str(&format!("bind -w {0} {0}\n", quote(p)));
+    }
+    if !grants.tools.is_empty() {
+        let names: Vec<String> = grants.tools.iter().map(|t| quote(t)).collect();
+        text.push_str(&format!("mount tool /tool {}\n", names.join(" ")));
+    }
+    if grants.net_loopback {
+        text.push_str("net loopback\n");
+    }
+    spec::parse("<command line>", &text)
+}
+
+/// The host /etc files a namespace gets (never /etc whole): the dynamic loader's cache, name
+/// service config, alternatives, CA certificates, and resolv.conf only with a network.
+fn etc_binds(net: Net) -> Vec<Bind> {
+    let mut files = vec![
+        "/etc/ld.so.cache",
+        "/etc/nsswitch.conf",
+        "/etc/alternatives",
+        "/etc/ssl/certs",
+        "/etc/localtime",
+    ];
+    if net != Net::None {
+        files.push("/etc/resolv.conf");
+    }
+    files
+        .into_iter()
+        .filter(|f| Path::new(f).exists())
+        .map(|f| Bind {
+            access: Access::Read,
+            recursive: false,
+            host: f.into(),
+            path: f.into(),
+        })
+        .collect()
+}
+
+fn payload_env(spec: &Spec) -> io::Result<Vec<CString>> {
+    let mut env = vec![
+        format!("PATH={}", crate::PAYLOAD_PATH),
+        format!("HOME={}", crate::HOME),
+        "USER=agent".to_string(),
+        "LOGNAME=agent".to_string(),
+    ];
+    for name in ["TERM", "LANG"]
+        .iter()
+        .copied()
+        .chain(spec.env.iter().map(String::as_str))
+    {
+        if let Some(v) = std::env::var_os(name) {
+            let v = v.into_string().map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("env {name} is not UTF-8"),
+                )
+            })?;
+            env.push(format!("{name}={v}"));
+        }
+    }
+    env.into_iter()
+        .map(|s| {
+            CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in env"))
+        })
+        .collect()
+}
+
+static RUN_COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// Runs `argv` confined by `spec`; returns its exit status (128+N when killed by signal N).
+/// Setup failures (a refused bind, Landlock not enforced, exec failing, …) are `Err`, never a
+/// silently weaker run.
+pub fn run(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<i32> {
+    spawn(spec, argv, opts)?.wait()
+}
+
+/// A confined command that has exec'd. Dropping it removes its cgroup (killing what is left);
+/// with rlimits, a namespace not waited for runs on until its command ends.
+#[derive(Debug)]
+pub struct Running {
+    holder: Pid,
+    holder_fd: OwnedFd,
+    /// Held for its Drop: a cgroup is killed and removed with the `Running`.
+    _enforcement: Enforcement,
+    pty_master: Option<OwnedFd>,
+}
+
+impl Running {
+    /// The master side of the namespace's pty (with `RunOptions::pty`).
+    pub fn pty_master(&self) -> Option<&OwnedFd> {
+        self.pty_master.as_ref()
+    }
+
+    /// Sends `signal` to the holder, which forwards SIGTERM, SIGINT, SIGHUP and SIGQUIT to
+    /// the namespace's pid 1, which forwards them to the command.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) -> io::Result<()> {
+        sys::pidfd_signal(self.holder_fd.as_fd(), signal as i32)
+    }
+
+    /// The host pid of the process holding the namespaces.
+    pub fn holder_pid(&self) -> u32 {
+        self.holder.as_raw() as u32
+    }
+
+    /// SIGKILLs the namespace: the holder dies, its pid 1 follows (PDEATHSIG), and with pid 1
+    /// the kernel kills every process of the pid namespace. Sent through a pidfd, so a reused
+    /// pid can never be hit.
+    pub fn kill(&self) -> io::Result<()> {
+        sys::pidfd_signal(self.holder_fd.as_fd(), libc::SIGKILL)
+    }
+
+    /// Waits for the command; its exit status (128+N for signal N). Call once. `kill` stays
+    /// safe during and after it (the pidfd never names another process).
+    pub fn wait(&self) -> io::Result<i32> {
+        let status = waitpid(self.holder, None)?;
+        init::status_code(status)
+            .ok_or_else(|| io::Error::other(format!("unexpected wait status {status:?}")))
+    }
+}
+
+/// Builds the namespace and starts `argv` in it; returns once the command has exec'd (or the
+/// setup failed, as `Err`).
+pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Running> {
+    if argv.is_empty() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "no command to run",
+        ));
+    }
+    if let Some(m) = spec.mounts.first()
+        && opts.mount_server.is_none()
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!(
+                "mount of {} at {} needs the FUSE bridge (RunOptions::mount_server)",
+                m.server, m.path
+            ),
+        ));
+    }
+    let argv = argv
+        .iter()
+        .map(|a| CString::new(a.as_str()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in an argument"))?;
+    let env = payload_env(spec)?;
+
+    let guard = Guard::new(&opts.protected)?;
+    let mut all_binds = spec.binds.clone();
+    if !opts.bare {
+        all_binds.extend(etc_binds(spec.net()));
+    }
+    let prepared = all_binds
+        .iter()
+        .map(|b| binds::prepare(b, &guard))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|m| io::Error::new(io::ErrorKind::PermissionDenied, m))?;
+
+    let id = format!(
+        "run-{}-{}",
+        std::process::id(),
+        RUN_COUNTER.fetch_add(1, Ordering::Relaxed)
+    );
+    let enforcement = limits::enforcement(&spec.limits, &id)?;
+    let (err_read, err_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let pair = |wanted: bool| -> io::Result<(Option<UnixStream>, Option<UnixStream>)> {
+        if !wanted {
+            return Ok((None, None));
+        }
+        let (a, b) = UnixStream::pair()?;
+        Ok((Some(a), Some(b)))
+    };
+    let (fuse_parent, fuse_child) = pair(!spec.mounts.is_empty())?;
+    let (pty_parent, pty_child) = pair(opts.pty)?;
+    let plan = Plan {
+        spec: spec.clone(),
+        binds: prepared,
+        argv,
+        env,
+        uid: opts.uid,
+        uid_base: opts.uid_base,
+        weaker_landlock: opts.weaker_landlock,
+        err_pipe: Some(err_write),
+        fuse_sock: fuse_child,
+        pty_sock: pty_child,
+        pty_slave: None,
+        pty_winsize: if opts.pty {
+            sys::get_winsize(io::stdin().as_fd()).unwrap_or_default()
+        } else {
+            [0; 4]
+        },
+        stdio: opts.stdio.as_ref().map(|s| {
+            [
+                s.stdin.as_raw_fd(),
+                s.stdout.as_raw_fd(),
+                s.stderr.as_raw_fd(),
+            ]
+        }),
+        cgroup_dir: match &enforcement {
+            Enforcement::Cgroup(c) => Some(c.dir.clone()),
+            Enforcement::Rlimits => None,
+        },
+        rlimit_pids_mem: matches!(enforcement, Enforcement::Rlimits),
+    };
+    let holder = match sys::fork_process()? {
+        ForkResult::Child => {
+            drop(err_read);
+            drop(fuse_parent);
+            drop(pty_parent);
+            confine::holder(plan)
+        }
+        ForkResult::Parent { child } => child,
+    };
+    drop(plan);
+    let holder_fd = sys::pidfd_open(holder.as_raw());
+    let served = match (fuse_parent, &opts.mount_server) {
+        (Some(sock), Some(server)) => serve_mounts(&sock, spec, server.as_ref()),
+        _ => Ok(()),
+    };
+    let pty_master = match &pty_parent {
+        Some(sock) => recv_fd(sock).map(|got| got.map(|(_, fd)| fd)),
+        None => Ok(None),
+    };
+    drop(pty_parent);
+    let mut message = String::new();
+    let read = std::fs::File::from(err_read).read_to_string(&mut message);
+    let started = (move || {
+        served?;
+        read?;
+        let pty_master = pty_master?;
+        if !message.is_empty() {
+            return Err(io::Error::other(message));
+        }
+        let holder_fd =
+            holder_fd.map_err(|e| io::Error::new(e.kind(), format!("pidfd_open: {e}")))?;
+        Ok((holder_fd, pty_master))
+    })();
+    match started {
+        Ok((holder_fd, pty_master)) => Ok(Running {
+            holder,
+            holder_fd,
+            _enforcement: enforcement,
+            pty_master,
+        }),
+        Err(e) => {
+            let _ = nix::sys::signal::kill(holder, nix::sys::signal::Signal::SIGKILL);
+            let _ = waitpid(holder, None);
+            Err(e)
+        }
+    }
+}
+
+fn serve_mounts(sock: &UnixStream, spec: &Spec, server: &dyn MountServer) -> io::Result<()> {
+    while let Some((index, fd)) = recv_fd(sock)? {
+        let mount = spec
+            .mounts
+            .get(index as usize)
+            .ok_or_else(|| io::Error::other("fuse handoff for an unknown mount"))?;
+        server.serve(mount, fd)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,1045 @@
+//! The namespace spec language (normative text: `specs/namespace.md`).
+//!
+//! One directive a line; `#` starts a comment at the start of a word; words are separated by
+//! blanks; a word may be single-quoted (`'a b'`, with `''` for a literal quote), rc-style.
+//! Errors name the file, line and column and show the offending line.
+
+use std::fmt;
+
+/// Read-only or read-write access, as `-r` / `-w` say it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Access {
+    Read,
+    Write,
+}
+
+impl Access {
+    fn flag(self) -> &'static str {
+        match self {
+            Access::Read => "-r",
+            Access::Write => "-w",
+        }
+    }
+}
+
+/// `bind [-r|-w] [-R] HOSTPATH PATH`
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bind {
+    pub access: Access,
+    pub recursive: bool,
+    pub host: String,
+    pub path: String,
+}
+
+/// The server half of a `mount` directive.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Server {
+    /// A local warren server by name: `tool`, `gate`, `receipts`, `ns`.
+    Local(LocalServer),
+    /// `unix!/path`
+    Unix(String),
+    /// `tcp!host!port`
+    Tcp { host: String, port: u16 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LocalServer {
+    Tool,
+    Gate,
+    Receipts,
+    Ns,
+}
+
+impl LocalServer {
+    pub fn name(self) -> &'static str {
+        match self {
+            LocalServer::Tool => "tool",
+            LocalServer::Gate => "gate",
+            LocalServer::Receipts => "receipts",
+            LocalServer::Ns => "ns",
+        }
+    }
+}
+
+impl fmt::Display for Server {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Server::Local(l) => f.write_str(l.name()),
+            Server::Unix(p) => write!(f, "unix!{p}"),
+            Server::Tcp { host, port } => write!(f, "tcp!{host}!{port}"),
+        }
+    }
+}
+
+/// `mount [-k KEYFILE] SERVER PATH [SPEC…]`
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mount {
+    pub key: Option<String>,
+    pub server: Server,
+    pub path: String,
+    /// For `tool`: the granted tool names. Otherwise passed to the server as its attach spec.
+    pub spec: Vec<String>,
+}
+
+/// `tool NAME -r|-w HOSTPATH…`: a tool's own authority (its worker's binds), not the agent's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolAuthority {
+    pub name: String,
+    pub access: Access,
+    pub host_paths: Vec<String>,
+}
+
+/// `net none|loopback`, ordered from narrowest to widest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum Net {
+    #[default]
+    None,
+    Loopback,
+}
+
+/// `limit mem= pids= cpu= wall=`; `None` is "no limit".
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Limits {
+    /// bytes
+    pub mem: Option<u64>,
+    pub pids: Option<u64>,
+    /// total CPU seconds
+    pub cpu: Option<u64>,
+    /// wall-clock seconds
+    pub wall: Option<u64>,
+}
+
+impl Limits {
+    pub fn is_empty(&self) -> bool {
+        *self == Limits::default()
+    }
+}
+
+/// A parsed namespace spec. Holds env NAMES only: values come from the launcher at run time,
+/// so no printing of a spec can ever show one.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Spec {
+    pub binds: Vec<Bind>,
+    pub mounts: Vec<Mount>,
+    pub tools: Vec<ToolAuthority>,
+    /// `None` when the spec does not say; treated as `net none`.
+    pub net: Option<Net>,
+    pub env: Vec<String>,
+    pub limits: Limits,
+}
+
+/// Trees the confinement itself builds; no bind or mount may land in them.
+pub const RESERVED_TREES: &[&str] = &["/proc", "/dev", "/etc"];
+/// Mount points the confinement owns, though binds may land beneath them (after them).
+pub const RESERVED_POINTS: &[&str] = &["/tmp", crate::HOME];
+
+/// A parse or validation error with its position (1-based line and column, in characters).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecError {
+    pub file: String,
+    pub line: usize,
+    pub column: usize,
+    pub width: usize,
+    pub message: String,
+    pub source_line: String,
+}
+
+impl fmt::Display for SpecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let gutter = self.line.to_string().len();
+        let pad = " ".repeat(gutter);
+        writeln!(f, "error: {}", self.message)?;
+        writeln!(f, "{pad}--> {}:{}:{}", self.file, self.line, self.column)?;
+        writeln!(f, "{pad} |")?;
+        writeln!(f, "{} | {}", self.line, self.source_line)?;
+        write!(
+            f,
+            "{pad} | {}{}",
+            " ".repeat(self.column.saturating_sub(1)),
+            "^".repeat(self.width.max(1))
+        )
+    }
+}
+
+impl std::error::Error for SpecError {}
+
+#[derive(Debug, Clone)]
+struct Word {
+    text: String,
+    column: usize,
+    width: usize,
+}
+
+struct LineCtx<'a> {
+    file: &'a str,
+    number: usize,
+    source: &'a str,
+}
+
+impl LineCtx<'_> {
+    fn err_at(&self, column: usize, width: usize, message: impl Into<String>) -> SpecError {
+        SpecError {
+            file: self.file.to_string(),
+            line: self.number,
+            column,
+            width,
+            message: message.into(),
+            source_line: self.source.to_string(),
+        }
+    }
+    fn err(&self, w: &Word, message: impl Into<String>) -> SpecError {
+        self.err_at(w.column, w.width, message)
+    }
+    fn end(&self) -> usize {
+        self.source.chars().count() + 1
+    }
+}
+
+fn split_words(ctx: &LineCtx<'_>) -> Result<Vec<Word>, SpecError> {
+    let chars: Vec<char> = ctx.source.chars().collect();
+    let mut words = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if c == ' ' || c == '\t' || c == '\r' {
+            i += 1;
+            continue;
+        }
+        if c == '#' {
+            break;
+        }
+        let start = i;
+        let mut text = String::new();
+        if c == '\'' {
+            i += 1;
+            loop {
+                match chars.get(i) {
+                    None => {
+                        return Err(ctx.err_at(start + 1, i - start, "unterminated quoted word"));
+                    }
+                    Some('\'') if chars.get(i + 1) == Some(&'\'') => {
+                        text.push('\'');
+                        i += 2;
+                    }
+                    Some('\'') => {
+                        i += 1;
+                        break;
+                    }
+                    Some(&ch) => {
+                        text.push(ch);
+                        i += 1;
+                    }
+                }
+            }
+            if let Some(&next) = chars.get(i)
+                && !matches!(next, ' ' | '\t' | '\r')
+            {
+                return Err(ctx.err_at(i + 1, 1, "a quoted word must be followed by a blank"));
+            }
+        } else {
+            while i < chars.len() && !matches!(chars[i], ' ' | '\t' | '\r') {
+                if chars[i] == '\'' {
+                    return Err(ctx.err_at(
+                        i + 1,
+                        1,
+                        "quote inside a word: quote the whole word ('a''b' is a'b)",
+                    ));
+                }
+                text.push(chars[i]);
+                i += 1;
+            }
+        }
+        if text.contains('\0') {
+            return Err(ctx.err_at(start + 1, i - start, "NUL byte in a word"));
+        }
+        words.push(Word {
+            text,
+            column: start + 1,
+            width: i - start,
+        });
+    }
+    Ok(words)
+}
+
+/// Splits one line into words with the spec language's quoting (for ctl commands).
+pub fn split_command(line: &str) -> Result<Vec<String>, SpecError> {
+    let ctx = LineCtx {
+        file: "<ctl>",
+        number: 1,
+        source: line,
+    };
+    Ok(split_words(&ctx)?.into_iter().map(|w| w.text).collect())
+}
+
+/// Quotes a word when it would not read back as itself.
+pub fn quote(word: &str) -> String {
+    let plain = !word.is_empty()
+        && !word.starts_with('#')
+        && !word
+            .chars()
+            .any(|c| c == '\'' || c.is_whitespace() || c.is_control());
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "''"))
+    }
+}
+
+fn check_abs_path(ctx: &LineCtx<'_>, w: &Word, what: &str) -> Result<String, SpecError> {
+    let p = &w.text;
+    if !p.starts_with('/') {
+        return Err(ctx.err(w, format!("{what} must be an absolute path, got `{p}`")));
+    }
+    if p.chars().any(|c| c.is_control()) {
+        return Err(ctx.err(w, format!("{what} contains a control character")));
+    }
+    if p != "/" {
+        if p.ends_with('/') {
+            return Err(ctx.err(w, format!("{what} `{p}` has a trailing `/`")));
+        }
+        for comp in p[1..].split('/') {
+            match comp {
+                "" => return Err(ctx.err(w, format!("{what} `{p}` has an empty component (`//`)"))),
+                "." | ".." => {
+                    return Err(ctx.err(
+                        w,
+                        format!("{what} `{p}` has a `{comp}` component; write the path plainly"),
+                    ));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(p.clone())
+}
+
+fn is_tool_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':'))
+        && s != "."
+        && s != ".."
+}
+
+fn is_env_name(s: &str) -> bool {
+    let mut cs = s.chars();
+    matches!(cs.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && cs.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+fn parse_server(ctx: &LineCtx<'_>, w: &Word) -> Result<Server, SpecError> {
+    let t = w.text.as_str();
+    match t {
+        "tool" => return Ok(Server::Local(LocalServer::Tool)),
+        "gate" => return Ok(Server::Local(LocalServer::Gate)),
+        "receipts" => return Ok(Server::Local(LocalServer::Receipts)),
+        "ns" => return Ok(Server::Local(LocalServer::Ns)),
+        _ => {}
+    }
+    if let Some(path) = t.strip_prefix("unix!") {
+        let pw = Word {
+            text: path.to_string(),
+            ..w.clone()
+        };
+        return Ok(Server::Unix(check_abs_path(ctx, &pw, "unix socket path")?));
+    }
+    if let Some(rest) = t.strip_prefix("tcp!") {
+        let mut parts = rest.split('!');
+        let (host, port) = (parts.next(), parts.next());
+        if parts.next().is_some() {
+            return Err(ctx.err(w, "tcp server is `tcp!host!port`: too many `!`"));
+        }
+        let (Some(host), Some(port)) = (host, port) else {
+            return Err(ctx.err(w, "tcp server is `tcp!host!port`: missing port"));
+        };
+        if host.is_empty()
+            || !host
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '_'))
+        {
+            return Err(ctx.err(w, format!("bad host `{host}` in tcp server")));
+        }
+        let port: u16 = match port.parse() {
+            Ok(p) if p > 0 && !port.starts_with('+') && !port.starts_with('0') => p,
+            _ => return Err(ctx.err(w, format!("bad port `{port}` (1–65535)"))),
+        };
+        return Ok(Server::Tcp {
+            host: host.to_ascii_lowercase(),
+            port,
+        });
+    }
+    Err(ctx.err(
+        w,
+        format!(
+            "unknown server `{t}`: expected tool, gate, receipts, ns, unix!/path or tcp!host!port"
+        ),
+    ))
+}
+
+fn parse_number(digits: &str) -> Option<u64> {
+    if digits.is_empty() || !digits.chars().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// `512M`, `1G`, `4096` (binary multiples).
+fn parse_size(s: &str) -> Option<u64> {
+    let (digits, mult) = match s.chars().last()? {
+        'K' | 'k' => (&s[..s.len() - 1], 1u64 << 10),
+        'M' | 'm' => (&s[..s.len() - 1], 1 << 20),
+        'G' | 'g' => (&s[..s.len() - 1], 1 << 30),
+        'T' | 't' => (&s[..s.len() - 1], 1 << 40),
+        _ => (s, 1),
+    };
+    parse_number(digits)?.checked_mul(mult)
+}
+
+/// `30`, `30s`, `5m`, `2h` → seconds.
+fn parse_duration(s: &str) -> Option<u64> {
+    let (digits, mult) = match s.chars().last()? {
+        's' => (&s[..s.len() - 1], 1u64),
+        'm' => (&s[..s.len() - 1], 60),
+        'h' => (&s[..s.len() - 1], 3600),
+        _ => (s, 1),
+    };
+    parse_number(digits)?.checked_mul(mult)
+}
+
+/// Parses spec text. `file` is only used in error messages.
+pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
+    let mut spec = Spec::default();
+    // Positions of what must be unique, for "first defined here" style messages.
+    let mut net_line: Option<usize> = None;
+    let mut targets: Vec<(String, usize)> = Vec::new();
+    let mut pending_tools: Vec<(String, usize, Word, String)> = Vec::new();
+    for (idx, source) in text.split('\n').enumerate() {
+        let ctx = LineCtx {
+            file,
+            number: idx + 1,
+            source,
+        };
+        let words = split_words(&ctx)?;
+        let Some((head, args)) = words.split_first() else {
+            continue;
+        };
+        match head.text.as_str() {
+            "bind" => {
+                let mut access = None;
+                let mut recursive = false;
+                let mut rest = args;
+                while let Some((w, tail)) = rest.split_first() {
+                    match w.text.as_str() {
+                        "-r" | "-w" => {
+                            let a = if w.text == "-r" {
+                                Access::Read
+                            } else {
+                                Access::Write
+                            };
+                            if access.is_some() {
+                                return Err(ctx.err(w, "bind takes one of -r or -w, once"));
+                            }
+                            access = Some(a);
+                        }
+                        "-R" => {
+                            if recursive {
+                                return Err(ctx.err(w, "-R given twice"));
+                            }
+                            recursive = true;
+                        }
+                        f if f.starts_with('-') && f.len() > 1 => {
+                            return Err(ctx.err(
+                                w,
+                                format!("unknown bind flag `{f}` (expected -r, -w or -R)"),
+                            ));
+                        }
+                        _ => break,
+                    }
+                    rest = tail;
+                }
+                let [host, path] = rest else {
+                    let col = rest.first().map_or(ctx.end(), |w| w.column);
+                    return Err(ctx.err_at(
+                        col,
+                        1,
+                        format!("bind needs HOSTPATH and PATH, got {} word(s)", rest.len()),
+                    ));
+                };
+                let host_p = check_abs_path(&ctx, host, "HOSTPATH")?;
+                let path_p = check_abs_path(&ctx, path, "PATH")?;
+                claim_target(&ctx, path, &path_p, &mut targets)?;
+                spec.binds.push(Bind {
+                    access: access.unwrap_or(Access::Read),
+                    recursive,
+                    host: host_p,
+                    path: path_p,
+                });
+            }
+            "mount" => {
+                let mut rest = args;
+                let mut key = None;
+                if let Some((w, tail)) = rest.split_first()
+                    && w.text == "-k"
+                {
+                    let Some((k, tail2)) = tail.split_first() else {
+                        return Err(ctx.err(w, "-k needs a KEYFILE"));
+                    };
+                    if k.text.is_empty() || k.text.chars().any(|c| c.is_control()) {
+                        return Err(ctx.err(k, "bad KEYFILE"));
+                    }
+                    key = Some(k.text.clone());
+                    rest = tail2;
+                }
+                let Some((server_w, tail)) = rest.split_first() else {
+                    return Err(ctx.err_at(ctx.end(), 1, "mount needs SERVER and PATH"));
+                };
+                if server_w.text.starts_with('-') {
+                    return Err(ctx.err(
+                        server_w,
+                        format!(
+                            "unknown mount flag `{}` (expected -k KEYFILE)",
+                            server_w.text
+                        ),
+                    ));
+                }
+                let server = parse_server(&ctx, server_w)?;
+                let Some((path_w, spec_words)) = tail.split_first() else {
+                    return Err(ctx.err_at(ctx.end(), 1, "mount needs a PATH after SERVER"));
+                };
+                let path = check_abs_path(&ctx, path_w, "PATH")?;
+                claim_target(&ctx, path_w, &path, &mut targets)?;
+                let mut names: Vec<String> = Vec::new();
+                for w in spec_words {
+                    if server == Server::Local(LocalServer::Tool) {
+                        if !is_tool_name(&w.text) {
+                            return Err(ctx.err(w, format!("`{}` is not a tool name", w.text)));
+                        }
+                        if names.contains(&w.text) {
+                            return Err(ctx.err(w, format!("tool `{}` granted twice", w.text)));
+                        }
+                    }
+                    names.push(w.text.clone());
+                }
+                if server == Server::Local(LocalServer::Tool) && names.is_empty() {
+                    return Err(ctx.err(
+                        server_w,
+                        "`mount tool` must list the granted tool names (none are implied)",
+                    ));
+                }
+                spec.mounts.push(Mount {
+                    key,
+                    server,
+                    path,
+                    spec: names,
+                });
+            }
+            "tool" => {
+                let Some((name_w, tail)) = args.split_first() else {
+                    return Err(ctx.err_at(ctx.end(), 1, "tool needs NAME -r|-w HOSTPATH…"));
+                };
+                if !is_tool_name(&name_w.text) {
+                    return Err(ctx.err(name_w, format!("`{}` is not a tool name", name_w.text)));
+                }
+                let Some((mode_w, paths)) = tail.split_first() else {
+                    return Err(ctx.err_at(ctx.end(), 1, "tool needs -r or -w after NAME"));
+                };
+                let access = match mode_w.text.as_str() {
+                    "-r" => Access::Read,
+                    "-w" => Access::Write,
+                    other => {
+                        return Err(ctx.err(mode_w, format!("expected -r or -w, got `{other}`")));
+                    }
+                };
+                if paths.is_empty() {
+                    return Err(ctx.err_at(ctx.end(), 1, "tool needs at least one HOSTPATH"));
+                }
+                let mut host_paths = Vec::new();
+                for w in paths {
+                    host_paths.push(check_abs_path(&ctx, w, "HOSTPATH")?);
+                }
+                pending_tools.push((
+                    name_w.text.clone(),
+                    ctx.number,
+                    name_w.clone(),
+                    source.to_string(),
+                ));
+                spec.tools.push(ToolAuthority {
+                    name: name_w.text.clone(),
+                    access,
+                    host_paths,
+                });
+            }
+            "net" => {
+                let [w] = args else {
+                    return Err(ctx.err(head, "net takes exactly one of: none, loopback"));
+                };
+                let net = match w.text.as_str() {
+                    "none" => Net::None,
+                    "loopback" => Net::Loopback,
+                    "host" => {
+                        return Err(ctx.err(
+                            w,
+                            "`net host` is not supported in this version (see docs/gaps.md)",
+                        ));
+                    }
+                    other => {
+                        return Err(ctx.err(
+                            w,
+                            format!("unknown net `{other}`: expected none or loopback"),
+                        ));
+                    }
+                };
+                if let Some(prev) = net_line {
+                    return Err(ctx.err(head, format!("net already set on line {prev}")));
+                }
+                net_line = Some(ctx.number);
+                spec.net = Some(net);
+            }
+            "env" => {
+                if args.is_empty() {
+                    return Err(ctx.err_at(ctx.end(), 1, "env needs a NAME"));
+                }
+                for w in args {
+                    if w.text.contains('=') {
+                        return Err(ctx.err(
+                            w,
+                            "env takes a NAME only; the value comes from the launcher",
+                        ));
+                    }
+                    if !is_env_name(&w.text) {
+                        return Err(ctx.err(w, format!("`{}` is not an environment name", w.text)));
+                    }
+                    if spec.env.contains(&w.text) {
+                        return Err(ctx.err(w, format!("env `{}` given twice", w.text)));
+                    }
+                    spec.env.push(w.text.clone());
+                }
+            }
+            "limit" => {
+                if args.is_empty() {
+                    return Err(ctx.err_at(
+                        ctx.end(),
+                        1,
+                        "limit needs KEY=VALUE (mem=, pids=, cpu=, wall=)",
+                    ));
+                }
+                for w in args {
+                    let Some((k, v)) = w.text.split_once('=') else {
+                        return Err(ctx.err(w, "limit takes KEY=VALUE"));
+                    };
+                    let (slot, value) = match k {
+                        "mem" => (&mut spec.limits.mem, parse_size(v)),
+                        "pids" => (&mut spec.limits.pids, parse_number(v)),
+                        "cpu" => (&mut spec.limits.cpu, parse_duration(v)),
+                        "wall" => (&mut spec.limits.wall, parse_duration(v)),
+                        _ => {
+                            return Err(ctx.err(
+                                w,
+                                format!("unknown limit `{k}`: expected mem, pids, cpu or wall"),
+                            ));
+                        }
+                    };
+                    let Some(value) = value.filter(|&n| n > 0) else {
+                        return Err(ctx.err(
+                            w,
+                            format!(
+                                "bad value `{v}` for {k} (mem: 512M/1G/bytes; pids: count; cpu, wall: 30s/5m/2h), must be > 0"
+                            ),
+                        ));
+                    };
+                    if slot.is_some() {
+                        return Err(ctx.err(w, format!("limit {k} given twice")));
+                    }
+                    *slot = Some(value);
+                }
+            }
+            other => {
+                return Err(ctx.err(
+                    head,
+                    format!(
+                        "unknown directive `{other}`: expected bind, mount, tool, net, env or limit"
+                    ),
+                ));
+            }
+        }
+    }
+    let granted = spec.tool_grants();
+    for (name, line, word, source) in pending_tools {
+        if !granted.contains(&name) {
+            let ctx = LineCtx {
+                file,
+                number: line,
+                source: &source,
+            };
+            return Err(ctx.err(
+                &word,
+                format!("authority for tool `{name}`, which no `mount tool` line grants"),
+            ));
+        }
+    }
+    Ok(spec)
+}
+
+fn claim_target(
+    ctx: &LineCtx<'_>,
+    w: &Word,
+    path: &str,
+    targets: &mut Vec<(String, usize)>,
+) -> Result<(), SpecError> {
+    for reserved in RESERVED_TREES.iter().chain(RESERVED_POINTS) {
+        let under = RESERVED_TREES.contains(reserved) && path.starts_with(&format!("{reserved}/"));
+        if path == *reserved || under {
+            return Err(ctx.err(
+                w,
+                format!("`{path}` is reserved: the confinement provides {reserved} itself"),
+            ));
+        }
+    }
+    if let Some((_, line)) = targets.iter().find(|(t, _)| t == path) {
+        return Err(ctx.err(w, format!("`{path}` is already a target on line {line}")));
+    }
+    targets.push((path.to_string(), ctx.number));
+    Ok(())
+}
+
+impl Spec {
+    /// Every tool name granted by a `mount tool` line, in order, without repeats.
+    pub fn tool_grants(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for m in &self.mounts {
+            if m.server == Server::Local(LocalServer::Tool) {
+                for n in &m.spec {
+                    if !out.contains(n) {
+                        out.push(n.clone());
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    pub fn net(&self) -> Net {
+        self.net.unwrap_or_default()
+    }
+
+    /// The spec as text that parses back to an equal spec. It holds env NAMES only: a `Spec`
+    /// never carries an env value, so none can be printed.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        for b in &self.binds {
+            out.push_str("bind ");
+            out.push_str(b.access.flag());
+            if b.recursive {
+                out.push_str(" -R");
+            }
+            out.push_str(&format!(" {} {}\n", quote(&b.host), quote(&b.path)));
+        }
+        for m in &self.mounts {
+            out.push_str("mount");
+            if let Some(k) = &m.key {
+                out.push_str(&format!(" -k {}", quote(k)));
+            }
+            out.push_str(&format!(
+                " {} {}",
+                quote(&m.server.to_string()),
+                quote(&m.path)
+            ));
+            for s in &m.spec {
+                out.push(' ');
+                out.push_str(&quote(s));
+            }
+            out.push('\n');
+        }
+        for t in &self.tools {
+            out.push_str(&format!("tool {} {}", quote(&t.name), t.access.flag()));
+            for p in &t.host_paths {
+                out.push(' ');
+                out.push_str(&quote(p));
+            }
+            out.push('\n');
+        }
+        if let Some(net) = self.net {
+            out.push_str(match net {
+                Net::None => "net none\n",
+                Net::Loopback => "net loopback\n",
+            });
+        }
+        for e in &self.env {
+            out.push_str(&format!("env {e}\n"));
+        }
+        if !self.limits.is_empty() {
+            out.push_str("limit");
+            let l = &self.limits;
+            if let Some(v) = l.mem {
+                out.push_str(&format!(" mem={v}"));
+            }
+            if let Some(v) = l.pids {
+                out.push_str(&format!(" pids={v}"));
+            }
+            if let Some(v) = l.cpu {
+                out.push_str(&format!(" cpu={v}s"));
+            }
+            if let Some(v) = l.wall {
+                out.push_str(&format!(" wall={v}s"));
+            }
+            out.push('\n');
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn parses_the_design_example() {
+        let text = "# a reviewer: may read the repo through its tools, nothing else\n\
+            mount tool /tool fs_read fs_list\n\
+            tool fs_read  -r /home/me/repo          # the tools' own authority\n\
+            tool fs_list  -r /home/me/repo\n\
+            mount -k keys/gpu.key tcp!gpu1!5640 /mnt/llm\n\
+            net none\n";
+        let s = parse("reviewer.ns", text).unwrap();
+        assert_eq!(s.tool_grants(), vec!["fs_read", "fs_list"]);
+        assert_eq!(s.tools.len(), 2);
+        assert_eq!(
+            s.mounts[1].server,
+            Server::Tcp {
+                host: "gpu1".into(),
+                port: 5640
+            }
+        );
+        assert_eq!(s.mounts[1].key.as_deref(), Some("keys/gpu.key"));
+        assert_eq!(s.net, Some(Net::None));
+    }
+
+    #[test]
+    fn bind_flags_and_defaults() {
+        let s = parse("x", "bind /usr /usr\nbind -w -R /a /b\nbind -R -r /c /d").unwrap();
+        assert_eq!(s.binds[0].access, Access::Read);
+        assert!(!s.binds[0].recursive);
+        assert_eq!(s.binds[1].access, Access::Write);
+        assert!(s.binds[1].recursive);
+        assert_eq!(s.binds[2].access, Access::Read);
+    }
+
+    #[test]
+    fn limits_and_env() {
+        let s = parse(
+            "x",
+            "limit mem=512M pids=64\nlimit cpu=2m wall=30\nenv TERM _X1",
+        )
+        .unwrap();
+        assert_eq!(s.limits.mem, Some(512 << 20));
+        assert_eq!(s.limits.pids, Some(64));
+        assert_eq!(s.limits.cpu, Some(120));
+        assert_eq!(s.limits.wall, Some(30));
+        assert_eq!(s.env, vec!["TERM", "_X1"]);
+    }
+
+    fn err(text: &str) -> SpecError {
+        parse("t.ns", text).unwrap_err()
+    }
+
+    #[test]
+    fn errors_name_file_line_and_column() {
+        let e = err("net none\n\n  bnd /a /b\n");
+        assert_eq!((e.file.as_str(), e.line, e.column), ("t.ns", 3, 3));
+        assert!(e.message.contains("unknown directive `bnd`"), "{e}");
+        let shown = e.to_string();
+        assert!(shown.contains("--> t.ns:3:3"), "{shown}");
+        assert!(shown.contains("  bnd /a /b"), "{shown}");
+        assert!(shown.contains("^^^"), "{shown}");
+
+        let e = err("bind -r /usr usr");
+        assert_eq!((e.line, e.column), (1, 14));
+        assert!(e.message.contains("absolute"), "{e}");
+    }
+
+    #[test]
+    fn rejects_bad_input_clearly() {
+        for (text, needle) in [
+            ("bind -r -w /a /b", "one of -r or -w"),
+            ("bind -x /a /b", "unknown bind flag"),
+            ("bind /a", "HOSTPATH and PATH"),
+            ("bind /a /b/../c", "`..` component"),
+            ("bind /a /b/", "trailing"),
+            ("bind /a /proc/x", "reserved"),
+            ("bind /a /x\nbind /b /x", "already a target on line 1"),
+            ("mount tool /tool", "must list"),
+            ("mount tool /tool a a", "granted twice"),
+            ("mount tool /tool 'a b'", "not a tool name"),
+            ("mount ftp!x /m", "unknown server"),
+            ("mount tcp!h /m", "missing port"),
+            ("mount tcp!h!0 /m", "bad port"),
+            ("mount tcp!h!70000 /m", "bad port"),
+            ("mount unix!rel /m", "absolute"),
+            ("mount -k", "KEYFILE"),
+            ("tool x -r /a", "no `mount tool` line grants"),
+            ("mount tool /t x\ntool x -x /a", "expected -r or -w"),
+            ("mount tool /t x\ntool x -r", "at least one HOSTPATH"),
+            ("net wide", "unknown net"),
+            ("net host", "not supported"),
+            ("net none\nnet loopback", "already set on line 1"),
+            ("env A=b", "NAME only"),
+            ("env 1A", "not an environment name"),
+            ("env A A", "twice"),
+            ("limit mem=lots", "bad value"),
+            ("limit pids=0", "bad value"),
+            ("limit pids=1 pids=2", "twice"),
+            ("limit disk=1", "unknown limit"),
+            ("bind 'unterminated /a", "unterminated"),
+            ("bind a'b /a", "quote inside a word"),
+            ("bind 'a'b /x", "followed by a blank"),
+        ] {
+            let e = err(text);
+            assert!(
+                e.message.contains(needle),
+                "{text:?}: expected {needle:?} in {:?}",
+                e.message
+            );
+        }
+    }
+
+    #[test]
+    fn quoting_and_comments() {
+        let s = parse("x", "bind '/a b' '/it''s' # trailing\n# whole line\n\n").unwrap();
+        assert_eq!(s.binds[0].host, "/a b");
+        assert_eq!(s.binds[0].path, "/it's");
+        assert_eq!(parse("x", &s.to_text()).unwrap(), s);
+        // `#` inside a word is not a comment
+        let s = parse("x", "bind /a#b /c").unwrap();
+        assert_eq!(s.binds[0].host, "/a#b");
+    }
+
+    #[test]
+    fn to_text_holds_env_names_never_values() {
+        // SAFETY-free: only a name goes in; the launcher's value must not appear.
+        let s = parse("x", "env WARREN_SECRET_PROBE").unwrap();
+        let t = s.to_text();
+        assert_eq!(t, "env WARREN_SECRET_PROBE\n");
+        assert!(!t.contains('='));
+    }
+
+    fn path_strategy() -> impl Strategy<Value = String> {
+        prop::collection::vec("[a-zA-Z0-9 _'#.-]{1,6}", 1..4).prop_map(|comps| {
+            let comps: Vec<String> = comps
+                .into_iter()
+                .map(|c| if c == "." || c == ".." { "x".into() } else { c })
+                .collect();
+            format!("/srv/{}", comps.join("/"))
+        })
+    }
+
+    fn tool_name() -> impl Strategy<Value = String> {
+        "[a-z][a-z0-9_:.-]{0,10}"
+    }
+
+    fn spec_strategy() -> impl Strategy<Value = Spec> {
+        let bind = (any::<bool>(), any::<bool>(), path_strategy()).prop_map(|(w, r, p)| Bind {
+            access: if w { Access::Write } else { Access::Read },
+            recursive: r,
+            host: p.clone(),
+            path: p,
+        });
+        let server = prop_oneof![
+            Just(Server::Local(LocalServer::Gate)),
+            Just(Server::Local(LocalServer::Receipts)),
+            Just(Server::Local(LocalServer::Ns)),
+            "/[a-z]{1,8}".prop_map(Server::Unix),
+            ("[a-z0-9.-]{1,8}", 1u16..).prop_map(|(host, port)| Server::Tcp { host, port }),
+        ];
+        let other_mount = (
+            prop::option::of("[a-z./]{1,8}"),
+            server,
+            prop::collection::vec("[^\n\r\0]{0,5}", 0..3),
+        );
+        (
+            prop::collection::vec(bind, 0..4),
+            prop::collection::btree_set(tool_name(), 1..4),
+            prop::collection::vec(other_mount, 0..3),
+            any::<(bool, bool)>(),
+            prop::collection::btree_set("[A-Z_][A-Z0-9_]{0,6}", 0..3),
+            prop::array::uniform4(prop::option::of(1u64..1_000_000)),
+        )
+            .prop_map(|(binds, tools, others, (net_set, lo), env, lim)| {
+                let mut binds = binds;
+                binds.sort_by(|a, b| a.path.cmp(&b.path));
+                binds.dedup_by(|a, b| a.path == b.path);
+                let names: Vec<String> = tools.into_iter().collect();
+                let mut mounts = vec![Mount {
+                    key: None,
+                    server: Server::Local(LocalServer::Tool),
+                    path: "/tool".into(),
+                    spec: names.clone(),
+                }];
+                for (i, (key, server, spec)) in others.into_iter().enumerate() {
+                    mounts.push(Mount {
+                        key,
+                        server,
+                        path: format!("/mnt/m{i}"),
+                        spec,
+                    });
+                }
+                let tools = names
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| ToolAuthority {
+                        name: n.clone(),
+                        access: if i % 2 == 0 {
+                            Access::Read
+                        } else {
+                            Access::Write
+                        },
+                        host_paths: (0..=i % 3).map(|k| format!("/srv/data{k}")).collect(),
+                    })
+                    .collect();
+                Spec {
+                    binds,
+                    mounts,
+                    tools,
+                    net: net_set.then_some(if lo { Net::Loopback } else { Net::None }),
+                    env: env.into_iter().collect(),
+                    limits: Limits {
+                        mem: lim[0],
+                        pids: lim[1],
+                        cpu: lim[2],
+                        wall: lim[3],
+                    },
+                }
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn print_parse_round_trip(spec in spec_strategy()) {
+            let text = spec.to_text();
+            let back = parse("gen.ns", &text).map_err(|e| TestCaseError::fail(format!("{e}\n{text}")))?;
+            prop_assert_eq!(back, spec);
+        }
+
+        #[test]
+        fn garbage_never_panics(text in "[ -~\t\n'#!/=-]{0,200}") {
+            let _ = parse("g.ns", &text);
+        }
+
+        #[test]
+        fn arbitrary_unicode_never_panics(text in any::<String>()) {
+            if let Err(e) = parse("u.ns", &text) {
+                let _ = e.to_string();
+            }
+        }
+
+        #[test]
+        fn mutated_valid_specs_never_panic(spec in spec_strategy(), cut in any::<prop::sample::Index>(), junk in "[ -~]{0,4}") {
+            let mut text = spec.to_text();
+            let mut at = cut.index(text.len() + 1);
+            while !text.is_char_boundary(at) { at -= 1; }
+            text.insert_str(at, &junk);
+            let _ = parse("m.ns", &text);
+        }
+    }
+}

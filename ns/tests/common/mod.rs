@@ -1,0 +1,111 @@
+//! Shared helpers for the confinement tests: run `warren-nsd run`, run probes inside and out.
+
+#![allow(dead_code)]
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub const NSD: &str = env!("CARGO_BIN_EXE_warren-nsd");
+pub const PROBE: &str = env!("CARGO_BIN_EXE_warren-probe");
+pub const NOBODY: u32 = 65534;
+
+/// These tests build real namespaces; they need root. Says so by name when it is missing.
+pub fn need_root(test: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        true
+    } else {
+        eprintln!("SKIP {test}: needs root (CI runs the suite as root)");
+        false
+    }
+}
+
+/// A short temp dir under /tmp, world-accessible so a non-root payload can traverse it.
+pub fn tempdir(prefix: &str) -> tempfile::TempDir {
+    let t = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        t.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    t
+}
+
+/// Protected dirs for a test, under its own temp dir, so tests never depend on /run/warren.
+pub struct Protected {
+    pub base: tempfile::TempDir,
+}
+
+impl Protected {
+    pub fn new() -> Protected {
+        let base = tempdir("wprot");
+        for d in ["run/warren", "var/lib/warren", "etc/warren/secrets"] {
+            std::fs::create_dir_all(base.path().join(d)).unwrap();
+        }
+        Protected { base }
+    }
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.base.path().join(rel)
+    }
+    pub fn apply(&self, cmd: &mut Command) {
+        cmd.env("WARREN_RUNTIME_DIR", self.path("run/warren"))
+            .env("WARREN_DATA_DIR", self.path("var/lib/warren"))
+            .env("WARREN_SECRETS_DIR", self.path("etc/warren/secrets"));
+    }
+}
+
+/// `warren-nsd run FLAGS -- CMD…`
+pub fn nsd_run(flags: &[&str], cmd: &[&str]) -> Output {
+    let mut c = Command::new(NSD);
+    c.arg("run").args(flags).arg("--").args(cmd);
+    c.output().expect("spawn warren-nsd")
+}
+
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The probe's verdict: the last word it printed.
+pub fn verdict(out: &Output) -> String {
+    text(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or("")
+        .trim()
+        .to_string()
+}
+
+/// Who runs a probe's control, outside any namespace.
+#[derive(Clone, Copy, Debug)]
+pub enum Control {
+    /// root, as is
+    Root,
+    /// root inside `unshare -m --propagation private` (for probes that really mount)
+    RootPrivateMounts,
+    /// a non-root user: shows the block inside is warren's doing, not merely "not root"
+    Nobody,
+}
+
+pub fn control_output(control: Control, probe_args: &[&str]) -> Output {
+    match control {
+        Control::Root => Command::new(PROBE).args(probe_args).output().unwrap(),
+        Control::RootPrivateMounts => Command::new("unshare")
+            .args(["-m", "--propagation", "private", PROBE])
+            .args(probe_args)
+            .output()
+            .unwrap(),
+        Control::Nobody => Command::new(PROBE)
+            .args(probe_args)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .output()
+            .unwrap(),
+    }
+}
+
+pub fn exists(p: &str) -> bool {
+    Path::new(p).exists()
+}

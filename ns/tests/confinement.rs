@@ -1,0 +1,621 @@
+//! Real namespaces, built by `warren-nsd run` as root, checked from inside and outside.
+
+mod common;
+
+use std::net::TcpListener;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::{SocketAddr, UnixListener};
+use std::process::{Command, Stdio};
+
+use common::*;
+
+/// The facts the brief asks for, read by a plain shell inside a namespace with the usual
+/// read-only system binds.
+#[test]
+fn shell_sees_only_its_grant_and_no_privilege() {
+    if !need_root("shell_sees_only_its_grant_and_no_privilege") {
+        return;
+    }
+    let script = r#"
+        echo uid=$(id -u)
+        grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status
+        cat /etc/shadow 2>&1 || true
+        ls /root 2>&1 || true
+        ls /work 2>&1 || true
+        (echo x > /usr/warren-write-probe) 2>&1 || true
+        echo pids=$(ls /proc | grep -E '^[0-9]+$' | tr '\n' ' ')
+        echo hostname=$(cat /proc/sys/kernel/hostname)
+        echo home=$HOME; touch $HOME/ok && echo home-writable
+        touch /tmp/ok && echo tmp-writable
+    "#;
+    let out = nsd_run(&[], &["/bin/sh", "-c", script]);
+    let so = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "status {:?}\n{so}\n{}",
+        out.status,
+        text(&out.stderr)
+    );
+    let uid: u32 = so
+        .lines()
+        .find_map(|l| l.strip_prefix("uid="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_ne!(uid, 0, "{so}");
+    for cap in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert!(
+            so.contains(&format!("{cap}:\t0000000000000000")),
+            "{cap}: {so}"
+        );
+    }
+    assert!(so.contains("NoNewPrivs:\t1"), "{so}");
+    assert!(so.contains("Seccomp:\t2"), "{so}");
+    assert!(
+        so.contains("/etc/shadow: No such file or directory"),
+        "{so}"
+    );
+    assert!(so.contains("/root': No such file or directory"), "{so}");
+    assert!(so.contains("/work': No such file or directory"), "{so}");
+    assert!(so.contains("Read-only file system"), "{so}");
+    let pids: Vec<u32> = so
+        .lines()
+        .find_map(|l| l.strip_prefix("pids="))
+        .unwrap()
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    // Our own pid namespace: init is 1, the shell 2, and the few commands it ran.
+    assert!(
+        pids.contains(&1) && pids.iter().all(|&p| p < 50),
+        "{pids:?}"
+    );
+    assert!(so.contains("hostname=warren"), "{so}");
+    assert!(
+        so.contains("home=/home/agent") && so.contains("home-writable"),
+        "{so}"
+    );
+    assert!(so.contains("tmp-writable"), "{so}");
+}
+
+#[test]
+fn exit_status_signals_and_wall_limit() {
+    if !need_root("exit_status_signals_and_wall_limit") {
+        return;
+    }
+    let out = nsd_run(&[], &["/bin/sh", "-c", "exit 7"]);
+    assert_eq!(out.status.code(), Some(7));
+    let out = nsd_run(&[], &["/bin/sh", "-c", "kill -TERM $$"]);
+    assert_eq!(out.status.code(), Some(128 + 15));
+    let dir = tempdir("wwall");
+    let spec = dir.path().join("wall.ns");
+    std::fs::write(&spec, "limit wall=1\n").unwrap();
+    let out = nsd_run(&["--ns", spec.to_str().unwrap()], &["/bin/sleep", "60"]);
+    assert_eq!(out.status.code(), Some(128 + 9), "{}", text(&out.stderr));
+    // A missing command is a setup error, not a silent status.
+    let out = nsd_run(&[], &["no-such-command-warren"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        text(&out.stderr).contains("command not found"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// A signal sent to the launcher reaches the confined command once, through holder and pid 1:
+/// the command's TERM trap decides the exit status.
+#[test]
+fn signals_to_the_launcher_are_forwarded() {
+    if !need_root("signals_to_the_launcher_are_forwarded") {
+        return;
+    }
+    use std::io::BufRead;
+    let script = "n=0; trap 'n=$((n+1))' INT; trap 'exit $((40+n))' TERM; echo ready; while :; do sleep 0.05; done";
+    let mut child = Command::new(NSD)
+        .args(["run", "--", "/bin/sh", "-c", script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "ready");
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    // Let the INT trap run before TERM: wait for the loop to go round (read-only, no timing
+    // assertion — the exit code says whether INT arrived exactly once).
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(41), "INT delivered once, then TERM");
+}
+
+/// With a terminal on the launcher, the command gets a pty of the namespace's own devpts as its
+/// controlling terminal, owned by its uid, with the launcher's window size; bytes are relayed
+/// and the exit status propagates. `script` gives the launcher its terminal.
+#[test]
+fn launcher_tty_becomes_a_namespace_pty() {
+    if !need_root("launcher_tty_becomes_a_namespace_pty") {
+        return;
+    }
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("SKIP launcher_tty_becomes_a_namespace_pty: `script` (util-linux) is missing");
+        return;
+    }
+    let inner = format!(
+        "stty cols 123 rows 45; {NSD} run -- /bin/sh -c 'tty; stty size; stat -c %U:%a $(tty); exit 5'"
+    );
+    let out = Command::new("script")
+        .args(["-qec", &inner, "/dev/null"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let so = text(&out.stdout);
+    assert!(
+        so.contains("/dev/pts/0"),
+        "the namespace's own devpts: {so}"
+    );
+    assert!(so.contains("45 123"), "window size carried over: {so}");
+    assert!(so.contains("agent:620"), "pty owned by the payload: {so}");
+    assert_eq!(out.status.code(), Some(5), "{so}");
+}
+
+/// warren's runtime, data and secrets dirs never enter a namespace: not by a direct bind, not
+/// by a bind of an ancestor (`--ro /`, `--ro $HOME`), not through a symlink.
+#[test]
+fn protected_dirs_are_refused_by_inode() {
+    if !need_root("protected_dirs_are_refused_by_inode") {
+        return;
+    }
+    let p = Protected::new();
+    let home = p.path("home/me");
+    std::fs::create_dir_all(&home).unwrap();
+    // The data dir inside a "home", as a per-user install would have it.
+    let data = home.join(".local/share/warren");
+    std::fs::create_dir_all(&data).unwrap();
+    std::os::unix::fs::symlink(p.path("run"), home.join("innocent")).unwrap();
+    let run = |flags: &[&str], data_dir: &std::path::Path| {
+        let mut c = Command::new(NSD);
+        p.apply(&mut c);
+        c.env("WARREN_DATA_DIR", data_dir);
+        c.arg("run").args(flags).args(["--", "/bin/true"]);
+        c.output().unwrap()
+    };
+    let cases = [
+        ("/".to_string(), "contains warren's"),
+        (p.base.path().display().to_string(), "contains warren's"),
+        (home.display().to_string(), "contains warren's data dir"),
+        (
+            p.path("run/warren").display().to_string(),
+            "contains warren's runtime dir",
+        ),
+        (
+            home.join("innocent").display().to_string(),
+            "contains warren's runtime dir",
+        ),
+        (
+            home.join("innocent/warren").display().to_string(),
+            "warren's runtime dir",
+        ),
+        (
+            p.path("etc").display().to_string(),
+            "contains warren's secrets dir",
+        ),
+    ];
+    for (path, needle) in &cases {
+        let out = run(&["--ro", path], &data);
+        let err = text(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(125),
+            "--ro {path} was not refused: {err}"
+        );
+        assert!(err.contains(needle), "--ro {path}: {err}");
+    }
+    std::fs::create_dir_all(p.path("run/warren/sub")).unwrap();
+    let out = run(&["--ro", p.path("run/warren/sub").to_str().unwrap()], &data);
+    assert!(
+        text(&out.stderr).contains("lies inside warren's runtime dir"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Control: a sibling that holds none of them is bound fine.
+    let clean = p.path("home/other");
+    std::fs::create_dir_all(&clean).unwrap();
+    let out = run(&["--ro", clean.to_str().unwrap()], &data);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+/// The host's kernel interfaces are never bound in, at any target: proc, sysfs, devpts.
+#[test]
+fn kernel_filesystems_are_never_bind_sources() {
+    if !need_root("kernel_filesystems_are_never_bind_sources") {
+        return;
+    }
+    let dir = tempdir("wkfs");
+    for (source, fstype) in [
+        ("/proc", "proc"),
+        ("/proc/1", "proc"),
+        ("/sys", "sysfs"),
+        ("/dev/pts", "devpts"),
+    ] {
+        let spec = dir.path().join("k.ns");
+        std::fs::write(&spec, format!("bind -r {source} /host\n")).unwrap();
+        let out = nsd_run(&["--ns", spec.to_str().unwrap()], &["/bin/true"]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{source} was bound: {err}");
+        assert!(
+            err.contains(&format!("on a {fstype} mount")),
+            "{source}: {err}"
+        );
+    }
+    // Control: an ordinary directory binds.
+    let spec = dir.path().join("ok.ns");
+    std::fs::write(&spec, format!("bind -r {} /host\n", dir.path().display())).unwrap();
+    let out = nsd_run(&["--ns", spec.to_str().unwrap()], &["/bin/true"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+/// Mounts made for a namespace never propagate out, even when the launcher's mounts are
+/// shared (as on systemd hosts): run inside `unshare -m --propagation shared` and compare that
+/// namespace's mount table before and after.
+#[test]
+fn no_mount_propagates_to_the_launcher() {
+    if !need_root("no_mount_propagates_to_the_launcher") {
+        return;
+    }
+    let script = format!(
+        "cat /proc/self/mountinfo > \"$1/before\"; {NSD} run -- /bin/sh -c 'ls /proc >/dev/null'; echo rc=$?; cat /proc/self/mountinfo > \"$1/after\""
+    );
+    let dir = tempdir("wprop");
+    let out = Command::new("unshare")
+        .args([
+            "-m",
+            "--propagation",
+            "shared",
+            "/bin/sh",
+            "-c",
+            &script,
+            "sh",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        text(&out.stdout).contains("rc=0"),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let before = std::fs::read_to_string(dir.path().join("before")).unwrap();
+    let after = std::fs::read_to_string(dir.path().join("after")).unwrap();
+    assert!(
+        before.contains("shared:"),
+        "the outer namespace must really be shared: {before}"
+    );
+    assert_eq!(before, after, "a mount propagated out of the namespace");
+}
+
+/// `-R` refuses kernel-interface submounts; a non-recursive bind does not show submounts;
+/// writes under a read-only bind and under a submount of a `-R` read-only bind fail.
+#[test]
+fn bind_recursion_and_read_only_submounts() {
+    if !need_root("bind_recursion_and_read_only_submounts") {
+        return;
+    }
+    let dir = tempdir("wrec");
+    let d = dir.path().display().to_string();
+    std::fs::create_dir_all(dir.path().join("data/sub")).unwrap();
+    std::fs::create_dir_all(dir.path().join("data/kproc")).unwrap();
+    std::fs::write(
+        dir.path().join("flat.ns"),
+        format!("bind -r {d}/data /data\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("deep.ns"),
+        format!("bind -r -R {d}/data /data\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("deep-rw.ns"),
+        format!("bind -w -R {d}/data /data\n"),
+    )
+    .unwrap();
+    let script = format!(
+        r#"set -e
+        mount -t tmpfs none {d}/data/sub
+        echo seen > {d}/data/sub/marker
+        {NSD} run --ro {PROBE} --ns {d}/flat.ns -- /bin/sh -c 'ls /data/sub; echo flat-listed' || true
+        {NSD} run --ro {PROBE} --ns {d}/deep.ns -- /bin/sh -c 'cat /data/sub/marker; {PROBE} write /data/sub/new; {PROBE} write /data/new'
+        {PROBE} write {d}/data/sub/control
+        mount -t proc proc {d}/data/kproc
+        {NSD} run --ns {d}/deep-rw.ns -- /bin/true || echo refused-rc=$?
+        "#
+    );
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "/bin/sh", "-c", &script])
+        .output()
+        .unwrap();
+    let so = text(&out.stdout);
+    let se = text(&out.stderr);
+    let lines: Vec<&str> = so.lines().collect();
+    // flat: the submount is not there, only its empty mount point
+    assert_eq!(lines[0], "flat-listed", "{so}\n{se}");
+    // deep: the submount's content, then both writes blocked, then the control allowed
+    assert_eq!(lines[1], "seen", "{so}\n{se}");
+    assert_eq!(
+        lines[2], "blocked",
+        "write under a submount of a -r -R bind: {so}\n{se}"
+    );
+    assert_eq!(lines[3], "blocked", "write under a -r bind: {so}\n{se}");
+    assert_eq!(lines[4], "allowed", "control write outside: {so}\n{se}");
+    assert!(se.contains("Read-only file system"), "{se}");
+    assert_eq!(lines[5], "refused-rc=125", "{so}\n{se}");
+    assert!(se.contains("holds a proc mount"), "{se}");
+}
+
+/// `net loopback` brings lo up (bind and connect work inside); `net none` has neither.
+#[test]
+fn net_loopback_and_none() {
+    if !need_root("net_loopback_and_none") {
+        return;
+    }
+    let script = format!("{PROBE} tcp-bind");
+    let out = nsd_run(
+        &["--net", "loopback", "--ro", PROBE],
+        &["/bin/sh", "-c", &script],
+    );
+    assert_eq!(verdict(&out), "allowed", "{}", text(&out.stderr));
+    let out = nsd_run(&["--ro", PROBE], &["/bin/sh", "-c", &script]);
+    assert_eq!(verdict(&out), "blocked", "{}", text(&out.stderr));
+}
+
+struct Probe {
+    name: &'static str,
+    inside: Vec<String>,
+    control: Vec<String>,
+    who: Control,
+    /// extra `warren-nsd run` flags for the inside run
+    flags: Vec<String>,
+}
+
+fn probe(name: &'static str, who: Control) -> Probe {
+    Probe {
+        name,
+        inside: vec![name.into()],
+        control: vec![name.into()],
+        who,
+        flags: vec![],
+    }
+}
+
+/// The escape suite: every probe must be `blocked` inside and `allowed` in its control. A
+/// probe whose control is not `allowed` cannot detect anything and is reported as broken.
+#[test]
+fn escape_suite() {
+    if !need_root("escape_suite") {
+        return;
+    }
+    let scratch = tempdir("wesc");
+    let s = |rel: &str| scratch.path().join(rel).display().to_string();
+    for d in ["ctl", "mnt", "rw", "ctl-rw", "suid"] {
+        std::fs::create_dir_all(s(d)).unwrap();
+        std::fs::set_permissions(s(d), std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    // An outside process to aim at, a TCP listener, an abstract socket listener.
+    let mut victim = Command::new("/bin/sleep")
+        .arg("120")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = victim.id().to_string();
+    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = tcp.local_addr().unwrap().port().to_string();
+    let abstract_name = format!("warren-probe-{}", std::process::id());
+    let _abs =
+        UnixListener::bind_addr(&SocketAddr::from_abstract_name(&abstract_name).unwrap()).unwrap();
+    // A setuid-root copy of the probe.
+    let suid = s("suid/warren-probe");
+    std::fs::copy(PROBE, &suid).unwrap();
+    std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let limits = s("pids.ns");
+    std::fs::write(&limits, "limit pids=64\n").unwrap();
+
+    let mut probes = vec![
+        Probe {
+            inside: vec!["mount".into(), "/tmp".into()],
+            control: vec!["mount".into(), s("mnt")],
+            ..probe("mount", Control::RootPrivateMounts)
+        },
+        Probe {
+            inside: vec!["umount".into(), "/tmp".into()],
+            control: vec!["umount".into(), "/proc".into()],
+            ..probe("umount", Control::RootPrivateMounts)
+        },
+        probe("unshare", Control::Root),
+        probe("userns", Control::Nobody),
+        probe("clone-newns", Control::Root),
+        probe("clone3", Control::Nobody),
+        probe("setns", Control::Root),
+        probe("chroot", Control::Root),
+        probe("pivot_root", Control::Root),
+        probe("open_by_handle_at", Control::Root),
+        probe("io_uring_setup", Control::Nobody),
+        probe("bpf", Control::Root),
+        probe("keyctl", Control::Nobody),
+        probe("perf_event_open", Control::Nobody),
+        probe("tiocsti", Control::Root),
+        probe("core_pattern", Control::Root),
+        probe("tcp-bind", Control::Nobody),
+        probe("x32", Control::Nobody),
+        Probe {
+            inside: vec!["mknod".into(), "/tmp".into()],
+            control: vec!["mknod".into(), s("ctl")],
+            ..probe("mknod", Control::Root)
+        },
+        Probe {
+            inside: vec!["read".into(), "/etc/shadow".into()],
+            control: vec!["read".into(), "/etc/shadow".into()],
+            ..probe("read-shadow", Control::Root)
+        },
+        Probe {
+            inside: vec!["write".into(), "/usr/warren-probe-write".into()],
+            control: vec!["write".into(), s("ctl/write")],
+            ..probe("write-ro-bind", Control::Root)
+        },
+    ];
+    for (name, who) in [
+        ("reboot", Control::Root),
+        ("sethostname", Control::Root),
+        ("setuid0", Control::Root),
+        ("capset", Control::Root),
+        ("fsopen", Control::Root),
+        ("open_tree", Control::Root),
+        ("raw-socket", Control::Root),
+        ("userfaultfd", Control::Nobody),
+        ("add_key", Control::Nobody),
+    ] {
+        probes.push(probe(name, who));
+    }
+    for (name, path, who) in [
+        ("proc-keys", "/proc/keys", Control::Nobody),
+        ("proc-timer_list", "/proc/timer_list", Control::Root),
+    ] {
+        probes.push(Probe {
+            inside: vec!["read-some".into(), path.into()],
+            control: vec!["read-some".into(), path.into()],
+            ..probe(name, who)
+        });
+    }
+    probes.push(Probe {
+        inside: vec!["open-write".into(), "/proc/sys/kernel/hostname".into()],
+        control: vec!["open-write".into(), "/proc/sys/kernel/hostname".into()],
+        ..probe("proc-sys-write", Control::Root)
+    });
+    // Out of a bind by a symlink planted in it, and by `..`.
+    std::os::unix::fs::symlink("/etc/shadow", s("rw/shadow-link")).unwrap();
+    for (name, path) in [
+        ("symlink-out", s("rw/shadow-link")),
+        (
+            "dotdot-out",
+            format!("{}/../../../../../etc/shadow", s("rw")),
+        ),
+    ] {
+        probes.push(Probe {
+            inside: vec!["read".into(), path.clone()],
+            control: vec!["read".into(), path],
+            flags: vec!["--rw".into(), s("rw")],
+            ..probe(name, Control::Root)
+        });
+    }
+    probes.push(Probe {
+        inside: vec!["process_vm_readv".into(), pid.clone()],
+        control: vec!["process_vm_readv".into(), pid.clone()],
+        ..probe("process_vm_readv", Control::Root)
+    });
+    for name in ["ptrace", "signal", "proc-root"] {
+        probes.push(Probe {
+            inside: vec![name.into(), pid.clone()],
+            control: vec![name.into(), pid.clone()],
+            ..probe(name, Control::Root)
+        });
+    }
+    probes.push(Probe {
+        inside: vec!["tcp-connect".into(), port.clone()],
+        control: vec!["tcp-connect".into(), port.clone()],
+        ..probe("tcp-connect", Control::Nobody)
+    });
+    probes.push(Probe {
+        inside: vec!["abstract-connect".into(), abstract_name.clone()],
+        control: vec!["abstract-connect".into(), abstract_name.clone()],
+        ..probe("abstract-connect", Control::Nobody)
+    });
+    probes.push(Probe {
+        inside: vec!["setuid-bit".into(), s("rw")],
+        control: vec!["setuid-bit".into(), s("ctl-rw")],
+        flags: vec!["--rw".into(), s("rw")],
+        ..probe("setuid-bit", Control::Nobody)
+    });
+    probes.push(Probe {
+        inside: vec![],
+        control: vec![],
+        flags: vec!["--ro".into(), s("suid")],
+        ..probe("setuid-exec", Control::Nobody)
+    });
+    probes.push(Probe {
+        inside: vec!["forkbomb".into(), "200".into()],
+        control: vec!["forkbomb".into(), "200".into()],
+        flags: vec!["--ns".into(), limits.clone()],
+        ..probe("forkbomb-pids64", Control::Nobody)
+    });
+
+    let mut escapes = Vec::new();
+    let mut broken = Vec::new();
+    for p in &probes {
+        let (inside_cmd, control_cmd): (Vec<String>, Vec<String>) = if p.name == "setuid-exec" {
+            (
+                vec![suid.clone(), "euid-root".into()],
+                vec![suid.clone(), "euid-root".into()],
+            )
+        } else {
+            let mut i = vec![PROBE.to_string()];
+            i.extend(p.inside.iter().cloned());
+            let mut c = vec![PROBE.to_string()];
+            c.extend(p.control.iter().cloned());
+            (i, c)
+        };
+        let mut flags: Vec<&str> = vec!["--ro", PROBE];
+        flags.extend(p.flags.iter().map(String::as_str));
+        let inside_refs: Vec<&str> = inside_cmd.iter().map(String::as_str).collect();
+        let inside = nsd_run(&flags, &inside_refs);
+        let control = if p.name == "setuid-exec" {
+            use std::os::unix::process::CommandExt;
+            Command::new(&control_cmd[0])
+                .args(&control_cmd[1..])
+                .uid(NOBODY)
+                .gid(NOBODY)
+                .output()
+                .unwrap()
+        } else {
+            let refs: Vec<&str> = control_cmd[1..].iter().map(String::as_str).collect();
+            control_output(p.who, &refs)
+        };
+        let (iv, cv) = (verdict(&inside), verdict(&control));
+        eprintln!(
+            "probe {:<18} inside={iv:<8} control({:?})={cv}   [{}]",
+            p.name,
+            p.who,
+            text(&inside.stderr).trim()
+        );
+        if cv != "allowed" {
+            broken.push(format!(
+                "{}: control says {cv:?}: {}",
+                p.name,
+                text(&control.stderr).trim()
+            ));
+        }
+        if iv != "blocked" {
+            escapes.push(format!(
+                "{}: inside says {iv:?}: {} {}",
+                p.name,
+                text(&inside.stdout).trim(),
+                text(&inside.stderr).trim()
+            ));
+        }
+    }
+    // What a chmod u+s inside did to the host's file: nothing.
+    for f in ["rw/probe-chmod", "rw/probe-creat"] {
+        if let Ok(m) = std::fs::metadata(s(f)) {
+            assert_eq!(m.mode() & 0o6000, 0, "{f} has a set-id bit outside");
+        }
+    }
+    let _ = victim.kill();
+    let _ = victim.wait();
+    assert!(probes.len() >= 44, "the suite shrank: {}", probes.len());
+    assert!(
+        broken.is_empty(),
+        "BROKEN probes (their control failed):\n{}",
+        broken.join("\n")
+    );
+    assert!(escapes.is_empty(), "ESCAPES:\n{}", escapes.join("\n"));
+}

@@ -1,0 +1,84 @@
+//! The 9P-mount hook: a `mount` line becomes a kernel FUSE mount made inside the namespace,
+//! whose /dev/fuse fd reaches the launcher's MountServer (the bridge, when wired). Here the
+//! server only records what it got and drops the fd, which aborts the connection: inside, the
+//! mount is there and answers ENOTCONN at once (never a hang).
+
+mod common;
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use warren_ns::spec::Mount;
+use warren_ns::{MountServer, RunOptions, parse, run};
+
+#[derive(Default)]
+struct Recorder {
+    got: Mutex<Vec<(String, String)>>,
+}
+
+impl MountServer for Recorder {
+    fn serve(&self, mount: &Mount, fuse: OwnedFd) -> io::Result<()> {
+        let st = nix::sys::stat::fstat(&fuse)?;
+        let what =
+            if st.st_mode & libc::S_IFMT == libc::S_IFCHR && st.st_rdev == libc::makedev(10, 229) {
+                "/dev/fuse"
+            } else {
+                "something else"
+            };
+        self.got
+            .lock()
+            .unwrap()
+            .push((mount.path.clone(), what.to_string()));
+        Ok(())
+    }
+}
+
+#[test]
+fn mount_line_becomes_a_fuse_mount_handed_to_the_server() {
+    if !need_root("mount_line_becomes_a_fuse_mount_handed_to_the_server") {
+        return;
+    }
+    let out = tempdir("wfuse");
+    std::fs::set_permissions(
+        out.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let o = out.path().display().to_string();
+    let spec = parse(
+        "fuse.ns",
+        &format!(
+            "bind -r /usr /usr\nbind -r /lib /lib\nbind -r /lib64 /lib64\nbind -r /bin /bin\n\
+             bind -w {o} /out\nmount tool /tool echo fs_read\n"
+        ),
+    )
+    .unwrap();
+    let script = "grep ' /tool ' /proc/self/mountinfo > /out/mountinfo; ls /tool 2> /out/ls; echo done > /out/done";
+    let recorder = Arc::new(Recorder::default());
+    let opts = RunOptions {
+        mount_server: Some(recorder.clone()),
+        ..RunOptions::default()
+    };
+    let code = run(
+        &spec,
+        &["/bin/sh".into(), "-c".into(), script.into()],
+        &opts,
+    )
+    .unwrap();
+    assert_eq!(code, 0);
+    let got = recorder.got.lock().unwrap().clone();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0, "/tool");
+    assert_eq!(got[0].1, "/dev/fuse", "the server got the /dev/fuse fd");
+    let mi = std::fs::read_to_string(out.path().join("mountinfo")).unwrap();
+    assert!(mi.contains(" - fuse "), "{mi}");
+    assert!(mi.contains("nosuid,nodev"), "{mi}");
+    let ls = std::fs::read_to_string(out.path().join("ls")).unwrap();
+    assert!(ls.contains("Transport endpoint is not connected"), "{ls}");
+
+    // Without a server, a mount line is refused up front.
+    let err = run(&spec, &["/bin/true".into()], &RunOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("needs the FUSE bridge"), "{err}");
+}
