@@ -1,0 +1,343 @@
+//! The control socket (`<runtime>/gate.ctl`, root peers in our pid namespace only): a trusted peer
+//! hands the gate one end of a socketpair with a record saying who is on the other end. The record
+//! is the connection's whole standing; nothing said on the connection later widens it.
+//!
+//! Records (JSON, `warren_daemon::handoff` framing, one fd: the connection):
+//! - `{"version":1,"kind":"namespace","session":…,"namespace":…,"descendants":[…]}` (nsd; `kind`
+//!   may be left out) — sees and answers its strict descendants' asks, `allow once`/`deny` only;
+//! - `{"version":1,"kind":"operator","confirmed_tty":true}` (the front door, for
+//!   `warren approvals` on a terminal) — the only kind of connection that may answer
+//!   `allow session` or `allow always`;
+//! - `{"version":1,"kind":"daemon","name":"toolfs"}` (the supervisor) — `decide`, `wait`, `withdraw`.
+//!
+//! Each record is answered with one framed record (same framing): `ok` or `error: <why>`.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::net::UnixListener;
+use warren_9p::Limits;
+use warren_daemon::peer::{peer_cred, peer_in_own_pidns};
+
+use crate::gate::Gate;
+use crate::request::check_session;
+use crate::scope::Scope;
+use crate::tree::GateTree;
+
+pub const RECORD_VERSION: u32 = 1;
+/// The most descendants one record may name.
+pub const MAX_DESCENDANTS: usize = 4096;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RecordKind {
+    #[default]
+    Namespace,
+    Operator,
+    Daemon,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlRecord {
+    pub version: u32,
+    #[serde(default)]
+    pub kind: RecordKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub descendants: Vec<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub confirmed_tty: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl ControlRecord {
+    /// The scope a sound record gives its connection.
+    pub fn scope(&self) -> Result<Scope, String> {
+        if self.version != RECORD_VERSION {
+            return Err(format!(
+                "record version {} (this gate speaks {RECORD_VERSION})",
+                self.version
+            ));
+        }
+        let no_extras = |what: &str, ok: bool| {
+            if ok {
+                Ok(())
+            } else {
+                Err(format!("a {what} record takes no other fields"))
+            }
+        };
+        match self.kind {
+            RecordKind::Namespace => {
+                no_extras("namespace", !self.confirmed_tty && self.name.is_none())?;
+                let session = self
+                    .session
+                    .clone()
+                    .ok_or("a namespace record needs its session")?;
+                check_session(&session)?;
+                let namespace = self
+                    .namespace
+                    .clone()
+                    .ok_or("a namespace record needs its namespace id")?;
+                if namespace.is_empty()
+                    || namespace.len() > 128
+                    || namespace.chars().any(char::is_control)
+                {
+                    return Err("namespace id must be 1 to 128 printable characters".into());
+                }
+                if self.descendants.len() > MAX_DESCENDANTS {
+                    return Err(format!("more than {MAX_DESCENDANTS} descendants"));
+                }
+                for d in &self.descendants {
+                    check_session(d)?;
+                }
+                if self.descendants.contains(&session) {
+                    return Err("a namespace cannot be its own descendant".into());
+                }
+                Ok(Scope::Namespace {
+                    session,
+                    namespace,
+                    descendants: self.descendants.iter().cloned().collect(),
+                })
+            }
+            RecordKind::Operator => {
+                no_extras(
+                    "operator",
+                    self.session.is_none()
+                        && self.namespace.is_none()
+                        && self.descendants.is_empty()
+                        && self.name.is_none(),
+                )?;
+                Ok(Scope::Operator {
+                    confirmed_tty: self.confirmed_tty,
+                    label: "operator".into(),
+                })
+            }
+            RecordKind::Daemon => {
+                no_extras(
+                    "daemon",
+                    self.session.is_none()
+                        && self.namespace.is_none()
+                        && self.descendants.is_empty()
+                        && !self.confirmed_tty,
+                )?;
+                let name = self.name.clone().ok_or("a daemon record needs its name")?;
+                if name != "toolfs" {
+                    return Err(format!("daemon {name:?}: only toolfs asks the gate"));
+                }
+                Ok(Scope::Daemon { name })
+            }
+        }
+    }
+}
+
+/// Serves the control socket forever.
+pub async fn serve_control(gate: Arc<Gate>, listener: UnixListener, limits: Limits) {
+    loop {
+        let sock = match listener.accept().await {
+            Ok((sock, _)) => sock,
+            Err(e) => {
+                tracing::warn!("control accept: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        if let Some(why) = control_refusal(sock.as_fd()) {
+            tracing::warn!("control socket: refused a peer: {why}");
+            continue;
+        }
+        let gate = gate.clone();
+        let limits = limits.clone();
+        tokio::spawn(async move {
+            loop {
+                let (record, fds) = match warren_daemon::handoff::recv_async(&sock).await {
+                    Ok(got) => got,
+                    Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return,
+                    Err(e) => {
+                        tracing::warn!("control connection: {e}; closing it");
+                        return;
+                    }
+                };
+                let result = accept(&gate, &record, fds, &limits);
+                if let Err(msg) = &result {
+                    tracing::warn!("handoff refused: {msg}");
+                }
+                let line = match &result {
+                    Ok(()) => "ok\n".to_owned(),
+                    Err(msg) => format!("error: {}\n", msg.replace('\n', " ")),
+                };
+                if let Err(e) =
+                    warren_daemon::handoff::send_async(&sock, line.as_bytes(), &[]).await
+                {
+                    tracing::warn!("control connection: cannot answer: {e}");
+                    return;
+                }
+            }
+        });
+    }
+}
+
+fn accept(
+    gate: &Arc<Gate>,
+    record: &[u8],
+    fds: Vec<OwnedFd>,
+    limits: &Limits,
+) -> Result<(), String> {
+    let mut fds = fds.into_iter();
+    let conn = fds.next().ok_or("no connection fd came with the record")?;
+    if fds.next().is_some() {
+        return Err("one fd (the connection) per record".into());
+    }
+    let record: ControlRecord =
+        serde_json::from_slice(record).map_err(|e| format!("bad record: {e}"))?;
+    let scope = record.scope()?;
+    let st = nix::sys::stat::fstat(&conn).map_err(|e| format!("connection fd: {e}"))?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return Err("the fd is not a socket".into());
+    }
+    let stream = UnixStream::from(conn);
+    stream.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let stream = tokio::net::UnixStream::from_std(stream).map_err(|e| e.to_string())?;
+    let label = scope.label();
+    let tree = Arc::new(GateTree::new(gate.clone(), scope));
+    let limits = limits.clone();
+    tokio::spawn(async move {
+        match warren_9p::serve(tree, stream, limits).await {
+            Ok(()) => tracing::info!(peer = %label, "handed-over connection closed"),
+            Err(e) => tracing::info!(peer = %label, "handed-over connection ended: {e}"),
+        }
+    });
+    Ok(())
+}
+
+/// Why a control-socket peer is refused: only root in our own pid namespace hands connections over.
+fn control_refusal(fd: BorrowedFd<'_>) -> Option<String> {
+    match peer_in_own_pidns(fd) {
+        Ok(true) => {}
+        Ok(false) => return Some("peer is in another pid namespace".into()),
+        Err(e) => return Some(format!("cannot read the peer's pid namespace: {e}")),
+    }
+    match peer_cred(fd) {
+        Ok(c) if c.uid == 0 => None,
+        Ok(c) => Some(format!("uid {} is not root", c.uid)),
+        Err(e) => Some(format!("no peer credentials: {e}")),
+    }
+}
+
+/// The trusted side: hands `conn` to the gate with `record`, and returns once the gate serves it
+/// (or with the gate's refusal).
+pub fn hand_over(ctl_path: &Path, record: &ControlRecord, conn: impl AsFd) -> io::Result<()> {
+    let sock = UnixStream::connect(ctl_path)?;
+    let bytes = serde_json::to_vec(record).map_err(io::Error::other)?;
+    warren_daemon::handoff::send(&sock, &bytes, &[conn.as_fd()])?;
+    let (reply, _) = warren_daemon::handoff::recv(&sock)?;
+    let line = String::from_utf8_lossy(&reply);
+    let line = line.trim_end();
+    match line.strip_prefix("error: ") {
+        None if line == "ok" => Ok(()),
+        None => Err(io::Error::other(format!("gate answered {line:?}"))),
+        Some(msg) => Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("gate refused the connection: {msg}"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(c: char) -> String {
+        c.to_string().repeat(32)
+    }
+
+    #[test]
+    fn records_parse_into_scopes() {
+        let ns = ControlRecord {
+            version: 1,
+            session: Some(s('a')),
+            namespace: Some("n".into()),
+            descendants: vec![s('b')],
+            ..Default::default()
+        };
+        assert!(matches!(ns.scope().unwrap(), Scope::Namespace { .. }));
+        let op = ControlRecord {
+            version: 1,
+            kind: RecordKind::Operator,
+            confirmed_tty: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            op.scope().unwrap(),
+            Scope::Operator {
+                confirmed_tty: true,
+                label: "operator".into()
+            }
+        );
+        let d = ControlRecord {
+            version: 1,
+            kind: RecordKind::Daemon,
+            name: Some("toolfs".into()),
+            ..Default::default()
+        };
+        assert!(matches!(d.scope().unwrap(), Scope::Daemon { .. }));
+    }
+
+    #[test]
+    fn unsound_records_are_refused() {
+        let base = ControlRecord {
+            version: 1,
+            session: Some(s('a')),
+            namespace: Some("n".into()),
+            ..Default::default()
+        };
+        for bad in [
+            ControlRecord {
+                version: 2,
+                ..base.clone()
+            },
+            ControlRecord {
+                session: Some("xyz".into()),
+                ..base.clone()
+            },
+            ControlRecord {
+                descendants: vec![s('a')],
+                ..base.clone()
+            },
+            ControlRecord {
+                confirmed_tty: true,
+                ..base.clone()
+            },
+            ControlRecord {
+                namespace: None,
+                ..base.clone()
+            },
+            ControlRecord {
+                version: 1,
+                kind: RecordKind::Operator,
+                session: Some(s('a')),
+                ..Default::default()
+            },
+            ControlRecord {
+                version: 1,
+                kind: RecordKind::Daemon,
+                name: Some("nsd".into()),
+                ..Default::default()
+            },
+        ] {
+            assert!(bad.scope().is_err(), "{bad:?}");
+        }
+        assert!(
+            serde_json::from_str::<ControlRecord>(r#"{"version":1,"session":"a","bogus":1}"#)
+                .is_err()
+        );
+    }
+}

@@ -1,0 +1,187 @@
+//! The tier of a tool, from its name alone.
+//!
+//! The table is code: no caller, rule or registration can change which tier a name has. Tools
+//! registered at runtime (an MCP server's, a skill's) are namespaced before they get here
+//! (`mcp:<server>:<tool>`, `skill:<name>`), so a hostile server naming its tool `fs_read` is
+//! `mcp:evil:fs_read` — dynamic, never the read tier.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// The risk tiers, least to most risky.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    Read,
+    Write,
+    Exec,
+    Network,
+    Destructive,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 5] = [
+        Tier::Read,
+        Tier::Write,
+        Tier::Exec,
+        Tier::Network,
+        Tier::Destructive,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Read => "read",
+            Tier::Write => "write",
+            Tier::Exec => "exec",
+            Tier::Network => "network",
+            Tier::Destructive => "destructive",
+        }
+    }
+}
+
+impl fmt::Display for Tier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Tier {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Tier, String> {
+        Tier::ALL
+            .into_iter()
+            .find(|t| t.as_str() == s)
+            .ok_or_else(|| format!("unknown tier {s:?}"))
+    }
+}
+
+/// The code-owned table of core tool names. Network and destructive have no core tool yet
+/// (`web_fetch` would be network); destructive is reached by the shell risk raise.
+pub const CORE_TOOLS: &[(&str, Tier)] = &[
+    ("echo", Tier::Read),
+    ("fs_list", Tier::Read),
+    ("fs_read", Tier::Read),
+    ("fs_edit", Tier::Write),
+    ("fs_write", Tier::Write),
+    ("shell", Tier::Exec),
+];
+
+/// What a tool name is, as far as policy goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ToolClass {
+    /// A core tool with its tier from [`CORE_TOOLS`].
+    Core(Tier),
+    /// `mcp:<server>:<tool>` or `skill:<name>`: never a core tier; asks by default.
+    Dynamic,
+    /// A plain name the table does not know: asks by default.
+    Unmapped,
+}
+
+impl ToolClass {
+    /// How the class is named in `tiers`, bases and receipts.
+    pub fn label(self) -> &'static str {
+        match self {
+            ToolClass::Core(t) => t.as_str(),
+            ToolClass::Dynamic => "dynamic",
+            ToolClass::Unmapped => "unmapped",
+        }
+    }
+
+    /// Context states raise everything but a core read.
+    pub fn is_read(self) -> bool {
+        self == ToolClass::Core(Tier::Read)
+    }
+}
+
+/// The longest tool name accepted.
+pub const MAX_TOOL_NAME: usize = 256;
+
+/// Checks a tool name's spelling: 1 to 256 bytes of `[A-Za-z0-9_.:-]`, and a namespaced name has
+/// non-empty parts (`mcp:<server>:<tool>` exactly three, `skill:<name>` exactly two).
+pub fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_TOOL_NAME {
+        return Err(format!("tool name must be 1 to {MAX_TOOL_NAME} bytes"));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"_.:-".contains(&b))
+    {
+        return Err(format!("tool name {name:?} may use only [A-Za-z0-9_.:-]"));
+    }
+    let parts: Vec<&str> = name.split(':').collect();
+    let ok = match parts[0] {
+        _ if parts.len() == 1 => true,
+        "mcp" => parts.len() == 3 && parts.iter().all(|p| !p.is_empty()),
+        "skill" => parts.len() == 2 && !parts[1].is_empty(),
+        _ => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "tool name {name:?}: a namespaced name is mcp:<server>:<tool> or skill:<name>"
+        ))
+    }
+}
+
+/// The class of a (well-spelled) tool name. A name with a `:` is dynamic whatever follows it, so
+/// `mcp:x:shell` or `skill:fs_read` never reaches the core table.
+pub fn classify(name: &str) -> ToolClass {
+    if name.contains(':') {
+        return ToolClass::Dynamic;
+    }
+    CORE_TOOLS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(ToolClass::Unmapped, |&(_, t)| ToolClass::Core(t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn core_names_have_their_tiers() {
+        assert_eq!(classify("fs_read"), ToolClass::Core(Tier::Read));
+        assert_eq!(classify("fs_list"), ToolClass::Core(Tier::Read));
+        assert_eq!(classify("echo"), ToolClass::Core(Tier::Read));
+        assert_eq!(classify("fs_write"), ToolClass::Core(Tier::Write));
+        assert_eq!(classify("fs_edit"), ToolClass::Core(Tier::Write));
+        assert_eq!(classify("shell"), ToolClass::Core(Tier::Exec));
+        assert_eq!(classify("web_fetch"), ToolClass::Unmapped);
+    }
+
+    #[test]
+    fn a_namespaced_core_name_is_dynamic() {
+        for name in [
+            "mcp:evil:fs_read",
+            "skill:fs_read",
+            "mcp:x:shell",
+            "skill:echo",
+        ] {
+            check_name(name).unwrap();
+            assert_eq!(classify(name), ToolClass::Dynamic, "{name}");
+        }
+    }
+
+    #[test]
+    fn bad_names_are_refused() {
+        for name in [
+            "",
+            "a b",
+            "mcp:x",
+            "mcp::t",
+            "mcp:s:",
+            "skill:",
+            "other:x",
+            "mcp:a:b:c",
+            "fs_read\n",
+            "é",
+        ] {
+            assert!(check_name(name).is_err(), "{name:?}");
+        }
+        assert!(check_name(&"a".repeat(MAX_TOOL_NAME + 1)).is_err());
+    }
+}

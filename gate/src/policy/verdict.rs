@@ -1,0 +1,93 @@
+//! Verdicts and what answered them.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use super::context::ContextState;
+
+/// A decision, ordered by strictness: `Allow < Ask < Deny`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Allow,
+    Ask,
+    Deny,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Allow => "allow",
+            Verdict::Ask => "ask",
+            Verdict::Deny => "deny",
+        }
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Verdict {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Verdict, String> {
+        match s {
+            "allow" => Ok(Verdict::Allow),
+            "ask" => Ok(Verdict::Ask),
+            "deny" => Ok(Verdict::Deny),
+            _ => Err(format!("unknown verdict {s:?} (allow, ask or deny)")),
+        }
+    }
+}
+
+/// What answered a decision. Rendered as `kind` or `kind:detail` (see `specs/gate-tree.md`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Basis {
+    /// A rule in `rules`, by id.
+    Rule(i64),
+    /// An `allow session` grant for this session and fingerprint, by id.
+    SessionGrant(i64),
+    /// An earlier `deny` of this fingerprint in this session, by id.
+    DenyCovers(i64),
+    /// An `allow once` token for this fingerprint, spent by this decision, by id.
+    AllowOnce(i64),
+    /// The default for the call's (effective) class, by label.
+    Default(&'static str),
+    /// A context state raised the call.
+    Context(ContextState),
+    /// An ask nobody answered in time.
+    Expiry,
+    /// The decision could not be receipted.
+    ReceiptsUnavailable,
+    /// The session has too many open asks.
+    AskCap,
+    /// The ask's caller went away (or withdrew it).
+    Orphaned,
+    /// The ask was answered `allow once`, but an identical call spent the token first.
+    OnceSpent,
+    /// The gate's own store failed; it denies rather than guess.
+    GateError,
+}
+
+impl fmt::Display for Basis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Basis::Rule(id) => write!(f, "rule:{id}"),
+            Basis::SessionGrant(id) => write!(f, "session_grant:{id}"),
+            Basis::DenyCovers(id) => write!(f, "deny_covers:{id}"),
+            Basis::AllowOnce(id) => write!(f, "allow_once:{id}"),
+            Basis::Default(label) => write!(f, "default:{label}"),
+            Basis::Context(s) => write!(f, "context:{s}"),
+            Basis::Expiry => f.write_str("expiry"),
+            Basis::ReceiptsUnavailable => f.write_str("receipts_unavailable"),
+            Basis::AskCap => f.write_str("ask_cap"),
+            Basis::Orphaned => f.write_str("orphaned"),
+            Basis::OnceSpent => f.write_str("once_spent"),
+            Basis::GateError => f.write_str("gate_error"),
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! The gate's one long-lived connection to receiptd, and the decision receipts it writes there.
+//!
+//! Every decision is appended before its answer is given; an append that fails for any reason
+//! (receiptd down, refusing, slow to connect) makes the decision a deny with basis
+//! `receipts_unavailable`. The connection is re-made on the next decision after a failure.
+//! `append` is receiptd's rpc file: write one request, read `{"hash":..,"seq":..}`, repeat on
+//! the same open (its contract is in `specs/receipts.md`; the request fields are receiptd's).
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use warren_9p::{Client, Fid, oflags};
+
+/// How long a connection attempt may take before the decision is denied.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long one append may take before the decision is denied.
+const APPEND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// receiptd's acknowledgement of an append.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ack {
+    pub seq: u64,
+    pub hash: String,
+}
+
+/// What one decision receipt says (the subject of the `decision` body).
+#[derive(Clone, Debug, Serialize)]
+pub struct DecisionRecord<'a> {
+    pub session: &'a str,
+    pub tool: &'a str,
+    pub verdict: &'a str,
+    pub basis: &'a str,
+    pub class: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub risk: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending: Option<i64>,
+    pub context: Vec<&'a str>,
+    /// Who answered an ask (`operator`, `namespace:<id>`, `gate` for expiry), if one was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answered_by: Option<&'a str>,
+    pub fingerprint: &'a str,
+    /// SHA-256 of the canonical argument bytes.
+    pub args_sha256: &'a str,
+}
+
+/// The receipt sink: a lazily made connection and a pool of opened `append` fids (one per
+/// concurrent append; requests on one fid are served in order, so a pool keeps appends parallel).
+pub struct ReceiptSink {
+    socket: PathBuf,
+    /// The connection and its generation (a failed connection's pooled fids are dropped by it).
+    conn: tokio::sync::Mutex<Option<(u64, Client)>>,
+    generation: std::sync::atomic::AtomicU64,
+    pool: Mutex<Vec<(u64, Fid)>>,
+}
+
+impl ReceiptSink {
+    pub fn new(socket: PathBuf) -> ReceiptSink {
+        ReceiptSink {
+            socket,
+            conn: tokio::sync::Mutex::new(None),
+            generation: 0.into(),
+            pool: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Appends one decision receipt in the session's scope.
+    pub async fn decision(&self, record: &DecisionRecord<'_>) -> Result<Ack, String> {
+        let body = json!({
+            "scope": record.session,
+            "kind": "decision",
+            "subject": record,
+            "digests": { "fingerprint": record.fingerprint, "args": record.args_sha256 },
+        });
+        let bytes = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
+        match tokio::time::timeout(APPEND_TIMEOUT, self.append(&bytes)).await {
+            Ok(r) => r,
+            Err(_) => Err("receiptd did not answer in time".into()),
+        }
+    }
+
+    async fn append(&self, bytes: &[u8]) -> Result<Ack, String> {
+        let (generation, fid) = self.take_fid().await?;
+        let result = match crate::rpc::call(&fid, bytes).await {
+            Ok(reply) => serde_json::from_slice::<Ack>(&reply)
+                .map_err(|e| format!("append reply {:?}: {e}", String::from_utf8_lossy(&reply))),
+            Err((e, said)) => Err(format!(
+                "append refused: {e} {}",
+                String::from_utf8_lossy(&said).trim()
+            )),
+        };
+        match &result {
+            Ok(_) => self
+                .pool
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((generation, fid)),
+            Err(_) => self.forget(generation).await,
+        }
+        result
+    }
+
+    async fn take_fid(&self) -> Result<(u64, Fid), String> {
+        if let Some(entry) = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            return Ok(entry);
+        }
+        let (generation, client) = {
+            let mut conn = self.conn.lock().await;
+            match &*conn {
+                Some((g, c)) => (*g, c.clone()),
+                None => {
+                    let c =
+                        tokio::time::timeout(CONNECT_TIMEOUT, Client::connect_unix(&self.socket))
+                            .await
+                            .map_err(|_| format!("connect {}: timed out", self.socket.display()))?
+                            .map_err(|e| format!("connect {}: {e}", self.socket.display()))?;
+                    let g = self
+                        .generation
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                        + 1;
+                    *conn = Some((g, c.clone()));
+                    (g, c)
+                }
+            }
+        };
+        let opened = async {
+            let root = client.attach("gate", "").await?;
+            let fid = root.walk(&["append"]).await?;
+            fid.open(oflags::RDWR).await?;
+            Ok::<Fid, warren_9p::Errno>(fid)
+        }
+        .await;
+        match opened {
+            Ok(fid) => Ok((generation, fid)),
+            Err(e) => {
+                self.forget(generation).await;
+                Err(format!("open append: {e}"))
+            }
+        }
+    }
+
+    /// Drops a connection that failed, with every pooled fid on it, so the next append reconnects.
+    async fn forget(&self, failed: u64) {
+        let mut conn = self.conn.lock().await;
+        if conn.as_ref().is_some_and(|(g, _)| *g == failed) {
+            *conn = None;
+        }
+        self.pool
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(g, _)| *g != failed);
+    }
+}
+
+/// Turns receiptd's ack into the JSON the gate's answers carry.
+pub fn ack_json(ack: &Ack) -> Value {
+    json!({ "seq": ack.seq, "hash": ack.hash })
+}

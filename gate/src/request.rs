@@ -1,0 +1,248 @@
+//! A decide request, checked, and the call's fingerprint.
+//!
+//! The fingerprint binds an approval to the exact call: SHA-256 over the RFC 8785 form of
+//! `{"tool":…,"args":…,"session":…,"canon":1}`. toolfs hands the gate and the worker the same
+//! canonical argument bytes, and the gate refuses arguments that are not already in canonical
+//! form — so duplicate keys, integers that would round, or any other text two parsers could read
+//! differently never get a fingerprint at all.
+
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
+
+use crate::policy::ContextState;
+use crate::policy::tier::check_name;
+
+/// The canonicalisation version bound into every fingerprint.
+pub const CANON_VERSION: u32 = 1;
+/// The largest decide request taken.
+pub const MAX_REQUEST_BYTES: usize = 512 * 1024;
+/// The largest integer magnitude arguments may carry (RFC 8785 numbers are IEEE doubles).
+pub const MAX_SAFE_INTEGER: u64 = 1 << 53;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Wire<'a> {
+    session: String,
+    tool: String,
+    #[serde(borrow)]
+    args: &'a RawValue,
+    #[serde(default)]
+    context: Vec<ContextState>,
+}
+
+/// A well-formed decide request.
+#[derive(Clone, Debug)]
+pub struct DecideRequest {
+    pub session: String,
+    pub tool: String,
+    pub args: Value,
+    /// The canonical argument text, exactly as received.
+    pub canonical_args: String,
+    /// Sorted, without duplicates.
+    pub context: Vec<ContextState>,
+    pub fingerprint: String,
+}
+
+/// A session id: nsd's 128-bit id as 32 lowercase hex digits.
+pub fn check_session(session: &str) -> Result<(), String> {
+    if session.len() == 32
+        && session
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        Ok(())
+    } else {
+        Err(format!(
+            "session {session:?} must be 32 lowercase hex digits"
+        ))
+    }
+}
+
+/// Parses and checks one request. Malformed input is refused, never repaired.
+pub fn parse(bytes: &[u8]) -> Result<DecideRequest, String> {
+    if bytes.len() > MAX_REQUEST_BYTES {
+        return Err(format!(
+            "request is {} bytes; the limit is {MAX_REQUEST_BYTES}",
+            bytes.len()
+        ));
+    }
+    let wire: Wire = serde_json::from_slice(bytes).map_err(|e| format!("request: {e}"))?;
+    check_session(&wire.session)?;
+    check_name(&wire.tool)?;
+    let canonical_args = wire.args.get().to_owned();
+    let args = canonical_value(&canonical_args)?;
+    let mut context = wire.context;
+    context.sort();
+    context.dedup();
+    let fingerprint = fingerprint(&wire.tool, &args, &wire.session);
+    Ok(DecideRequest {
+        session: wire.session,
+        tool: wire.tool,
+        args,
+        canonical_args,
+        context,
+        fingerprint,
+    })
+}
+
+/// Parses argument text that must be a JSON object already in RFC 8785 form.
+pub fn canonical_value(text: &str) -> Result<Value, String> {
+    let value: Value = serde_json::from_str(text).map_err(|e| format!("args: {e}"))?;
+    if !value.is_object() {
+        return Err("args: must be a JSON object".into());
+    }
+    check_numbers(&value)?;
+    let canonical =
+        serde_json_canonicalizer::to_string(&value).map_err(|e| format!("args: {e}"))?;
+    if canonical != text {
+        return Err("args: not in RFC 8785 canonical form (toolfs sends the canonical bytes; duplicate keys, \
+                    whitespace, key order or number spelling differ)"
+            .into());
+    }
+    Ok(value)
+}
+
+fn check_numbers(v: &Value) -> Result<(), String> {
+    match v {
+        Value::Number(n) => {
+            let ok = match (n.as_i64(), n.as_u64()) {
+                (Some(i), _) => i.unsigned_abs() <= MAX_SAFE_INTEGER,
+                (None, Some(u)) => u <= MAX_SAFE_INTEGER,
+                _ => n.as_f64().is_some_and(f64::is_finite),
+            };
+            if ok {
+                Ok(())
+            } else {
+                Err(format!("args: number {n} is beyond ±2^53 or not finite"))
+            }
+        }
+        Value::Array(a) => a.iter().try_for_each(check_numbers),
+        Value::Object(m) => m.values().try_for_each(check_numbers),
+        _ => Ok(()),
+    }
+}
+
+/// The fingerprint of a call, as 64 lowercase hex digits.
+pub fn fingerprint(tool: &str, args: &Value, session: &str) -> String {
+    let body = serde_json::json!({ "tool": tool, "args": args, "session": session, "canon": CANON_VERSION });
+    let bytes = serde_json_canonicalizer::to_vec(&body).expect("a JSON value always canonicalises");
+    hex::encode(Sha256::digest(&bytes))
+}
+
+/// Builds the request text toolfs writes to `decide`. The argument bytes go in verbatim (the
+/// gate refuses them if they are not canonical; nothing here repairs them).
+pub fn encode(
+    session: &str,
+    tool: &str,
+    canonical_args: &[u8],
+    context: &[ContextState],
+) -> Result<Vec<u8>, String> {
+    #[derive(serde::Serialize)]
+    struct Out<'a> {
+        session: &'a str,
+        tool: &'a str,
+        args: &'a RawValue,
+        context: &'a [ContextState],
+    }
+    let args = std::str::from_utf8(canonical_args).map_err(|_| "args: not UTF-8".to_string())?;
+    let raw = RawValue::from_string(args.to_owned()).map_err(|e| format!("args: {e}"))?;
+    serde_json::to_vec(&Out {
+        session,
+        tool,
+        args: &raw,
+        context,
+    })
+    .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: &str = "0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn a_request_round_trips_and_fingerprints() {
+        let bytes = encode(
+            S,
+            "fs_read",
+            br#"{"path":"a"}"#,
+            &[ContextState::Unattended],
+        )
+        .unwrap();
+        let req = parse(&bytes).unwrap();
+        assert_eq!(req.canonical_args, r#"{"path":"a"}"#);
+        let spaced = encode(S, "fs_read", br#"{"path": "a"}"#, &[]).unwrap();
+        assert!(
+            parse(&spaced).is_err(),
+            "encode must not canonicalise for the caller"
+        );
+        assert_eq!(req.fingerprint.len(), 64);
+        assert_eq!(
+            req.fingerprint,
+            fingerprint("fs_read", &serde_json::json!({"path": "a"}), S)
+        );
+        assert_ne!(
+            req.fingerprint,
+            fingerprint("fs_read", &serde_json::json!({"path": "b"}), S)
+        );
+        assert_ne!(
+            req.fingerprint,
+            fingerprint("fs_list", &serde_json::json!({"path": "a"}), S)
+        );
+        assert_ne!(
+            req.fingerprint,
+            fingerprint(
+                "fs_read",
+                &serde_json::json!({"path": "a"}),
+                &"1".repeat(32)
+            )
+        );
+    }
+
+    #[test]
+    fn the_fingerprint_is_sha256_of_the_jcs_text() {
+        let text =
+            format!(r#"{{"args":{{"path":"a"}},"canon":1,"session":"{S}","tool":"fs_read"}}"#);
+        let want = hex::encode(Sha256::digest(text.as_bytes()));
+        assert_eq!(
+            fingerprint("fs_read", &serde_json::json!({"path": "a"}), S),
+            want
+        );
+    }
+
+    #[test]
+    fn non_canonical_or_ambiguous_args_are_refused() {
+        for args in [
+            r#"{"b":1,"a":2}"#,
+            r#"{"a": 1}"#,
+            r#"{"a":1,"a":2}"#,
+            r#"{"a":9007199254740993}"#,
+            r#"{"a":1.0}"#,
+            r#"[1]"#,
+            r#""x""#,
+        ] {
+            let req = format!(r#"{{"session":"{S}","tool":"echo","args":{args}}}"#);
+            assert!(parse(req.as_bytes()).is_err(), "{args}");
+        }
+    }
+
+    #[test]
+    fn bad_envelopes_are_refused() {
+        for req in [
+            r#"{"session":"abc","tool":"echo","args":{}}"#.to_string(),
+            format!(
+                r#"{{"session":"{}","tool":"echo","args":{{}}}}"#,
+                S.to_uppercase()
+            ),
+            format!(r#"{{"session":"{S}","tool":"no such","args":{{}}}}"#),
+            format!(r#"{{"session":"{S}","tool":"echo","args":{{}},"extra":1}}"#),
+            format!(r#"{{"session":"{S}","tool":"echo","tool":"shell","args":{{}}}}"#),
+            format!(r#"{{"session":"{S}","tool":"echo","args":{{}},"context":["sunny"]}}"#),
+        ] {
+            assert!(parse(req.as_bytes()).is_err(), "{req}");
+        }
+    }
+}
