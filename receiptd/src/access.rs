@@ -1,0 +1,103 @@
+//! Who may append which kind, and what is refused with which error.
+
+use crate::receipt::Kind;
+
+/// Who is on a connection, from its peer credentials (never from anything the peer sent).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The gate's uid: the only appender of `decision` receipts.
+    Gate,
+    /// toolfs's uid: the only appender of `effect` receipts.
+    Toolfs,
+    /// Anyone else the operator socket let in (root or the `warren` group), with its uid.
+    Operator(u32),
+    /// receiptd itself: `boot` and `checkpoint` receipts.
+    Receiptd,
+}
+
+impl Role {
+    pub fn from_uid(uid: u32, gate_uid: Option<u32>, toolfs_uid: Option<u32>) -> Role {
+        if Some(uid) == gate_uid {
+            Role::Gate
+        } else if Some(uid) == toolfs_uid {
+            Role::Toolfs
+        } else {
+            Role::Operator(uid)
+        }
+    }
+
+    /// The `appender` recorded in the body.
+    pub fn appender(self) -> String {
+        match self {
+            Role::Gate => "gate".into(),
+            Role::Toolfs => "toolfs".into(),
+            Role::Operator(uid) => format!("operator:{uid}"),
+            Role::Receiptd => "receiptd".into(),
+        }
+    }
+
+    pub fn may_append(self, kind: Kind) -> Result<(), AppendError> {
+        let allowed = match kind {
+            Kind::Decision => self == Role::Gate,
+            Kind::Effect => self == Role::Toolfs,
+            Kind::Boot | Kind::Checkpoint => self == Role::Receiptd,
+            Kind::Query | Kind::Cap | Kind::Conflict | Kind::Withdrawn => true,
+        };
+        if allowed {
+            Ok(())
+        } else {
+            let who = match kind {
+                Kind::Decision => "the gate's uid",
+                Kind::Effect => "toolfs's uid",
+                _ => "receiptd itself",
+            };
+            Err(AppendError::Forbidden(format!(
+                "{kind} receipts are taken only from {who}; this connection is {}",
+                self.appender()
+            )))
+        }
+    }
+}
+
+/// Why an append was refused. Every refusal is an error the caller sees (callers deny); nothing
+/// is written in part.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AppendError {
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("refused: {0}")]
+    Forbidden(String),
+    #[error("no usable signer: {0}; appends are refused")]
+    NoSigner(String),
+    #[error("free-space floor: {0}; appends are refused")]
+    Floor(String),
+    #[error("rate limit: {0}")]
+    RateLimited(String),
+    #[error("storage: {0}")]
+    Storage(String),
+}
+
+impl AppendError {
+    /// The errno a 9P caller gets (the message is readable from the same fid).
+    pub fn errno(&self) -> i32 {
+        match self {
+            AppendError::Invalid(_) => libc::EINVAL,
+            AppendError::Forbidden(_) => libc::EACCES,
+            AppendError::NoSigner(_) => libc::EKEYREJECTED,
+            AppendError::Floor(_) => libc::ENOSPC,
+            AppendError::RateLimited(_) => libc::EAGAIN,
+            AppendError::Storage(_) => libc::EIO,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            AppendError::Invalid(_) => "invalid",
+            AppendError::Forbidden(_) => "forbidden",
+            AppendError::NoSigner(_) => "no_signer",
+            AppendError::Floor(_) => "free_space_floor",
+            AppendError::RateLimited(_) => "rate_limited",
+            AppendError::Storage(_) => "storage",
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! warren-receiptd: the receipt daemon. See `specs/receipts.md` and `docs/receipts.md`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use warren_daemon::identity;
+use warren_receiptd::daemon::{self, DaemonConfig};
+use warren_receiptd::{Durability, Log, LogConfig};
+
+#[derive(Parser)]
+#[command(
+    name = "warren-receiptd",
+    about = "Signed, hash-chained receipts served over 9P at /receipts"
+)]
+struct Args {
+    /// Runtime dir (the socket is <runtime>/receipts.sock).
+    #[arg(long, env = "WARREN_RUNTIME_DIR", default_value = "/run/warren")]
+    runtime_dir: PathBuf,
+    /// Data dir (receipts.db, mode 0600).
+    #[arg(long, env = "WARREN_DATA_DIR", default_value = "/var/lib/warren")]
+    data_dir: PathBuf,
+    /// Secrets dir (receiptd/signing.key; dir 0700, file 0600).
+    #[arg(
+        long,
+        env = "WARREN_SECRETS_DIR",
+        default_value = "/etc/warren/secrets"
+    )]
+    secrets_dir: PathBuf,
+    /// The socket path (default <runtime>/receipts.sock).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// The gate's uid: the only appender of decision receipts (default: warren's gate uid).
+    #[arg(long)]
+    gate_uid: Option<u32>,
+    /// toolfs's uid: the only appender of effect receipts (default: warren's toolfs uid).
+    #[arg(long)]
+    toolfs_uid: Option<u32>,
+    /// wal: acknowledge at WAL commit, fdatasync within 5 ms; fsync: acknowledge after it.
+    #[arg(long, value_enum, default_value = "wal")]
+    durable: Durability,
+    /// Refuse appends (and receipt the refusal) below this much free space in the data dir.
+    #[arg(long, default_value_t = 64)]
+    min_free_mb: u64,
+    /// Per-scope receipt rate (per second) and burst.
+    #[arg(long, default_value_t = 1000.0)]
+    rate: f64,
+    #[arg(long, default_value_t = 2000.0)]
+    burst: f64,
+    /// Checkpoint a scope after this many uncovered entries...
+    #[arg(long, default_value_t = 100)]
+    checkpoint_rows: u64,
+    /// ...or this many milliseconds after its first uncovered entry.
+    #[arg(long, default_value_t = 5000)]
+    checkpoint_ms: u64,
+    /// Never generate a key at start: with no key, appends are refused.
+    #[arg(long)]
+    no_generate_key: bool,
+    /// Generate the signing key (if the registry is empty), print its id and exit.
+    #[arg(long, conflicts_with = "rotate_key")]
+    init_key: bool,
+    /// Rotate the signing key (daemon stopped), print the new id and exit.
+    #[arg(long)]
+    rotate_key: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    warren_daemon::init_tracing("receiptd");
+    if let Err(e) = warren_daemon::harden() {
+        eprintln!("warren-receiptd: hardening failed: {e}");
+        return ExitCode::FAILURE;
+    }
+    let mut log = LogConfig::new(&args.data_dir, &args.secrets_dir);
+    log.durability = args.durable;
+    log.min_free_bytes = args.min_free_mb << 20;
+    log.rate_per_sec = args.rate;
+    log.rate_burst = args.burst;
+    log.checkpoint_rows = args.checkpoint_rows;
+    log.checkpoint_interval = Duration::from_millis(args.checkpoint_ms);
+    log.generate_key = !args.no_generate_key;
+    let result = if args.init_key || args.rotate_key {
+        offline(log, args.rotate_key)
+    } else {
+        let socket = args
+            .socket
+            .unwrap_or_else(|| args.runtime_dir.join("receipts.sock"));
+        daemon::run(DaemonConfig {
+            log,
+            socket,
+            gate_uid: Some(args.gate_uid.unwrap_or_else(|| identity::Role::Gate.uid())),
+            toolfs_uid: Some(
+                args.toolfs_uid
+                    .unwrap_or_else(|| identity::Role::Toolfs.uid()),
+            ),
+        })
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("warren-receiptd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn offline(mut cfg: LogConfig, rotate: bool) -> anyhow::Result<()> {
+    cfg.generate_key = true;
+    let mut log = Log::open(cfg)?;
+    let keyid = log
+        .signer_status()
+        .map(str::to_owned)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let keyid = if rotate {
+        log.rotate().map_err(|e| anyhow::anyhow!("{e}"))?
+    } else {
+        keyid
+    };
+    log.shutdown();
+    println!("{keyid}");
+    Ok(())
+}

@@ -1,0 +1,137 @@
+//! A client of `/receipts/append` for trusted daemons (the gate, toolfs) and tools: one long-lived
+//! connection, one open of `append`, write a request and read its reply, repeated.
+
+use std::path::Path;
+
+use serde_json::Value;
+use warren_9p::{Client, Errno, Fid, oflags};
+
+/// An acknowledged append.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Receipt {
+    pub seq: u64,
+    pub hash: String,
+}
+
+/// Why an append was not acknowledged: the errno, and receiptd's reason when it gave one.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("append refused ({errno}): {message}")]
+pub struct Refusal {
+    pub errno: Errno,
+    /// `{"error":{"code":..,"message":..}}` as receiptd wrote it, or the transport error.
+    pub message: String,
+}
+
+pub struct Appender {
+    _client: Client,
+    fid: Fid,
+}
+
+impl Appender {
+    /// Connects to receiptd's socket and opens `append`.
+    pub async fn connect(socket: &Path) -> std::io::Result<Appender> {
+        let client = Client::connect_unix(socket).await?;
+        Self::on(client).await.map_err(std::io::Error::from)
+    }
+
+    /// Opens `append` on an attached connection.
+    pub async fn on(client: Client) -> warren_9p::Result<Appender> {
+        let root = client.attach("receipts", "").await?;
+        let fid = root.walk(&["append"]).await?;
+        fid.open(oflags::RDWR).await?;
+        Ok(Appender {
+            _client: client,
+            fid,
+        })
+    }
+
+    /// Appends one request (JSON bytes); returns its seq and hash once receiptd acknowledged it
+    /// (after the WAL commit, or after the covering fdatasync under `--durable=fsync`).
+    pub async fn append(&self, request: &[u8]) -> Result<Receipt, Refusal> {
+        if let Err(errno) = self.fid.write(0, request).await {
+            let message = match self.fid.read(0, 8192).await {
+                Ok(reply) if !reply.is_empty() => String::from_utf8_lossy(&reply).into_owned(),
+                _ => errno.to_string(),
+            };
+            return Err(Refusal { errno, message });
+        }
+        let reply = self.fid.read(0, 8192).await.map_err(|errno| Refusal {
+            errno,
+            message: errno.to_string(),
+        })?;
+        let v: Value = serde_json::from_slice(&reply).map_err(|e| Refusal {
+            errno: Errno::EPROTO,
+            message: format!("reply is not JSON: {e}"),
+        })?;
+        match (v["seq"].as_u64(), v["hash"].as_str()) {
+            (Some(seq), Some(hash)) => Ok(Receipt {
+                seq,
+                hash: hash.to_owned(),
+            }),
+            _ => Err(Refusal {
+                errno: Errno::EPROTO,
+                message: format!("unexpected reply {v}"),
+            }),
+        }
+    }
+}
+
+async fn read_file(client: &Client, path: &str) -> warren_9p::Result<Vec<u8>> {
+    let root = client.attach("receipts", "").await?;
+    let fid = root.walk_path(path).await?;
+    fid.open(oflags::RDONLY).await?;
+    fid.read_to_end(0).await
+}
+
+/// Writes the export of `scope` (the format of `specs/receipts.md` §6) read through receiptd's
+/// tree: the entries up to the scope's head, then the head checkpoint, which covers them all.
+/// For an operator who cannot read the database file. Returns the entry count.
+pub async fn export(
+    socket: &Path,
+    scope: &str,
+    out: &mut impl std::io::Write,
+) -> anyhow::Result<u64> {
+    let client = Client::connect_unix(socket).await?;
+    let head = read_file(&client, &format!("{scope}/head"))
+        .await
+        .map_err(|e| anyhow::anyhow!("{scope}/head: {e}"))?;
+    let head = String::from_utf8(head)?;
+    if head.is_empty() {
+        anyhow::bail!("scope {scope} has no checkpoint yet");
+    }
+    let size = crate::note::SignedNote::parse(&head)
+        .map_err(|e| anyhow::anyhow!("{scope}/head: {e}"))?
+        .checkpoint
+        .size;
+    let log = read_file(&client, &format!("{scope}/log"))
+        .await
+        .map_err(|e| anyhow::anyhow!("{scope}/log: {e}"))?;
+    let lines: Vec<&[u8]> = log
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .take(size as usize)
+        .collect();
+    anyhow::ensure!(
+        lines.len() as u64 == size,
+        "{scope}/log has {} entries, its head covers {size}",
+        lines.len()
+    );
+    for line in lines {
+        out.write_all(line)?;
+        out.write_all(b"\n")?;
+    }
+    out.write_all(&serde_json_canonicalizer::to_vec(
+        &serde_json::json!({"checkpoint": head}),
+    )?)?;
+    out.write_all(b"\n")?;
+    out.flush()?;
+    Ok(size)
+}
+
+/// The key registry, read from `/receipts/keys`.
+pub async fn keys(socket: &Path) -> anyhow::Result<Vec<u8>> {
+    let client = Client::connect_unix(socket).await?;
+    read_file(&client, "keys")
+        .await
+        .map_err(|e| anyhow::anyhow!("keys: {e}"))
+}

@@ -1,0 +1,383 @@
+//! The `/receipts` 9P tree (normative layout in `specs/receipts.md`):
+//!
+//! ```text
+//! append                              rpc: write a request, read {"hash":..,"seq":..}; repeat
+//! keys                                the key registry (what `warren verify --keys` takes)
+//! ctl                                 operator only: write `rotate` or `checkpoint`
+//! <scope>/log                         canonical envelopes, one per line
+//! <scope>/head                        the latest signed checkpoint (C2SP signed note)
+//! <scope>/proof/inclusion/<seq>       inclusion proof of entry <seq> in the head's tree
+//! <scope>/proof/consistency/<m>-<n>   consistency proof from size m to checkpointed size n
+//! ```
+//!
+//! One tree per connection; its role came from the connection's peer credentials.
+
+use std::hash::{DefaultHasher, Hash as _, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde_json::json;
+use warren_9p::{DirEntry, Errno, FileTree, GetAttrMask, QId, QIdType, Result, Stat, Time};
+
+use crate::access::{AppendError, Role};
+use crate::log::Log;
+use crate::receipt::AppendRequest;
+use crate::sync::Durability;
+
+/// What every connection's tree shares: the log.
+pub struct Shared {
+    pub log: Mutex<Log>,
+}
+
+impl Shared {
+    pub fn log(&self) -> MutexGuard<'_, Log> {
+        self.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+pub struct ReceiptsTree {
+    shared: Arc<Shared>,
+    role: Role,
+}
+
+impl ReceiptsTree {
+    pub fn new(shared: Arc<Shared>, role: Role) -> ReceiptsTree {
+        ReceiptsTree { shared, role }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Node {
+    Root,
+    Append,
+    Keys,
+    Ctl,
+    Scope(String),
+    Log(String),
+    Head(String),
+    Proof(String),
+    InclusionDir(String),
+    ConsistencyDir(String),
+    Inclusion(String, u64),
+    Consistency(String, u64, u64),
+}
+
+impl Node {
+    fn is_dir(&self) -> bool {
+        matches!(
+            self,
+            Node::Root
+                | Node::Scope(_)
+                | Node::Proof(_)
+                | Node::InclusionDir(_)
+                | Node::ConsistencyDir(_)
+        )
+    }
+
+    fn qid(&self) -> QId {
+        let mut h = DefaultHasher::new();
+        self.hash(&mut h);
+        QId {
+            typ: if self.is_dir() {
+                QIdType::DIR
+            } else {
+                QIdType::FILE
+            },
+            version: 0,
+            path: h.finish(),
+        }
+    }
+
+    fn mode(&self) -> u32 {
+        match self {
+            n if n.is_dir() => libc::S_IFDIR | 0o555,
+            Node::Append => libc::S_IFREG | 0o666,
+            Node::Ctl => libc::S_IFREG | 0o200,
+            _ => libc::S_IFREG | 0o444,
+        }
+    }
+}
+
+pub struct FidState {
+    node: Node,
+    /// A read-only file's contents, taken at open.
+    content: Option<Vec<u8>>,
+    /// `append`/`ctl`: the reply to the last write.
+    reply: Vec<u8>,
+}
+
+fn enoent<T>(_: T) -> Errno {
+    Errno::ENOENT
+}
+
+impl ReceiptsTree {
+    fn child(&self, parent: &Node, name: &str) -> Result<Node> {
+        let log = self.shared.log();
+        let node = match (parent, name) {
+            (_, "..") => return Ok(parent_of(parent)),
+            (Node::Root, "append") => Node::Append,
+            (Node::Root, "keys") => Node::Keys,
+            (Node::Root, "ctl") => Node::Ctl,
+            (Node::Root, scope) if log.has_scope(scope) => Node::Scope(scope.to_owned()),
+            (Node::Scope(s), "log") => Node::Log(s.clone()),
+            (Node::Scope(s), "head") => Node::Head(s.clone()),
+            (Node::Scope(s), "proof") => Node::Proof(s.clone()),
+            (Node::Proof(s), "inclusion") => Node::InclusionDir(s.clone()),
+            (Node::Proof(s), "consistency") => Node::ConsistencyDir(s.clone()),
+            (Node::InclusionDir(s), seq) => Node::Inclusion(s.clone(), parse_num(seq)?),
+            (Node::ConsistencyDir(s), range) => {
+                let (m, n) = range.split_once('-').ok_or(Errno::ENOENT)?;
+                Node::Consistency(s.clone(), parse_num(m)?, parse_num(n)?)
+            }
+            _ => return Err(Errno::ENOENT),
+        };
+        Ok(node)
+    }
+
+    fn content(&self, node: &Node) -> Result<Vec<u8>> {
+        let log = self.shared.log();
+        let json_line = |v: serde_json::Value| {
+            let mut out = serde_json_canonicalizer::to_vec(&v).map_err(|_| Errno::EIO)?;
+            out.push(b'\n');
+            Ok(out)
+        };
+        match node {
+            Node::Keys => Ok(log.registry().map_err(|_| Errno::EIO)?.to_bytes()),
+            Node::Log(s) => log.log_text(s).map_err(|_| Errno::EIO),
+            Node::Head(s) => Ok(log
+                .head(s)
+                .map_err(|_| Errno::EIO)?
+                .map(|(_, note)| note.into_bytes())
+                .unwrap_or_default()),
+            Node::Inclusion(s, seq) => json_line(log.inclusion_proof(s, *seq).map_err(enoent)?),
+            Node::Consistency(s, m, n) => {
+                json_line(log.consistency_proof(s, *m, *n).map_err(enoent)?)
+            }
+            _ => Err(Errno::EISDIR),
+        }
+    }
+
+    async fn append(&self, data: &[u8]) -> std::result::Result<Vec<u8>, AppendError> {
+        let req = AppendRequest::parse(data).map_err(AppendError::Invalid)?;
+        let (ack, syncer) = {
+            let mut log = self.shared.log();
+            let ack = log.append(req, self.role)?;
+            (ack, Arc::clone(log.syncer()))
+        };
+        if syncer.mode() == Durability::Fsync {
+            syncer
+                .wait(ack.generation)
+                .await
+                .map_err(AppendError::Storage)?;
+        }
+        Ok(ack.reply())
+    }
+
+    fn ctl(&self, data: &[u8]) -> std::result::Result<Vec<u8>, AppendError> {
+        if !matches!(self.role, Role::Operator(_)) {
+            return Err(AppendError::Forbidden("ctl is the operator's".into()));
+        }
+        let cmd = std::str::from_utf8(data)
+            .map_err(|_| AppendError::Invalid("ctl takes text".into()))?
+            .trim();
+        let mut log = self.shared.log();
+        match cmd {
+            "rotate" => {
+                Ok(serde_json_canonicalizer::to_vec(&json!({"key": log.rotate()?})).expect("json"))
+            }
+            "checkpoint" => {
+                log.checkpoint(true)?;
+                Ok(b"{\"ok\":true}".to_vec())
+            }
+            _ => Err(AppendError::Invalid(format!(
+                "unknown ctl command {cmd:?} (rotate, checkpoint)"
+            ))),
+        }
+    }
+}
+
+fn parse_num(s: &str) -> Result<u64> {
+    let n: u64 = s.parse().map_err(enoent)?;
+    if n.to_string() == s {
+        Ok(n)
+    } else {
+        Err(Errno::ENOENT)
+    }
+}
+
+fn parent_of(node: &Node) -> Node {
+    match node {
+        Node::Root | Node::Append | Node::Keys | Node::Ctl | Node::Scope(_) => Node::Root,
+        Node::Log(s) | Node::Head(s) | Node::Proof(s) => Node::Scope(s.clone()),
+        Node::InclusionDir(s) | Node::ConsistencyDir(s) => Node::Proof(s.clone()),
+        Node::Inclusion(s, _) => Node::InclusionDir(s.clone()),
+        Node::Consistency(s, _, _) => Node::ConsistencyDir(s.clone()),
+    }
+}
+
+fn error_reply(e: &AppendError) -> Vec<u8> {
+    serde_json_canonicalizer::to_vec(
+        &json!({"error": {"code": e.code(), "message": e.to_string()}}),
+    )
+    .expect("json")
+}
+
+#[async_trait::async_trait]
+impl FileTree for ReceiptsTree {
+    type Fid = FidState;
+
+    async fn attach(&self, _uname: &str, _aname: &str, _n_uname: u32) -> Result<(QId, FidState)> {
+        Ok((
+            Node::Root.qid(),
+            FidState {
+                node: Node::Root,
+                content: None,
+                reply: Vec::new(),
+            },
+        ))
+    }
+
+    async fn walk(
+        &self,
+        from: &FidState,
+        names: &[String],
+    ) -> Result<(Vec<QId>, Option<FidState>)> {
+        let mut node = from.node.clone();
+        let mut qids = Vec::with_capacity(names.len());
+        for (i, name) in names.iter().enumerate() {
+            match self.child(&node, name) {
+                Ok(next) => {
+                    qids.push(next.qid());
+                    node = next;
+                }
+                Err(e) if i == 0 => return Err(e),
+                Err(_) => return Ok((qids, None)),
+            }
+        }
+        Ok((
+            qids,
+            Some(FidState {
+                node,
+                content: None,
+                reply: Vec::new(),
+            }),
+        ))
+    }
+
+    async fn getattr(&self, fid: &FidState, _mask: GetAttrMask) -> Result<(QId, Stat)> {
+        let now = Time {
+            sec: crate::log::now_ms() / 1000,
+            nsec: 0,
+        };
+        let stat = Stat {
+            mode: fid.node.mode(),
+            uid: 0,
+            gid: 0,
+            nlink: 1,
+            rdev: 0,
+            size: fid.content.as_ref().map_or(0, |c| c.len() as u64),
+            blksize: 4096,
+            blocks: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+        };
+        Ok((fid.node.qid(), stat))
+    }
+
+    async fn open(&self, fid: &mut FidState, flags: u32) -> Result<(QId, u32)> {
+        let writing = flags & warren_9p::oflags::ACCMODE != warren_9p::oflags::RDONLY;
+        match &fid.node {
+            Node::Append => {}
+            Node::Ctl if !writing => return Err(Errno::EACCES),
+            Node::Ctl => {}
+            n if n.is_dir() => {
+                if writing {
+                    return Err(Errno::EISDIR);
+                }
+            }
+            n => {
+                if writing {
+                    return Err(Errno::EACCES);
+                }
+                fid.content = Some(self.content(n)?);
+            }
+        }
+        Ok((fid.node.qid(), 0))
+    }
+
+    async fn read(&self, fid: &mut FidState, offset: u64, count: u32) -> Result<Vec<u8>> {
+        let data = match &fid.node {
+            Node::Append | Node::Ctl => &fid.reply,
+            _ => fid.content.as_ref().ok_or(Errno::EBADF)?,
+        };
+        let start = (offset as usize).min(data.len());
+        let end = start.saturating_add(count as usize).min(data.len());
+        Ok(data[start..end].to_vec())
+    }
+
+    async fn write(&self, fid: &mut FidState, _offset: u64, data: &[u8]) -> Result<u32> {
+        // Every write is one whole request, whatever its offset (an rpc file).
+        let result = match &fid.node {
+            Node::Append => self.append(data).await,
+            Node::Ctl => self.ctl(data),
+            _ => return Err(Errno::EACCES),
+        };
+        match result {
+            Ok(reply) => {
+                fid.reply = reply;
+                Ok(data.len() as u32)
+            }
+            Err(e) => {
+                tracing::info!(role = ?self.role, error = %e, "append refused");
+                fid.reply = error_reply(&e);
+                Err(Errno(e.errno() as u32))
+            }
+        }
+    }
+
+    async fn readdir(&self, fid: &mut FidState, offset: u64, _count: u32) -> Result<Vec<DirEntry>> {
+        let names: Vec<(String, Node)> = match &fid.node {
+            Node::Root => {
+                let mut v: Vec<(String, Node)> = vec![
+                    ("append".into(), Node::Append),
+                    ("keys".into(), Node::Keys),
+                    ("ctl".into(), Node::Ctl),
+                ];
+                v.extend(
+                    self.shared
+                        .log()
+                        .scopes()
+                        .into_iter()
+                        .map(|s| (s.clone(), Node::Scope(s))),
+                );
+                v
+            }
+            Node::Scope(s) => vec![
+                ("log".into(), Node::Log(s.clone())),
+                ("head".into(), Node::Head(s.clone())),
+                ("proof".into(), Node::Proof(s.clone())),
+            ],
+            Node::Proof(s) => vec![
+                ("inclusion".into(), Node::InclusionDir(s.clone())),
+                ("consistency".into(), Node::ConsistencyDir(s.clone())),
+            ],
+            Node::InclusionDir(_) | Node::ConsistencyDir(_) => Vec::new(),
+            _ => return Err(Errno::ENOTDIR),
+        };
+        Ok(names
+            .into_iter()
+            .enumerate()
+            .skip(offset as usize)
+            .map(|(i, (name, node))| DirEntry {
+                qid: node.qid(),
+                offset: i as u64 + 1,
+                typ: if node.is_dir() {
+                    libc::DT_DIR
+                } else {
+                    libc::DT_REG
+                },
+                name,
+            })
+            .collect())
+    }
+}

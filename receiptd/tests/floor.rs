@@ -1,0 +1,111 @@
+//! The free-space floor on a real, tiny filesystem: appends are refused below the floor (before
+//! ENOSPC), the refusal is receipted once, and nothing acknowledged is lost.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use serde_json::{Value, json};
+use warren_receiptd::verify::EXIT_VERIFIED;
+use warren_receiptd::{AppendError, AppendRequest, Log, Role, verify};
+
+struct Mount(PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+fn tiny_tmpfs(at: &Path) -> Option<Mount> {
+    std::fs::create_dir_all(at).unwrap();
+    match nix::mount::mount(
+        Some("tmpfs"),
+        at,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=2m,mode=0700"),
+    ) {
+        Ok(()) => Some(Mount(at.to_owned())),
+        Err(e) => {
+            eprintln!(
+                "SKIP: cannot mount a 2 MiB tmpfs at {} ({e}); this test needs root",
+                at.display()
+            );
+            None
+        }
+    }
+}
+
+fn big(scope: &str, i: u64) -> AppendRequest {
+    let filler = "x".repeat(16 * 1024);
+    AppendRequest::parse(
+        json!({"scope": scope, "kind": "cap", "subject": {"i": i, "filler": filler}})
+            .to_string()
+            .as_bytes(),
+    )
+    .unwrap()
+}
+
+fn events(log: &Log) -> Vec<String> {
+    let text = log.log_text("receiptd").unwrap();
+    text.split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|line| {
+            use base64::Engine;
+            let env: Value = serde_json::from_slice(line).unwrap();
+            let body: Value = serde_json::from_slice(
+                &base64::engine::general_purpose::STANDARD
+                    .decode(env["payload"].as_str().unwrap())
+                    .unwrap(),
+            )
+            .unwrap();
+            body["subject"]["event"].as_str().unwrap().to_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn appends_stop_at_the_floor_and_the_refusal_is_receipted_once() {
+    let dir = tmp();
+    let Some(_mount) = tiny_tmpfs(&dir.path().join("data")) else {
+        return;
+    };
+    let mut cfg = config(dir.path());
+    cfg.min_free_bytes = 1 << 20;
+    let mut log = Log::open(cfg).unwrap();
+    let mut acked = 0u64;
+    let refusal = loop {
+        match log.append(big("s", acked), Role::Toolfs) {
+            Ok(ack) => {
+                assert_eq!(ack.seq, acked);
+                acked += 1;
+                assert!(acked < 200, "2 MiB cannot hold 200 receipts of 16 KiB");
+            }
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        matches!(refusal, AppendError::Floor(_)),
+        "refused by {refusal}, not by the floor"
+    );
+    assert!(acked > 0);
+    // Further appends, in any scope, are refused too, and not receipted again.
+    for i in 0..5 {
+        let err = log.append(big("other", i), Role::Toolfs).unwrap_err();
+        assert!(matches!(err, AppendError::Floor(_)), "{err}");
+    }
+    assert_eq!(events(&log), ["free_space_floor"]);
+    log.shutdown();
+    drop(log);
+    let out = verify(&export(dir.path(), "s"), &registry(dir.path()));
+    assert_eq!(
+        (out.code, out.entries),
+        (EXIT_VERIFIED, acked),
+        "{}",
+        out.message
+    );
+    let out = verify(&export(dir.path(), "receiptd"), &registry(dir.path()));
+    assert_eq!(out.code, EXIT_VERIFIED, "{}", out.message);
+}

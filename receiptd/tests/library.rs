@@ -1,0 +1,369 @@
+//! The log, export and verifier through the library: no daemon.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+
+use common::*;
+use serde_json::Value;
+use warren_receiptd::keys::{Registry, key_path};
+use warren_receiptd::verify::{
+    EXIT_INVALID, EXIT_KEY_RETIRED, EXIT_UNKNOWN_KEY, EXIT_USAGE, EXIT_VERIFIED,
+};
+use warren_receiptd::{AppendError, Kind, Log, Role, verify};
+
+fn system_subjects(base: &std::path::Path, log: &Log) -> Vec<Value> {
+    let text = log.log_text("receiptd").unwrap();
+    let _ = base;
+    text.split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|line| {
+            let env: Value = serde_json::from_slice(line).unwrap();
+            let payload = base64_decode(env["payload"].as_str().unwrap());
+            let body: Value = serde_json::from_slice(&payload).unwrap();
+            body["subject"].clone()
+        })
+        .collect()
+}
+
+fn base64_decode(s: &str) -> Vec<u8> {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.decode(s).unwrap()
+}
+
+#[test]
+fn a_thousand_mixed_receipts_over_several_scopes_verify() {
+    let dir = tmp();
+    let mut log = open(dir.path());
+    let scopes = ["s0", "s1", "mcp:srv", "session-3", "s.4"];
+    for i in 0..1000u64 {
+        let scope = scopes[(i % 5) as usize];
+        let (req, role) = mixed(scope, i / 5 + i % 3);
+        log.append(req, role)
+            .unwrap_or_else(|e| panic!("append {i}: {e}"));
+        log.checkpoint(false).unwrap();
+    }
+    log.shutdown();
+    drop(log);
+    let registry = registry(dir.path());
+    let mut total = 0;
+    for scope in scopes {
+        let export = export(dir.path(), scope);
+        let out = verify(&export, &registry);
+        assert_eq!(out.code, EXIT_VERIFIED, "{scope}: {}", out.message);
+        assert!(
+            out.checkpoints >= 2,
+            "{scope}: 200 rows make at least two checkpoints"
+        );
+        total += out.entries;
+    }
+    assert_eq!(total, 1000);
+}
+
+#[test]
+fn flipping_any_single_byte_of_a_small_export_is_caught() {
+    let dir = tmp();
+    let mut log = open(dir.path());
+    for i in 0..10 {
+        let (req, role) = mixed("s", i);
+        log.append(req, role).unwrap();
+        if i == 4 {
+            log.checkpoint(true).unwrap();
+        }
+    }
+    log.shutdown();
+    let export = export(dir.path(), "s");
+    let registry = registry(dir.path());
+    assert!(
+        export.len() <= 16 * 1024,
+        "export is {} bytes",
+        export.len()
+    );
+    assert_eq!(verify(&export, &registry).code, EXIT_VERIFIED);
+    let mut missed = Vec::new();
+    for i in 0..export.len() {
+        // The lowest bit: the subtlest change (base64 padding bits, a digit, a letter's case).
+        let mut bad = export.clone();
+        bad[i] ^= 0x01;
+        if verify(&bad, &registry).code == EXIT_VERIFIED {
+            missed.push(i);
+        }
+    }
+    assert!(missed.is_empty(), "flips not caught: {missed:?}");
+}
+
+#[test]
+fn rotation_retires_the_old_key_and_earlier_receipts_still_verify() {
+    let dir = tmp();
+    let mut log = open(dir.path());
+    let first = log.signer_status().unwrap().to_owned();
+    for i in 0..10 {
+        let (req, role) = mixed("s", i);
+        log.append(req, role).unwrap();
+    }
+    let second = log.rotate().unwrap();
+    assert_ne!(first, second);
+    for i in 10..20 {
+        let (req, role) = mixed("s", i);
+        log.append(req, role).unwrap();
+    }
+    log.shutdown();
+    drop(log);
+
+    let registry_bytes = registry(dir.path());
+    let reg = Registry::parse(&registry_bytes).unwrap();
+    let old = reg.find(&first).unwrap();
+    let new = reg.find(&second).unwrap();
+    assert!(old.valid_until.is_some());
+    assert_eq!(old.superseded_by.as_deref(), Some(second.as_str()));
+    assert_eq!(new.valid_until, None);
+    assert!(new.valid_from >= old.valid_until.unwrap());
+    let out = verify(&export(dir.path(), "s"), &registry_bytes);
+    assert_eq!(out.code, EXIT_VERIFIED, "{}", out.message);
+    assert_eq!(
+        verify(&export(dir.path(), "receiptd"), &registry_bytes).code,
+        EXIT_VERIFIED
+    );
+
+    // The restarted log signs with the new key, and its boot receipt names it.
+    let mut log = open(dir.path());
+    assert_eq!(log.signer_status().unwrap(), second);
+    log.append_boot().unwrap();
+    let subjects = system_subjects(dir.path(), &log);
+    assert!(subjects.iter().any(|s| s["event"] == "rotate"
+        && s["key"] == second.as_str()
+        && s["previous"] == first.as_str()));
+    assert_eq!(subjects.last().unwrap()["key"], second.as_str());
+}
+
+#[test]
+fn no_usable_signer_refuses_every_append() {
+    let dir = tmp();
+    let mut log = open(dir.path());
+    log.append_boot().unwrap();
+    log.shutdown();
+    drop(log);
+    let key = key_path(&dir.path().join("secrets"));
+
+    // Readable by others: refused.
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut log = open(dir.path());
+    let (req, role) = mixed("s", 0);
+    match log.append(req, role) {
+        Err(AppendError::NoSigner(why)) => assert!(why.contains("readable by others"), "{why}"),
+        other => panic!("expected NoSigner, got {other:?}"),
+    }
+    drop(log);
+
+    // Gone (and the registry is not empty, so no new key is made behind the operator's back).
+    std::fs::remove_file(&key).unwrap();
+    let mut log = open(dir.path());
+    for i in 0..5 {
+        let (req, role) = mixed("s", i);
+        let err = log.append(req, role).unwrap_err();
+        assert!(matches!(err, AppendError::NoSigner(_)), "{err}");
+        assert!(err.to_string().contains("signing key"), "{err}");
+    }
+    assert!(log.append_boot().is_err());
+    assert!(!key.exists());
+    drop(log);
+
+    // A different key in the file: refused, naming both ids.
+    let other = warren_receiptd::keys::Signer::generate().unwrap();
+    other.save_new(&key).unwrap();
+    let mut log2 = open(dir.path());
+    let err = log2.append(mixed("s", 2).0, Role::Toolfs).unwrap_err();
+    assert!(err.to_string().contains(other.keyid()), "{err}");
+}
+
+#[test]
+fn decision_and_effect_only_from_their_daemons_and_the_appender_is_recorded() {
+    let dir = tmp();
+    let mut log = open(dir.path());
+    for (kind, role, ok) in [
+        (Kind::Decision, Role::Gate, true),
+        (Kind::Decision, Role::Toolfs, false),
+        (Kind::Decision, Role::Operator(0), false),
+        (Kind::Effect, Role::Toolfs, true),
+        (Kind::Effect, Role::Gate, false),
+        (Kind::Effect, Role::Operator(1000), false),
+        (Kind::Boot, Role::Operator(0), false),
+        (Kind::Checkpoint, Role::Gate, false),
+        (Kind::Query, Role::Operator(0), true),
+    ] {
+        let res = log.append(request("s", kind, 1), role);
+        assert_eq!(res.is_ok(), ok, "{kind} from {role:?}: {res:?}");
+        if let Err(e) = res {
+            assert!(matches!(e, AppendError::Forbidden(_)));
+        }
+    }
+    let text = String::from_utf8(log.log_text("s").unwrap()).unwrap();
+    let appenders: Vec<String> = text
+        .lines()
+        .map(|l| {
+            let env: Value = serde_json::from_str(l).unwrap();
+            let body: Value =
+                serde_json::from_slice(&base64_decode(env["payload"].as_str().unwrap())).unwrap();
+            body["appender"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(appenders, ["gate", "toolfs", "operator:0"]);
+}
+
+#[test]
+fn a_second_writer_on_the_same_database_is_refused() {
+    let dir = tmp();
+    let log = open(dir.path());
+    let err = Log::open(config(dir.path()))
+        .err()
+        .expect("a second open must fail");
+    assert!(
+        err.to_string()
+            .contains("another receiptd owns this database"),
+        "{err}"
+    );
+    drop(log);
+    open(dir.path());
+}
+
+#[test]
+fn a_secrets_dir_inside_the_data_dir_is_refused() {
+    let dir = tmp();
+    let cfg = warren_receiptd::LogConfig::new(
+        &dir.path().join("data"),
+        &dir.path().join("data/sub/../secrets"),
+    );
+    let err = Log::open(cfg).err().expect("must refuse");
+    assert!(err.to_string().contains("inside the data dir"), "{err}");
+    assert!(!dir.path().join("data/secrets").exists());
+}
+
+#[test]
+fn the_rate_limit_is_per_scope() {
+    let dir = tmp();
+    let mut cfg = config(dir.path());
+    cfg.rate_per_sec = 0.0;
+    cfg.rate_burst = 3.0;
+    let mut log = Log::open(cfg).unwrap();
+    for i in 0..3 {
+        log.append(request("a", Kind::Query, i), Role::Toolfs)
+            .unwrap();
+    }
+    let err = log
+        .append(request("a", Kind::Query, 3), Role::Toolfs)
+        .unwrap_err();
+    assert!(matches!(err, AppendError::RateLimited(_)), "{err}");
+    log.append(request("b", Kind::Query, 0), Role::Toolfs)
+        .unwrap();
+}
+
+#[test]
+fn the_clock_and_chain_survive_a_restart() {
+    let dir = tmp();
+    let mut log = open(dir.path());
+    for i in 0..5 {
+        log.append(request("s", Kind::Cap, i), Role::Toolfs)
+            .unwrap();
+    }
+    drop(log); // no shutdown: as after a crash, the tail is uncovered
+    let mut log = open(dir.path());
+    for i in 5..10 {
+        log.append(request("s", Kind::Query, i), Role::Toolfs)
+            .unwrap();
+    }
+    log.shutdown();
+    let out = verify(&export(dir.path(), "s"), &registry(dir.path()));
+    assert_eq!(
+        (out.code, out.entries),
+        (EXIT_VERIFIED, 10),
+        "{}",
+        out.message
+    );
+}
+
+#[test]
+fn verifier_exit_codes() {
+    let dir = tmp();
+    let mut log = open(dir.path());
+    for i in 0..6 {
+        let (req, role) = mixed("s", i);
+        log.append(req, role).unwrap();
+    }
+    log.shutdown();
+    let export = export(dir.path(), "s");
+    let registry = registry(dir.path());
+    assert_eq!(verify(&export, &registry).code, EXIT_VERIFIED);
+
+    // 1: an entry removed from the middle of the chain.
+    let text = String::from_utf8(export.clone()).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    lines.remove(2);
+    let dropped = lines.join("\n") + "\n";
+    let out = verify(dropped.as_bytes(), &registry);
+    assert_eq!(out.code, EXIT_INVALID, "{}", out.message);
+    assert!(out.message.contains("line 3"), "{}", out.message);
+
+    // 2: an unreadable registry.
+    assert_eq!(verify(&export, b"{not json").code, EXIT_USAGE);
+
+    // 5: a registry without the key.
+    let other = tmp();
+    let mut other_log = open(other.path());
+    other_log.append_boot().unwrap();
+    other_log.shutdown();
+    let out = verify(&export, &common::registry(other.path()));
+    assert_eq!(out.code, EXIT_UNKNOWN_KEY, "{}", out.message);
+    assert!(out.message.contains("line 1"), "{}", out.message);
+
+    // 6: the key retired before the receipts were signed.
+    let mut reg = Registry::parse(&registry).unwrap();
+    reg.keys[0].valid_until = Some(reg.keys[0].valid_from);
+    reg.keys[0].superseded_by = Some("someone-else".into());
+    let out = verify(&export, &reg.to_bytes());
+    assert_eq!(out.code, EXIT_KEY_RETIRED, "{}", out.message);
+    assert!(out.message.contains("retired"), "{}", out.message);
+}
+
+#[test]
+fn the_clock_never_goes_backwards_across_a_restart() {
+    let dir = tmp();
+    let mut log = open(dir.path());
+    log.append(request("s", Kind::Cap, 0), Role::Toolfs)
+        .unwrap();
+    drop(log);
+    // As if the wall clock had run an hour ahead before the restart and then stepped back.
+    let ahead = warren_receiptd::log::now_ms() + 3_600_000;
+    let conn = rusqlite::Connection::open(db(dir.path())).unwrap();
+    let changed = conn
+        .execute(
+            "UPDATE scopes SET hlc_wall = ?1, hlc_counter = 0",
+            [ahead as i64],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    drop(conn);
+    let mut log = open(dir.path());
+    log.append(request("s", Kind::Cap, 1), Role::Toolfs)
+        .unwrap();
+    log.append(request("s", Kind::Query, 2), Role::Toolfs)
+        .unwrap();
+    let clocks: Vec<(u64, u64)> = String::from_utf8(log.log_text("s").unwrap())
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let env: Value = serde_json::from_str(l).unwrap();
+            let body: Value =
+                serde_json::from_slice(&base64_decode(env["payload"].as_str().unwrap())).unwrap();
+            (
+                body["hlc"]["wall_ms"].as_u64().unwrap(),
+                body["hlc"]["counter"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(&clocks[1..], [(ahead, 1), (ahead, 2)]);
+    log.shutdown();
+    assert_eq!(
+        verify(&export(dir.path(), "s"), &registry(dir.path())).code,
+        EXIT_VERIFIED
+    );
+}

@@ -1,0 +1,175 @@
+//! The verifier binary run by a stranger, and the independent Python checker.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+use warren_receiptd::Log;
+use warren_receiptd::keys::Registry;
+
+/// A scope of 37 entries checkpointed at 5, 16 and 37 (and the log shut down cleanly).
+fn build(base: &Path) -> Log {
+    let mut log = open(base);
+    for i in 0..37 {
+        let (req, role) = mixed("sess-1", i);
+        log.append(req, role).unwrap();
+        if [4, 15].contains(&i) {
+            log.checkpoint(true).unwrap();
+        }
+    }
+    log.checkpoint(true).unwrap();
+    log
+}
+
+fn run_verifier(dir: &Path, args: &[&str]) -> (i32, String) {
+    let out = Command::new(dir.join("warren-verify"))
+        .args(args)
+        .current_dir(dir)
+        .env_clear()
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap(),
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout),
+    )
+}
+
+#[test]
+fn a_stranger_verifies_from_an_empty_directory() {
+    let dir = tmp();
+    let mut log = build(dir.path());
+    log.shutdown();
+    let stranger = tmp();
+    let s = stranger.path();
+    assert_eq!(std::fs::read_dir(s).unwrap().count(), 0);
+    std::fs::copy(env!("CARGO_BIN_EXE_warren-verify"), s.join("warren-verify")).unwrap();
+    std::fs::write(s.join("export.jsonl"), export(dir.path(), "sess-1")).unwrap();
+    std::fs::write(s.join("keys.json"), registry(dir.path())).unwrap();
+
+    let (code, msg) = run_verifier(s, &["export.jsonl", "--keys", "keys.json"]);
+    assert_eq!(code, 0, "{msg}");
+    assert!(msg.contains("37 entries"), "{msg}");
+
+    // 1: a signed receipt's subject edited (and re-encoded, so it is still well-formed).
+    let text = std::fs::read_to_string(s.join("export.jsonl")).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    let mut env: serde_json::Value = serde_json::from_str(&lines[5]).unwrap();
+    let payload = b64(env["payload"].as_str().unwrap());
+    let edited = String::from_utf8(payload)
+        .unwrap()
+        .replace("fs_read", "fs_writ");
+    env["payload"] = b64e(edited.as_bytes()).into();
+    lines[5] = String::from_utf8(serde_json_canonicalizer::to_vec(&env).unwrap()).unwrap();
+    std::fs::write(s.join("tampered.jsonl"), lines.join("\n") + "\n").unwrap();
+    let (code, msg) = run_verifier(s, &["tampered.jsonl", "--keys", "keys.json"]);
+    assert_eq!(code, 1, "{msg}");
+    assert!(msg.contains("line 6") && msg.contains("signature"), "{msg}");
+
+    // 2: usage.
+    assert_eq!(run_verifier(s, &["export.jsonl"]).0, 2);
+    assert_eq!(
+        run_verifier(s, &["missing.jsonl", "--keys", "keys.json"]).0,
+        2
+    );
+
+    // 5: a registry that does not hold the key.
+    let mut reg = Registry::parse(&std::fs::read(s.join("keys.json")).unwrap()).unwrap();
+    let stranger_key = warren_receiptd::keys::Signer::generate().unwrap();
+    let mut other = reg.clone();
+    other.keys = vec![warren_receiptd::keys::KeyRow::for_signer(
+        &stranger_key,
+        &reg.keys[0].note_name,
+        0,
+    )];
+    std::fs::write(s.join("other-keys.json"), other.to_bytes()).unwrap();
+    let (code, msg) = run_verifier(s, &["export.jsonl", "--keys", "other-keys.json"]);
+    assert_eq!(code, 5, "{msg}");
+
+    // 6: the registry says the key was retired before it signed these.
+    reg.keys[0].valid_until = Some(reg.keys[0].valid_from);
+    reg.keys[0].superseded_by = Some(stranger_key.keyid().to_owned());
+    std::fs::write(s.join("retired-keys.json"), reg.to_bytes()).unwrap();
+    let (code, msg) = run_verifier(s, &["export.jsonl", "--keys", "retired-keys.json"]);
+    assert_eq!(code, 6, "{msg}");
+    assert!(msg.contains("retired"), "{msg}");
+}
+
+fn b64(s: &str) -> Vec<u8> {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.decode(s).unwrap()
+}
+
+fn b64e(b: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(b)
+}
+
+const PYTHON: &str = "/work/main/.venv/bin/python";
+
+fn python() -> Option<String> {
+    let python = std::env::var("WARREN_TEST_PYTHON").unwrap_or_else(|_| PYTHON.into());
+    let ok = Command::new(&python)
+        .args(["-c", "import cryptography"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        Some(python)
+    } else {
+        eprintln!(
+            "SKIP: {python} with the `cryptography` module is missing (run scripts/install-test-deps)"
+        );
+        None
+    }
+}
+
+#[test]
+fn an_independent_python_checker_accepts_our_proofs_and_checkpoints() {
+    let Some(python) = python() else { return };
+    let dir = tmp();
+    let log = build(dir.path());
+    let mut proofs = Vec::new();
+    for seq in 0..37 {
+        proofs.push(log.inclusion_proof("sess-1", seq).unwrap());
+    }
+    for new in [5u64, 16, 37] {
+        for old in 1..=new {
+            proofs.push(log.consistency_proof("sess-1", old, new).unwrap());
+        }
+    }
+    let lines: String = proofs.iter().map(|p| p.to_string() + "\n").collect();
+    let d = dir.path();
+    std::fs::write(d.join("export.jsonl"), export(d, "sess-1")).unwrap();
+    std::fs::write(d.join("keys.json"), registry(d)).unwrap();
+    std::fs::write(d.join("proofs.jsonl"), &lines).unwrap();
+    let checker = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/checker.py");
+    let run = |proofs: &str| {
+        let out = Command::new(&python)
+            .arg(checker)
+            .args(["export.jsonl", "keys.json", proofs])
+            .current_dir(d)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (code, msg) = run("proofs.jsonl");
+    assert_eq!(code, Some(0), "{msg}");
+    assert!(
+        msg.contains("37 entries, 3 checkpoints, 37 inclusion and 58 consistency proofs"),
+        "{msg}"
+    );
+
+    // The checker can fail: one hash of one inclusion path changed.
+    let mut bad: serde_json::Value = serde_json::from_str(lines.lines().nth(9).unwrap()).unwrap();
+    let h = bad["path"][1].as_str().unwrap().to_owned();
+    bad["path"][1] = format!("{}{}", if h.starts_with('0') { "1" } else { "0" }, &h[1..]).into();
+    std::fs::write(d.join("bad.jsonl"), bad.to_string() + "\n").unwrap();
+    let (code, msg) = run("bad.jsonl");
+    assert_eq!(code, Some(1), "{msg}");
+    assert!(msg.contains("inclusion proof of seq 9"), "{msg}");
+}
