@@ -1,9 +1,11 @@
 //! warren-ns: the namespace spec language, narrowing (`covers`), confinement, and `warren run`.
 //! See specs/namespace.md and docs/confinement.md.
 
+pub mod cli;
 pub mod confine;
 pub mod covers;
 pub mod inode;
+pub mod mount_server;
 pub mod nsd;
 pub mod pty;
 pub mod run;
@@ -12,6 +14,7 @@ pub mod spec;
 mod testutil;
 
 pub use confine::fuse::MountServer;
+pub use mount_server::{ServedMounts, new_session_id};
 pub use confine::guard::ProtectedDirs;
 pub use covers::{Widened, Widening, covers};
 pub use run::{CliGrants, PayloadStdio, RunOptions, Running, run, spawn, spec_from_cli};

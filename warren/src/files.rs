@@ -134,11 +134,13 @@ pub async fn call(dirs: &Dirs, tool: &str, json: &str) -> Result<ExitCode> {
         writeln!(out)?;
     }
     use warren_toolfs::envelope::Status;
-    Ok(match warren_toolfs::Envelope::parse(&reply).map(|e| e.status) {
-        Ok(Status::Ok) => ExitCode::SUCCESS,
-        Ok(Status::Denied) => ExitCode::from(3),
-        _ => ExitCode::from(1),
-    })
+    Ok(
+        match warren_toolfs::Envelope::parse(&reply).map(|e| e.status) {
+            Ok(Status::Ok) => ExitCode::SUCCESS,
+            Ok(Status::Denied) => ExitCode::from(3),
+            _ => ExitCode::from(1),
+        },
+    )
 }
 
 #[cfg(test)]

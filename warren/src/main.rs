@@ -3,6 +3,7 @@
 
 mod doctor;
 mod files;
+mod run;
 mod supervise;
 
 use std::process::ExitCode;
@@ -52,6 +53,8 @@ enum Command {
         /// The arguments, a JSON object.
         json: String,
     },
+    /// Run a command in a namespace of its own: only what is granted exists there.
+    Run(warren_ns::cli::RunArgs),
     /// What this host's kernel offers warren, and which weaker mode, if any, it would need.
     Doctor {
         #[arg(long)]
@@ -73,6 +76,7 @@ fn main() -> ExitCode {
         Command::Up => supervise::up(&dirs),
         Command::Down => supervise::down(&dirs),
         Command::Status { json } => supervise::status(&dirs, json),
+        Command::Run(args) => run::run(&dirs, &args),
         Command::Doctor { json } => doctor::doctor(json),
         Command::Supervise { ready_fd } => supervise::supervise(&dirs, ready_fd),
         Command::Ls { path } => files::run(files::ls(&dirs, &path)),

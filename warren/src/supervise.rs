@@ -23,30 +23,73 @@ use warren_daemon::identity::Role;
 
 /// One daemon the supervisor runs.
 struct Daemon {
-    /// Its binary, next to `warren`.
+    /// Its binary, next to `warren`, and the arguments it starts with.
     binary: &'static str,
+    args: &'static [&'static str],
     /// Its name in logs and its data subdirectory.
     name: &'static str,
-    role: Role,
+    /// The uid it runs under; `None` for nsd, which alone stays root (it builds namespaces).
+    role: Option<Role>,
     /// Socket file names in the runtime dir, with their modes: `*.sock` are the operator's
     /// (0660, the operator group), `*.ctl` are for root peers only (0600).
     sockets: &'static [&'static str],
     /// Capabilities it keeps as ambient capabilities under its own uid.
     caps: &'static [caps::Capability],
+    /// Gets a connection to the gate made here (`WARREN_GATE_FD`), and so is restarted whenever
+    /// the gate is.
+    gate_client: bool,
 }
 
-/// The daemons, in start order (receipts before anything that writes receipts).
-const DAEMONS: &[Daemon] = &[Daemon {
-    binary: "warren-toolfs",
-    name: "toolfs",
-    role: Role::Toolfs,
-    sockets: &["tool.sock", "toolfs.ctl"],
-    // Until nsd builds the workers (issue 4), toolfs starts each tool worker under the worker
-    // uid itself, which takes these two.
-    caps: &[caps::Capability::CAP_SETUID, caps::Capability::CAP_SETGID],
-}];
+impl Daemon {
+    fn uid(&self) -> u32 {
+        self.role.map_or(0, Role::uid)
+    }
+}
 
-fn libexec_dir() -> Result<PathBuf> {
+/// The daemons, in start order: receipts before anything that writes receipts, the gate before
+/// the tools it decides for.
+const DAEMONS: &[Daemon] = &[
+    Daemon {
+        binary: "warren-receiptd",
+        args: &[],
+        name: "receiptd",
+        role: Some(Role::Receiptd),
+        sockets: &["receipts.sock"],
+        caps: &[],
+        gate_client: false,
+    },
+    Daemon {
+        binary: "warren-gate",
+        args: &[],
+        name: "gate",
+        role: Some(Role::Gate),
+        sockets: &["gate.sock", "gate.ctl"],
+        caps: &[],
+        gate_client: false,
+    },
+    Daemon {
+        binary: "warren-toolfs",
+        args: &[],
+        name: "toolfs",
+        role: Some(Role::Toolfs),
+        sockets: &["tool.sock", "toolfs.ctl"],
+        // Until nsd builds the workers (issue 4), toolfs starts each tool worker under the worker
+        // uid itself, which takes these two.
+        caps: &[caps::Capability::CAP_SETUID, caps::Capability::CAP_SETGID],
+        gate_client: true,
+    },
+    Daemon {
+        binary: "warren-nsd",
+        args: &["serve"],
+        name: "nsd",
+        role: None,
+        sockets: &["ns.sock"],
+        caps: &[],
+        gate_client: false,
+    },
+];
+
+pub fn libexec_dir() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("WARREN_LIBEXEC_DIR") {
         return Ok(PathBuf::from(dir));
     }
@@ -110,7 +153,7 @@ fn prepare_dirs(dirs: &Dirs) -> Result<()> {
         Role::Receiptd.uid(),
     )?;
     for d in DAEMONS {
-        make(&dirs.data.join(d.name), 0o700, d.role.uid(), d.role.uid())?;
+        make(&dirs.data.join(d.name), 0o700, d.uid(), d.uid())?;
     }
     Ok(())
 }
@@ -304,14 +347,35 @@ fn bind_sockets(dirs: &Dirs, d: &Daemon) -> Result<Vec<Bound>> {
     Ok(out)
 }
 
+/// A connection to the gate for a trusted daemon: one end handed to the gate's control socket
+/// with the daemon's name, the other returned for the daemon to inherit.
+fn gate_connection(dirs: &Dirs, name: &str) -> Result<std::os::unix::net::UnixStream> {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+    let record = warren_gate::control::ControlRecord {
+        version: 1,
+        kind: warren_gate::control::RecordKind::Daemon,
+        name: Some(name.to_string()),
+        ..Default::default()
+    };
+    warren_gate::control::hand_over(&dirs.control("gate"), &record, &theirs)
+        .with_context(|| format!("hand {name}'s gate connection to the gate"))?;
+    Ok(ours)
+}
+
 fn spawn_daemon(dirs: &Dirs, d: &Daemon, bound: &[Bound]) -> Result<std::process::Child> {
     let binary = libexec_dir()?.join(d.binary);
     let listen_fds: Vec<String> = bound
         .iter()
         .map(|b| format!("{}={}", b.name, b.listener.as_raw_fd()))
         .collect();
-    let raw: Vec<i32> = bound.iter().map(|b| b.listener.as_raw_fd()).collect();
-    let uid = d.role.uid();
+    let gate = if d.gate_client {
+        Some(gate_connection(dirs, d.name)?)
+    } else {
+        None
+    };
+    let mut raw: Vec<i32> = bound.iter().map(|b| b.listener.as_raw_fd()).collect();
+    raw.extend(gate.as_ref().map(|g| g.as_raw_fd()));
+    let uid = d.role.map(Role::uid);
     // The operator group lets daemons reach each other's operator sockets; with no such group,
     // no supplementary group at all (never root's group 0).
     let groups: Vec<u32> = warren_daemon::operator::OperatorPolicy::from_host()
@@ -320,7 +384,8 @@ fn spawn_daemon(dirs: &Dirs, d: &Daemon, bound: &[Bound]) -> Result<std::process
         .collect();
     let caps_wanted: Vec<caps::Capability> = d.caps.to_vec();
     let mut cmd = std::process::Command::new(&binary);
-    cmd.env("WARREN_RUNTIME_DIR", &dirs.runtime)
+    cmd.args(d.args)
+        .env("WARREN_RUNTIME_DIR", &dirs.runtime)
         .env("WARREN_DATA_DIR", dirs.data.join(d.name))
         .env("WARREN_SECRETS_DIR", &dirs.secrets)
         .env(
@@ -328,6 +393,9 @@ fn spawn_daemon(dirs: &Dirs, d: &Daemon, bound: &[Bound]) -> Result<std::process
             listen_fds.join(","),
         )
         .stdin(std::process::Stdio::null());
+    if let Some(g) = &gate {
+        cmd.env("WARREN_GATE_FD", g.as_raw_fd().to_string());
+    }
     // SAFETY: the closure only makes syscalls (fcntl, prctl, setgroups, setres[ug]id, capset);
     // the caps crate's set operations build small sets, and glibc's fork handlers leave malloc
     // usable in the child.
@@ -339,7 +407,11 @@ fn spawn_daemon(dirs: &Dirs, d: &Daemon, bound: &[Bound]) -> Result<std::process
                     nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
                 )?;
             }
-            drop_privileges(uid, &groups, &caps_wanted)
+            match uid {
+                Some(uid) => drop_privileges(uid, &groups, &caps_wanted),
+                // nsd: root, but nothing it execs may gain privileges by a setuid binary.
+                None => nix::sys::prctl::set_no_new_privs().map_err(Into::into),
+            }
         });
     }
     cmd.spawn()
@@ -420,39 +492,49 @@ fn start_all(dirs: &Dirs, running: &mut Running<'static>) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    // One at a time, each ready before the next: later daemons connect to earlier ones.
     for d in DAEMONS {
         let bound = bind_sockets(dirs, d)?;
         let child = spawn_daemon(dirs, d, &bound)?;
         running.push((d, bound, child, Vec::<Instant>::new()));
-    }
-    // Ready once every operator socket answers a 9P handshake.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    for (d, _, child, _) in running.iter_mut() {
-        for s in d.sockets.iter().filter(|s| s.ends_with(".sock")) {
-            let path = dirs.runtime.join(s);
-            loop {
-                if rt.block_on(answers(&path)) {
-                    break;
-                }
-                if let Some(status) = child.try_wait()? {
-                    bail!("{} exited during startup ({status})", d.name);
-                }
-                if Instant::now() > deadline {
-                    bail!(
-                        "{} did not answer on {} within 20 s",
-                        d.name,
-                        path.display()
-                    );
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
+        let (_, _, child, _) = running.last_mut().expect("just pushed");
+        wait_ready(&rt, dirs, d, child)?;
         tracing_line(&format!(
             "{} up (pid {}, uid {})",
             d.name,
             child.id(),
-            d.role.uid()
+            d.uid()
         ));
+    }
+    Ok(())
+}
+
+/// Waits until every operator socket of `d` answers a 9P handshake.
+fn wait_ready(
+    rt: &tokio::runtime::Runtime,
+    dirs: &Dirs,
+    d: &Daemon,
+    child: &mut std::process::Child,
+) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for s in d.sockets.iter().filter(|s| s.ends_with(".sock")) {
+        let path = dirs.runtime.join(s);
+        loop {
+            if rt.block_on(answers(&path)) {
+                break;
+            }
+            if let Some(status) = child.try_wait()? {
+                bail!("{} exited during startup ({status})", d.name);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{} did not answer on {} within 20 s",
+                    d.name,
+                    path.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
     Ok(())
 }
@@ -480,6 +562,7 @@ fn supervise_loop(dirs: &Dirs, running: &mut Running<'_>) -> Result<ExitCode> {
             tracing_line(&format!("signal {}: stopping", sig.ssi_signo));
             break;
         }
+        let mut gate_restarted = false;
         for (d, bound, child, restarts) in running.iter_mut() {
             if restarts.len() > MAX_RESTARTS {
                 continue; // given up on
@@ -497,6 +580,17 @@ fn supervise_loop(dirs: &Dirs, running: &mut Running<'_>) -> Result<ExitCode> {
                 }
                 tracing_line(&format!("{} died ({status}): restarting", d.name));
                 *child = spawn_daemon(dirs, d, bound)?;
+                if d.name == "gate" {
+                    gate_restarted = true;
+                }
+            }
+        }
+        if gate_restarted {
+            // Their gate connection died with the gate: restart them with a fresh one (until
+            // then they deny every call).
+            for (d, _, child, _) in running.iter_mut().filter(|(d, ..)| d.gate_client) {
+                tracing_line(&format!("gate restarted: restarting {}", d.name));
+                let _ = child.kill();
             }
         }
         std::thread::sleep(Duration::from_millis(50));

@@ -92,6 +92,13 @@ impl Session {
         let name = utf8_name(name, Errno::EINVAL)?;
         let att = self.conn.current();
         let dir = self.node_fid(parent, &att).await?;
+        if flags & libc::O_EXCL as u32 == 0
+            && let Ok(node) = dir.walk(&[name]).await
+        {
+            // open(2)'s rule: O_CREAT without O_EXCL on an existing name opens it. The kernel
+            // sends CREATE for a name it has not looked up yet (dash's `3<>call` does this).
+            return self.open_existing(parent, name, node, flags, &att).await;
+        }
         let opened = dir.walk(&[]).await?;
         let lflags =
             flags & (oflags::ACCMODE | libc::O_APPEND as u32 | libc::O_EXCL as u32 | oflags::TRUNC);
@@ -113,6 +120,36 @@ impl Session {
         let open = abi::fuse_open_out {
             fh,
             open_flags: self.open_flags(0),
+            padding: 0,
+        };
+        entry.body.extend_from_slice(&reply::body(&open));
+        entry.close_if_lost = Some(fh);
+        Ok(entry)
+    }
+
+    /// CREATE of a name that exists: its entry, and an open of it with the caller's flags.
+    async fn open_existing(
+        &self,
+        parent: u64,
+        name: &str,
+        node: warren_9p::Fid,
+        flags: u32,
+        att: &crate::conn::Attachment,
+    ) -> Result<Reply, Errno> {
+        let opened = node.walk(&[]).await?;
+        let (_, stat) = node.getattr().await?;
+        opened
+            .open(flags & (oflags::ACCMODE | libc::O_APPEND as u32 | oflags::TRUNC))
+            .await?;
+        let mut entry = self.entry_reply(parent, name, node, att.generation).await?;
+        let fh = self.add_file(OpenFile {
+            fid: opened,
+            client: att.client.clone(),
+            generation: att.generation,
+        });
+        let open = abi::fuse_open_out {
+            fh,
+            open_flags: self.open_flags(stat.size),
             padding: 0,
         };
         entry.body.extend_from_slice(&reply::body(&open));

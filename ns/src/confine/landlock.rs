@@ -18,6 +18,10 @@ pub struct View {
     pub write: Vec<String>,
     /// Device files that must stay writable (null, zero, full, tty, ptmx) and the pts dir.
     pub devices: Vec<String>,
+    /// 9P mount points: files there may be read and written (a call file is written, then read)
+    /// but nothing may be created, removed or linked through Landlock's say; the bridge and the
+    /// server decide the rest.
+    pub ninep: Vec<String>,
     pub net: Net,
 }
 
@@ -44,6 +48,15 @@ pub fn restrict(view: &View, weaker_landlock: bool) -> Result<String, String> {
         .map(|p| (p, AccessFs::from_read(abi)))
         .chain(view.write.iter().map(|p| (p, AccessFs::from_all(abi))))
         .chain(view.devices.iter().map(|p| (p, AccessFs::from_all(abi))));
+    for path in &view.ninep {
+        // Never a stat here: the mount is a FUSE root whose bridge may still be answering INIT.
+        // An O_PATH open of a mount root sends no request.
+        let fd = PathFd::new(path).map_err(|e| format!("landlock rule {path}: {e}"))?;
+        let access = AccessFs::from_read(abi) | AccessFs::WriteFile | AccessFs::Truncate;
+        created = created
+            .add_rule(PathBeneath::new(fd, access))
+            .map_err(|e| format!("landlock rule {path}: {e}"))?;
+    }
     for (path, access) in rules {
         let fd = match PathFd::new(path) {
             Ok(fd) => fd,

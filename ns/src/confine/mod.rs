@@ -229,6 +229,7 @@ fn landlock_view(spec: &Spec) -> landlock::View {
         .iter()
         .map(|d| format!("/dev/{d}"))
         .collect(),
+        ninep: spec.mounts.iter().map(|m| m.path.clone()).collect(),
         net: spec.net(),
     }
 }

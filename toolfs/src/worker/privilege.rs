@@ -65,11 +65,23 @@ pub fn drop_to(uid: u32, gid: u32) -> io::Result<()> {
     }
     setresgid(g, g, g).map_err(|e| io::Error::other(format!("setresgid({gid}): {e}")))?;
     setresuid(u, u, u).map_err(|e| io::Error::other(format!("setresuid({uid}): {e}")))?;
+    // A uid change from a non-root uid keeps the capability sets: a toolfs running under its own
+    // uid with ambient CAP_SETUID would hand it to the worker. Clear every set.
+    clear_capabilities()?;
     verify_dropped(u, g)?;
     prctl::set_no_new_privs().map_err(|e| io::Error::other(format!("no_new_privs: {e}")))?;
     prctl::set_dumpable(false).map_err(|e| io::Error::other(format!("set_dumpable: {e}")))?;
     // No parent-death signal: it fires when the *thread* that spawned us exits, and toolfs
     // spawns from a blocking pool whose threads come and go. The worker ends on socket EOF.
+    Ok(())
+}
+
+/// Empties the ambient, inheritable, effective and permitted capability sets.
+fn clear_capabilities() -> io::Result<()> {
+    use caps::CapSet;
+    for set in [CapSet::Ambient, CapSet::Inheritable, CapSet::Effective, CapSet::Permitted] {
+        caps::clear(None, set).map_err(|e| io::Error::other(format!("clear {set:?} capabilities: {e}")))?;
+    }
     Ok(())
 }
 
