@@ -3,6 +3,7 @@
 
 mod doctor;
 mod files;
+mod receipts;
 mod run;
 mod supervise;
 
@@ -55,6 +56,18 @@ enum Command {
     },
     /// Run a command in a namespace of its own: only what is granted exists there.
     Run(warren_ns::cli::RunArgs),
+    /// Receipts: export a scope's chain, or print the key registry.
+    #[command(subcommand)]
+    Receipts(ReceiptsCommand),
+    /// Verify an exported receipt chain offline: exit 0 verified, 1 invalid, 2 usage, 5 unknown
+    /// key, 6 key used after its retirement.
+    Verify {
+        /// The export (`warren receipts export SCOPE > FILE`).
+        file: std::path::PathBuf,
+        /// The key registry (`warren receipts keys > FILE`); default: ask the running receiptd.
+        #[arg(long)]
+        keys: Option<std::path::PathBuf>,
+    },
     /// What this host's kernel offers warren, and which weaker mode, if any, it would need.
     Doctor {
         #[arg(long)]
@@ -69,6 +82,14 @@ enum Command {
     },
 }
 
+#[derive(Subcommand)]
+enum ReceiptsCommand {
+    /// Write a scope's chain and its covering signed checkpoint to standard output.
+    Export { scope: String },
+    /// Write the public key registry to standard output.
+    Keys,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let dirs = warren_daemon::Dirs::from_env();
@@ -77,6 +98,9 @@ fn main() -> ExitCode {
         Command::Down => supervise::down(&dirs),
         Command::Status { json } => supervise::status(&dirs, json),
         Command::Run(args) => run::run(&dirs, &args),
+        Command::Receipts(ReceiptsCommand::Export { scope }) => receipts::export(&dirs, &scope),
+        Command::Receipts(ReceiptsCommand::Keys) => receipts::keys(&dirs),
+        Command::Verify { file, keys } => receipts::verify(&dirs, &file, keys.as_deref()),
         Command::Doctor { json } => doctor::doctor(json),
         Command::Supervise { ready_fd } => supervise::supervise(&dirs, ready_fd),
         Command::Ls { path } => files::run(files::ls(&dirs, &path)),

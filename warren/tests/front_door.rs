@@ -246,3 +246,40 @@ fn doctor_names_every_feature() {
     // Its exit status agrees with its verdict.
     assert_eq!(out.status.success(), v["ready"].as_bool().unwrap());
 }
+
+/// N7: what `warren up` writes verifies offline through the front door, and a changed byte does
+/// not; a missing file is a usage error.
+#[test]
+fn receipts_export_and_verify_through_the_front_door() {
+    let Some(w) = Warren::new() else { return };
+    w.ok(&["up"]);
+    // The boot receipt is signed one by one; a checkpoint makes the export cover it.
+    w.ok(&["write", "/receipts/ctl", "checkpoint"]);
+    let export = w.ok(&["receipts", "export", "receiptd"]);
+    assert!(!export.is_empty());
+    let keys = w.ok(&["receipts", "keys"]);
+    let dir = tempfile::tempdir().unwrap();
+    let (e, k) = (dir.path().join("export"), dir.path().join("keys"));
+    std::fs::write(&e, &export).unwrap();
+    std::fs::write(&k, &keys).unwrap();
+    let verify = |file: &Path| {
+        w.run(&[
+            "verify",
+            file.to_str().unwrap(),
+            "--keys",
+            k.to_str().unwrap(),
+        ])
+    };
+    assert_eq!(
+        verify(&e).status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&verify(&e).stderr)
+    );
+    let mut tampered = export.into_bytes();
+    let i = tampered.iter().position(|&b| b == b'"').unwrap() + 1;
+    tampered[i] ^= 1;
+    std::fs::write(&e, &tampered).unwrap();
+    assert_eq!(verify(&e).status.code(), Some(1));
+    assert_eq!(verify(&dir.path().join("absent")).status.code(), Some(2));
+}

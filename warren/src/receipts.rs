@@ -1,0 +1,71 @@
+//! `warren receipts export|keys` and `warren verify`: the receipt chain out of receiptd, and
+//! checked by anyone with nothing but the export and the key registry.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use warren_daemon::Dirs;
+
+/// Writes a scope's chain and its covering checkpoint to standard output, read through
+/// receiptd's tree (so an operator who cannot read the database can export).
+pub fn export(dirs: &Dirs, scope: &str) -> Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut out = std::io::stdout().lock();
+    let n = rt
+        .block_on(warren_receiptd::client::export(
+            &dirs.socket("receipts"),
+            scope,
+            &mut out,
+        ))
+        .with_context(|| format!("export scope {scope}"))?;
+    eprintln!("warren: exported {n} receipts of scope {scope}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Writes the public key registry (the file `warren verify --keys` takes).
+pub fn keys(dirs: &Dirs) -> Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let registry = rt
+        .block_on(warren_receiptd::client::keys(&dirs.socket("receipts")))
+        .context("read /receipts/keys")?;
+    std::io::stdout().write_all(&registry)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Exit 0 verified, 1 invalid, 2 usage, 5 unknown key, 6 key used after its retirement.
+pub fn verify(dirs: &Dirs, file: &Path, keys: Option<&Path>) -> Result<ExitCode> {
+    use warren_receiptd::verify::EXIT_USAGE;
+    let usage = |msg: String| {
+        eprintln!("warren verify: {msg}");
+        Ok(ExitCode::from(EXIT_USAGE as u8))
+    };
+    let export = match std::fs::read(file) {
+        Ok(e) => e,
+        Err(e) => return usage(format!("{}: {e}", file.display())),
+    };
+    let registry = match keys {
+        Some(path) => match std::fs::read(path) {
+            Ok(r) => r,
+            Err(e) => return usage(format!("{}: {e}", path.display())),
+        },
+        // Without --keys: the registry of the receiptd that is up.
+        None => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            match rt.block_on(warren_receiptd::client::keys(&dirs.socket("receipts"))) {
+                Ok(r) => r,
+                Err(e) => return usage(format!("no --keys given and no receiptd to ask: {e:#}")),
+            }
+        }
+    };
+    let outcome = warren_receiptd::verify(&export, &registry);
+    eprintln!("{}", outcome.message);
+    Ok(ExitCode::from(u8::try_from(outcome.code).unwrap_or(1)))
+}
