@@ -40,6 +40,6 @@ pub fn uid_base() -> u32 {
     std::env::var("WARREN_UID_BASE")
         .ok()
         .and_then(|v| v.parse().ok())
-        .filter(|&b: &u32| b >= 1000 && b < u32::MAX - 1000)
+        .filter(|b: &u32| (1000..u32::MAX - 1000).contains(b))
         .unwrap_or(DEFAULT_UID_BASE)
 }

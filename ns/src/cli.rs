@@ -45,7 +45,8 @@ impl RunArgs {
     pub fn spec(&self) -> Result<Spec, String> {
         let base = match &self.ns {
             Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
                 Some(crate::parse(&path.display().to_string(), &text).map_err(|e| e.to_string())?)
             }
             None => None,
@@ -80,7 +81,13 @@ pub fn run_foreground(who: &str, spec: &Spec, command: &[String], opts: &RunOpti
         eprintln!("{who}: WARNING: --weaker-landlock: Landlock may not be fully enforced");
     }
     let mut forwarded = SigSet::empty();
-    for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGWINCH] {
+    for s in [
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+        Signal::SIGWINCH,
+    ] {
         forwarded.add(s);
     }
     if let Err(e) = forwarded.thread_block() {

@@ -14,9 +14,9 @@ pub mod spec;
 mod testutil;
 
 pub use confine::fuse::MountServer;
-pub use mount_server::{ServedMounts, new_session_id};
 pub use confine::guard::ProtectedDirs;
 pub use covers::{Widened, Widening, covers};
+pub use mount_server::{ServedMounts, new_session_id};
 pub use run::{CliGrants, PayloadStdio, RunOptions, Running, run, spawn, spec_from_cli};
 pub use spec::{Spec, SpecError, parse};
 

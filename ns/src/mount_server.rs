@@ -39,7 +39,12 @@ pub fn new_session_id() -> io::Result<String> {
 
 impl ServedMounts {
     /// `bridge_binary`: the `warren-bridge` executable.
-    pub fn new(dirs: Dirs, spec: &Spec, namespace: &str, bridge_binary: PathBuf) -> io::Result<ServedMounts> {
+    pub fn new(
+        dirs: Dirs,
+        spec: &Spec,
+        namespace: &str,
+        bridge_binary: PathBuf,
+    ) -> io::Result<ServedMounts> {
         Ok(ServedMounts {
             dirs,
             spec: spec.clone(),
@@ -66,15 +71,29 @@ impl ServedMounts {
                 for host in &authority.host_paths {
                     let dir = nix::fcntl::open(
                         host.as_str(),
-                        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+                        nix::fcntl::OFlag::O_PATH
+                            | nix::fcntl::OFlag::O_DIRECTORY
+                            | nix::fcntl::OFlag::O_CLOEXEC,
                         nix::sys::stat::Mode::empty(),
                     )
-                    .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("tool {name}: {host}: {e}")))?;
+                    .map_err(|e| {
+                        io::Error::new(
+                            io::Error::from(e).kind(),
+                            format!("tool {name}: {host}: {e}"),
+                        )
+                    })?;
                     fds.push(dir);
-                    roots.push(RootGrant { path: host.clone(), writable: authority.access == Access::Write });
+                    roots.push(RootGrant {
+                        path: host.clone(),
+                        writable: authority.access == Access::Write,
+                    });
                 }
             }
-            tools.push(ToolGrant { name: name.clone(), roots, network: false });
+            tools.push(ToolGrant {
+                name: name.clone(),
+                roots,
+                network: false,
+            });
         }
         let worker = Role::Worker.uid();
         let record = GrantRecord {
@@ -111,10 +130,16 @@ impl ServedMounts {
                 Ok(())
             });
         }
-        let child = cmd
-            .spawn()
-            .map_err(|e| io::Error::new(e.kind(), format!("start {}: {e}", self.bridge_binary.display())))?;
-        self.bridges.lock().map_err(|_| io::Error::other("bridge list poisoned"))?.push(child);
+        let child = cmd.spawn().map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("start {}: {e}", self.bridge_binary.display()),
+            )
+        })?;
+        self.bridges
+            .lock()
+            .map_err(|_| io::Error::other("bridge list poisoned"))?
+            .push(child);
         Ok(())
     }
 }
@@ -126,14 +151,27 @@ impl MountServer for ServedMounts {
                 let (ours, theirs) = UnixStream::pair()?;
                 let (record, roots) = self.tool_grant(mount)?;
                 let root_fds: Vec<BorrowedFd<'_>> = roots.iter().map(|f| f.as_fd()).collect();
-                warren_toolfs::hand_over(&self.dirs.control("toolfs"), &record, theirs.as_fd(), &root_fds)
-                    .map_err(|e| io::Error::new(e.kind(), format!("hand the /tool connection to toolfs: {e}")))?;
+                warren_toolfs::hand_over(
+                    &self.dirs.control("toolfs"),
+                    &record,
+                    theirs.as_fd(),
+                    &root_fds,
+                )
+                .map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!("hand the /tool connection to toolfs: {e}"),
+                    )
+                })?;
                 drop(theirs);
                 self.spawn_bridge(fuse, OwnedFd::from(ours))
             }
             other => Err(io::Error::new(
                 io::ErrorKind::Unsupported,
-                format!("mount of {other:?} at {} is not served yet (only `tool`)", mount.path),
+                format!(
+                    "mount of {other:?} at {} is not served yet (only `tool`)",
+                    mount.path
+                ),
             )),
         }
     }

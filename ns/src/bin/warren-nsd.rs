@@ -96,5 +96,10 @@ fn run_once(args: warren_ns::cli::RunArgs) -> ExitCode {
         }
     };
     let opts = args.options();
-    ExitCode::from(warren_ns::cli::run_foreground("warren-nsd", &spec, &args.command, &opts))
+    ExitCode::from(warren_ns::cli::run_foreground(
+        "warren-nsd",
+        &spec,
+        &args.command,
+        &opts,
+    ))
 }
