@@ -1,6 +1,7 @@
 //! `warren`: the front door. Starts and stops the daemons, and speaks 9P to their operator
 //! sockets so everything they serve can be read and written as files, with no FUSE needed.
 
+mod demo;
 mod doctor;
 mod files;
 mod receipts;
@@ -54,6 +55,9 @@ enum Command {
         /// The arguments, a JSON object.
         json: String,
     },
+    /// The main job on its embedded default: daemons, a confined agent, an ask answered by a
+    /// scripted operator, and the receipts verified. No config, no network.
+    Demo,
     /// Run a command in a namespace of its own: only what is granted exists there.
     Run(warren_ns::cli::RunArgs),
     /// Receipts: export a scope's chain, or print the key registry.
@@ -98,6 +102,7 @@ fn main() -> ExitCode {
         Command::Down => supervise::down(&dirs),
         Command::Status { json } => supervise::status(&dirs, json),
         Command::Run(args) => run::run(&dirs, &args),
+        Command::Demo => demo::demo(),
         Command::Receipts(ReceiptsCommand::Export { scope }) => receipts::export(&dirs, &scope),
         Command::Receipts(ReceiptsCommand::Keys) => receipts::keys(&dirs),
         Command::Verify { file, keys } => receipts::verify(&dirs, &file, keys.as_deref()),

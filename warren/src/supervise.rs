@@ -205,6 +205,9 @@ pub fn up(dirs: &Dirs) -> Result<ExitCode> {
     let exe = std::env::current_exe()?;
     let mut cmd = std::process::Command::new(exe);
     cmd.arg("supervise")
+        .env("WARREN_RUNTIME_DIR", &dirs.runtime)
+        .env("WARREN_DATA_DIR", &dirs.data)
+        .env("WARREN_SECRETS_DIR", &dirs.secrets)
         .arg("--ready-fd")
         .arg(ready_w.as_raw_fd().to_string())
         .stdin(std::process::Stdio::null())

@@ -283,3 +283,34 @@ fn receipts_export_and_verify_through_the_front_door() {
     assert_eq!(verify(&e).status.code(), Some(1));
     assert_eq!(verify(&dir.path().join("absent")).status.code(), Some(2));
 }
+
+/// The README's quick start: `warren demo` runs the whole job on its embedded default and exits 0.
+#[test]
+fn the_demo_runs_the_main_job() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: warren demo needs root (daemons, namespaces)");
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_warren"))
+        .arg("demo")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "warren demo failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The ungranted tool and the host path were absent, the ask was answered, the chain verified.
+    assert!(
+        stdout.contains("'/tool/shell': No such file or directory"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("repo': No such file or directory"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("echo 'allow once "), "{stdout}");
+    assert!(stdout.contains("warren verify: verified"), "{stdout}");
+}
