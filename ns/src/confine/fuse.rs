@@ -18,13 +18,15 @@ pub trait MountServer: Send + Sync {
     fn serve(&self, mount: &Mount, fuse: OwnedFd) -> io::Result<()>;
 }
 
-/// Inside, before pivot_root: create and attach the FUSE mount, send its fd out.
+/// Inside, before pivot_root: create and attach the FUSE mount, send its fd out. Returns an
+/// O_PATH fd of the mounted FUSE root for its Landlock rule (never stat it: every stat waits for
+/// the bridge).
 pub fn mount_and_send(
     root: &OwnedFd,
     index: u32,
     mount: &Mount,
     sock: &UnixStream,
-) -> Result<(), String> {
+) -> Result<OwnedFd, String> {
     let dev = sys::openat2(
         Dir::Cwd,
         "/dev/fuse",
@@ -50,7 +52,16 @@ pub fn mount_and_send(
         make_target(root, &mount.path, true).map_err(|e| format!("target {}: {e}", mount.path))?;
     sys::move_mount(fs.as_fd(), target.as_fd())
         .map_err(|e| format!("attaching fuse at {}: {e}", mount.path))?;
-    send_fd(sock, index, dev.as_fd()).map_err(|e| format!("handing off fuse fd: {e}"))
+    send_fd(sock, index, dev.as_fd()).map_err(|e| format!("handing off fuse fd: {e}"))?;
+    // The FUSE root itself, for its Landlock rule.
+    sys::openat2(
+        Dir::Fd(root.as_fd()),
+        mount.path.trim_start_matches('/'),
+        libc::O_PATH | libc::O_DIRECTORY,
+        0,
+        libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_BENEATH,
+    )
+    .map_err(|e| format!("reopening the mount at {}: {e}", mount.path))
 }
 
 /// One fd and its index (which mount, or 0 for the pty) over a handoff socket

@@ -18,10 +18,10 @@ pub struct View {
     pub write: Vec<String>,
     /// Device files that must stay writable (null, zero, full, tty, ptmx) and the pts dir.
     pub devices: Vec<String>,
-    /// 9P mount points: files there may be read and written (a call file is written, then read)
-    /// but nothing may be created, removed or linked through Landlock's say; the bridge and the
-    /// server decide the rest.
-    pub ninep: Vec<String>,
+    /// 9P mounts, as O_PATH fds of their FUSE roots (an O_PATH open of a mount root sends no FUSE
+    /// request). Files there may be read and written (a call file is written, then read) but
+    /// nothing may be created, removed or linked; the bridge and the server decide the rest.
+    pub ninep: Vec<std::os::fd::OwnedFd>,
     pub net: Net,
 }
 
@@ -48,14 +48,22 @@ pub fn restrict(view: &View, weaker_landlock: bool) -> Result<String, String> {
         .map(|p| (p, AccessFs::from_read(abi)))
         .chain(view.write.iter().map(|p| (p, AccessFs::from_all(abi))))
         .chain(view.devices.iter().map(|p| (p, AccessFs::from_all(abi))));
-    for path in &view.ninep {
-        // Never a stat here: the mount is a FUSE root whose bridge may still be answering INIT.
-        // An O_PATH open of a mount root sends no request.
-        let fd = PathFd::new(path).map_err(|e| format!("landlock rule {path}: {e}"))?;
-        let access = AccessFs::from_read(abi) | AccessFs::WriteFile | AccessFs::Truncate;
-        created = created
-            .add_rule(PathBeneath::new(fd, access))
-            .map_err(|e| format!("landlock rule {path}: {e}"))?;
+    if !view.ninep.is_empty() {
+        // A dup of the ruleset's fd: rules added through it land in the same ruleset.
+        let ruleset: Option<std::os::fd::OwnedFd> = created
+            .try_clone()
+            .map_err(|e| format!("landlock ruleset: {e}"))?
+            .into();
+        let ruleset = ruleset.ok_or("landlock ruleset has no fd")?;
+        let access = (AccessFs::from_read(abi) | AccessFs::WriteFile | AccessFs::Truncate).bits();
+        for fd in &view.ninep {
+            super::sys::landlock_add_path_rule(
+                std::os::fd::AsFd::as_fd(&ruleset),
+                std::os::fd::AsFd::as_fd(fd),
+                access,
+            )
+            .map_err(|e| format!("landlock rule on a 9P mount: {e}"))?;
+        }
     }
     for (path, access) in rules {
         let fd = match PathFd::new(path) {

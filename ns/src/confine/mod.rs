@@ -164,13 +164,14 @@ fn build(plan: &mut Plan, uid: u32) -> Result<nix::unistd::Pid, String> {
     binds::attach_all(&root, &mut plan.binds)?;
     mounts::mount_dev(&root)?;
     mounts::mount_proc(&root)?;
+    let mut mount_points = Vec::new();
     if !plan.spec.mounts.is_empty() {
         let sock = plan
             .fuse_sock
             .take()
             .ok_or("9P mounts need a FUSE handoff socket")?;
         for (i, m) in plan.spec.mounts.iter().enumerate() {
-            fuse::mount_and_send(&root, i as u32, m, &sock)?;
+            mount_points.push(fuse::mount_and_send(&root, i as u32, m, &sock)?);
         }
     }
     plan.fuse_sock = None;
@@ -189,7 +190,10 @@ fn build(plan: &mut Plan, uid: u32) -> Result<nix::unistd::Pid, String> {
     let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
     nix::sys::prctl::set_dumpable(false).map_err(|e| format!("non-dumpable: {e}"))?;
     nix::sys::prctl::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
-    landlock::restrict(&landlock_view(&plan.spec), plan.weaker_landlock)?;
+    landlock::restrict(
+        &landlock_view(&plan.spec, mount_points),
+        plan.weaker_landlock,
+    )?;
     seccomp::install()?;
     match sys::fork_process().map_err(|e| format!("fork payload: {e}"))? {
         ForkResult::Child => payload(plan),
@@ -212,7 +216,7 @@ fn open_pty(sock: &UnixStream, uid: u32, winsize: [u16; 4]) -> Result<OwnedFd, S
     Ok(slave)
 }
 
-fn landlock_view(spec: &Spec) -> landlock::View {
+fn landlock_view(spec: &Spec, ninep: Vec<OwnedFd>) -> landlock::View {
     let mut write: Vec<String> = vec!["/tmp".into(), crate::HOME.into(), "/dev/shm".into()];
     write.extend(
         spec.binds
@@ -229,7 +233,7 @@ fn landlock_view(spec: &Spec) -> landlock::View {
         .iter()
         .map(|d| format!("/dev/{d}"))
         .collect(),
-        ninep: spec.mounts.iter().map(|m| m.path.clone()).collect(),
+        ninep,
         net: spec.net(),
     }
 }

@@ -341,3 +341,38 @@ pub fn set_winsize(tty: BorrowedFd<'_>, size: [u16; 4]) -> io::Result<()> {
     check(unsafe { libc::ioctl(tty.as_raw_fd(), libc::TIOCSWINSZ, &ws) } as libc::c_long)?;
     Ok(())
 }
+
+/// `landlock_add_rule(ruleset, LANDLOCK_RULE_PATH_BENEATH, {access, parent})`, without the
+/// `fstat` of `parent` the landlock crate makes: on a FUSE root that stat waits for the bridge's
+/// INIT (or fails if the server is gone), while the kernel itself only looks at the dentry's type.
+pub fn landlock_add_path_rule(
+    ruleset: BorrowedFd<'_>,
+    parent: BorrowedFd<'_>,
+    access: u64,
+) -> io::Result<()> {
+    const LANDLOCK_RULE_PATH_BENEATH: libc::c_int = 1;
+    #[repr(C, packed)]
+    struct PathBeneathAttr {
+        allowed_access: u64,
+        parent_fd: i32,
+    }
+    let attr = PathBeneathAttr {
+        allowed_access: access,
+        parent_fd: parent.as_raw_fd(),
+    };
+    // SAFETY: the kernel reads the packed attr (uapi struct landlock_path_beneath_attr) from a
+    // pointer to a live local; both fds are borrowed and stay open for the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_add_rule,
+            ruleset.as_raw_fd(),
+            LANDLOCK_RULE_PATH_BENEATH,
+            &attr as *const PathBeneathAttr,
+            0u32,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
