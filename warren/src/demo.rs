@@ -206,7 +206,7 @@ fn scripted_operator(dirs: &Dirs, stop: tokio::sync::oneshot::Receiver<()>) -> R
         let answering = async {
             let mut answered = 0;
             while let Some((id, request)) = shown_rx.recv().await {
-                let prefix = fingerprint_prefix(&request).context("no fingerprint in the request")?;
+                let prefix = crate::approvals::fingerprint_prefix(&request).context("no fingerprint in the request")?;
                 println!(
                     "\n\x1b[1moperator:\x1b[0m cat /gate/pending/{id}/request\n{}",
                     request.trim_end()
@@ -228,15 +228,3 @@ fn scripted_operator(dirs: &Dirs, stop: tokio::sync::oneshot::Receiver<()>) -> R
 }
 
 static ANSWERED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
-/// The fingerprint prefix a `request` file shows (its `fingerprint:` line).
-fn fingerprint_prefix(request: &str) -> Option<String> {
-    request.lines().find_map(|l| {
-        let rest = l.trim().strip_prefix("fingerprint")?;
-        let word = rest
-            .trim_start_matches([':', ' ', '\t'])
-            .split_whitespace()
-            .next()?;
-        Some(word.chars().take(12).collect())
-    })
-}

@@ -114,7 +114,7 @@ pub async fn write(dirs: &Dirs, path: &str, data: Option<String>) -> Result<Exit
         .with_context(|| path.to_string())?;
     // rpc-style files (append, decide, ctl) answer on the same open; plain files read back empty
     // or refuse the read, neither of which is an error of the write.
-    if let Ok(reply) = fid.read_to_end(data.len() as u64).await {
+    if let Ok(reply) = fid.read_to_end(0).await {
         std::io::stdout().write_all(&reply)?;
     }
     Ok(ExitCode::SUCCESS)

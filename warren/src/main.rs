@@ -1,6 +1,7 @@
 //! `warren`: the front door. Starts and stops the daemons, and speaks 9P to their operator
 //! sockets so everything they serve can be read and written as files, with no FUSE needed.
 
+mod approvals;
 mod demo;
 mod doctor;
 mod files;
@@ -58,6 +59,8 @@ enum Command {
     /// The main job on its embedded default: daemons, a confined agent, an ask answered by a
     /// scripted operator, and the receipts verified. No config, no network.
     Demo,
+    /// The live view of the gate's asks, answered from this terminal.
+    Approvals,
     /// Run a command in a namespace of its own: only what is granted exists there.
     Run(warren_ns::cli::RunArgs),
     /// Receipts: export a scope's chain, or print the key registry.
@@ -103,6 +106,7 @@ fn main() -> ExitCode {
         Command::Status { json } => supervise::status(&dirs, json),
         Command::Run(args) => run::run(&dirs, &args),
         Command::Demo => demo::demo(),
+        Command::Approvals => approvals::approvals(&dirs),
         Command::Receipts(ReceiptsCommand::Export { scope }) => receipts::export(&dirs, &scope),
         Command::Receipts(ReceiptsCommand::Keys) => receipts::keys(&dirs),
         Command::Verify { file, keys } => receipts::verify(&dirs, &file, keys.as_deref()),

@@ -314,3 +314,60 @@ fn the_demo_runs_the_main_job() {
     assert!(stdout.contains("echo 'allow once "), "{stdout}");
     assert!(stdout.contains("warren verify: verified"), "{stdout}");
 }
+
+/// N8 and the operator's side of an ask: `warren approvals` shows a pending ask from the gate's
+/// event stream and answers it with `allow once <fp>`; off a confirmed terminal, `always` is
+/// refused by the gate.
+#[test]
+fn approvals_shows_an_ask_and_answers_it() {
+    let Some(w) = Warren::new() else { return };
+    w.ok(&["up"]);
+    let ask = |cmd: &str| {
+        let req = format!(
+            r#"{{"session":"0123456789abcdef0123456789abcdef","tool":"shell","args":{{"command":"{cmd}"}}}}"#
+        );
+        let out = w.ok(&["write", "/gate/decide", &req]);
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(v["decision"], "ask", "{out}");
+        v["pending"].as_i64().unwrap()
+    };
+    let first = ask("make test");
+    let second = ask("make bench");
+    let mut child = w
+        .cmd(&["approvals"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read the view until it has shown both asks (it lists the open ones at start), answer,
+    // then read on until both answers are reported.
+    use std::io::{BufRead, Write};
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut text = String::new();
+    let mut read_until = |needle: &str, text: &mut String| {
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            text.push_str(&line);
+            text.push('\n');
+            if line.contains(needle) {
+                return;
+            }
+        }
+        panic!("warren approvals ended before {needle:?}:\n{text}");
+    };
+    read_until(&format!("── ask {second} ──"), &mut text);
+    writeln!(stdin, "{first} once").unwrap();
+    read_until(&format!("ask {first}: allow once"), &mut text);
+    writeln!(stdin, "{second} always").unwrap();
+    read_until(&format!("ask {second}: allow always"), &mut text);
+    drop(stdin);
+    let _ = child.wait();
+    assert!(text.contains("make test"), "{text}");
+    assert!(
+        text.contains(&format!("ask {second}: allow always: refused")),
+        "`always` was taken off a terminal:\n{text}"
+    );
+    let state = w.ok(&["cat", &format!("/gate/pending/{first}/request")]);
+    assert!(state.contains("allow"), "{state}");
+}

@@ -1,0 +1,142 @@
+//! `warren approvals`: the operator's live view of the gate's asks, answered from the terminal.
+//!
+//! On a terminal, as root, the front door asks the gate (over its root-only control socket) for a
+//! connection marked `confirmed_tty`: only such a connection may answer `allow session` or
+//! `allow always`. Anywhere else it attaches on the operator socket, which answers `allow once`
+//! and `deny` only. The view is the gate's `events` stream: blocking reads, never a poll.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use tokio::io::AsyncBufReadExt;
+use warren_daemon::Dirs;
+
+/// The fingerprint prefix a `request` file shows (its `fingerprint` line).
+pub fn fingerprint_prefix(request: &str) -> Option<String> {
+    request.lines().find_map(|l| {
+        let rest = l.trim().strip_prefix("fingerprint")?;
+        let word = rest
+            .trim_start_matches([':', ' ', '\t'])
+            .split_whitespace()
+            .next()?;
+        Some(word.to_string())
+    })
+}
+
+async fn connect(dirs: &Dirs) -> Result<(warren_9p::Client, bool)> {
+    let confirmed = std::io::stdin().is_terminal() && nix::unistd::geteuid().is_root();
+    if confirmed {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+        let record = warren_gate::control::ControlRecord {
+            version: 1,
+            kind: warren_gate::control::RecordKind::Operator,
+            confirmed_tty: true,
+            ..Default::default()
+        };
+        warren_gate::control::hand_over(&dirs.control("gate"), &record, &theirs)
+            .context("ask the gate for a confirmed-tty connection")?;
+        ours.set_nonblocking(true)?;
+        let stream = tokio::net::UnixStream::from_std(ours)?;
+        return Ok((warren_9p::Client::new(stream, 1 << 20).await?, true));
+    }
+    let client = warren_9p::Client::connect_unix(dirs.socket("gate"))
+        .await
+        .with_context(|| {
+            format!(
+                "no gate answers at {} (is warren up?)",
+                dirs.socket("gate").display()
+            )
+        })?;
+    Ok((client, false))
+}
+
+/// The verb a typed answer means: `once`, `session`, `always`, `deny`.
+fn verb(word: &str, request: Option<&str>) -> Result<String, String> {
+    match word {
+        "once" | "allow-once" => {
+            let fp = request
+                .and_then(fingerprint_prefix)
+                .ok_or("that ask is not on screen (or has no fingerprint)")?;
+            Ok(format!("allow once {fp}"))
+        }
+        "session" => Ok("allow session".into()),
+        "always" => Ok("allow always".into()),
+        "deny" => Ok("deny".into()),
+        other => Err(format!(
+            "{other:?}: answer with once, session, always or deny"
+        )),
+    }
+}
+
+pub fn approvals(dirs: &Dirs) -> Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let (client, confirmed) = connect(dirs).await?;
+        let root = client.attach("approvals", "").await?;
+        println!(
+            "warren approvals: live view of the gate's asks ({}).\nAnswer with `<id> once|{}deny`; ^D to quit.",
+            if confirmed { "confirmed terminal" } else { "operator socket: allow once and deny only" },
+            if confirmed { "session|always|" } else { "" },
+        );
+        let shown: std::sync::Mutex<std::collections::HashMap<i64, String>> = Default::default();
+        let view = warren_gate::approvals::approvals(
+            &client,
+            |s| {
+                println!("\n── ask {} ──\n{}", s.id, s.request.trim_end());
+                shown.lock().expect("shown").insert(s.id, s.request.clone());
+            },
+            |ev| {
+                if let warren_gate::approvals::Event::Closed { id, line } = ev {
+                    println!("── ask {id} closed: {line}");
+                    shown.lock().expect("shown").remove(id);
+                }
+                true
+            },
+        );
+        let answers = async {
+            let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+            while let Some(line) = lines.next_line().await? {
+                let mut words = line.split_whitespace();
+                let (Some(id), Some(word)) = (words.next(), words.next()) else { continue };
+                let Ok(id) = id.parse::<i64>() else {
+                    println!("{id:?} is not an ask id");
+                    continue;
+                };
+                let request = shown.lock().expect("shown").get(&id).cloned();
+                match verb(word, request.as_deref()) {
+                    Ok(v) => match warren_gate::approvals::answer(&root, id, &v).await {
+                        Ok(reply) => println!("ask {id}: {v}: {}", reply.trim()),
+                        Err(e) => println!("ask {id}: {v}: refused: {e}"),
+                    },
+                    Err(e) => println!("{e}"),
+                }
+            }
+            Ok::<(), anyhow::Error>(())
+        };
+        tokio::select! {
+            r = view => r.context("the gate's event stream")?,
+            r = answers => r?,
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_map_to_verbs() {
+        let req = "ask 3\nfingerprint 7d64a508fbc365d9\n";
+        assert_eq!(
+            verb("once", Some(req)).unwrap(),
+            "allow once 7d64a508fbc365d9"
+        );
+        assert!(verb("once", None).is_err());
+        assert_eq!(verb("deny", None).unwrap(), "deny");
+        assert!(verb("yes", Some(req)).is_err());
+    }
+}
