@@ -51,7 +51,7 @@ async fn walk(dirs: &Dirs, path: &str) -> Result<Fid> {
     }
     root.walk_path(rest)
         .await
-        .with_context(|| format!("{path}"))
+        .with_context(|| path.to_string())
 }
 
 pub async fn ls(dirs: &Dirs, path: &str) -> Result<ExitCode> {
