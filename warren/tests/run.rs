@@ -225,3 +225,120 @@ fn a_blocked_call_does_not_block_the_mount() {
     // The namespace ends with its command; the held call's reader died with it.
     assert!(started.elapsed() < Duration::from_secs(60));
 }
+
+/// Waits (bounded) for a pending ask to appear on the gate and returns (id, request text).
+fn next_ask(w: &Warren, after: i64) -> (i64, String) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = w.run(&["ls", "/gate/pending"]);
+        let ids: Vec<i64> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.trim_end_matches('/').parse().ok())
+            .filter(|&id| id > after)
+            .collect();
+        if let Some(&id) = ids.iter().min() {
+            let req = w.run(&["cat", &format!("/gate/pending/{id}/request")]);
+            return (id, String::from_utf8_lossy(&req.stdout).into_owned());
+        }
+        assert!(Instant::now() < deadline, "no ask appeared on the gate");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn fingerprint(request: &str) -> &str {
+    request
+        .lines()
+        .find_map(|l| l.strip_prefix("fingerprint "))
+        .expect("the request shows a fingerprint")
+        .trim()
+}
+
+/// N8 and the gate from inside, through FUSE: an exec-tier call blocks until the operator writes
+/// `allow once <fp>` to the ask's ctl; the identical next call asks again; `deny` means the tool
+/// never runs. Every decision and effect is a receipt of the session.
+#[test]
+fn exec_calls_wait_for_the_operator_from_inside() {
+    let Some(w) = Warren::up() else { return };
+    let work = tempfile::Builder::new()
+        .prefix("wgate")
+        .tempdir_in("/tmp")
+        .unwrap();
+    nix::unistd::chown(work.path(), Some(61010.into()), Some(61010.into())).unwrap();
+    let dir = work.path().to_str().unwrap();
+    let spec = w.base.path().join("shell.ns");
+    std::fs::write(
+        &spec,
+        format!("mount tool /tool shell\ntool shell -w {dir}\n"),
+    )
+    .unwrap();
+    let script = format!(
+        r#"call() {{ exec 3<>/tool/shell/call; printf '%s' "$1" >&3; cat <&3; exec 3<&-; echo; }}
+           call '{{"command":"echo ran >> {dir}/log","cwd":"{dir}"}}'
+           call '{{"command":"echo ran >> {dir}/log","cwd":"{dir}"}}'"#
+    );
+    let mut agent = w
+        .cmd(&[
+            "run",
+            "--ns",
+            spec.to_str().unwrap(),
+            "--",
+            "/bin/sh",
+            "-c",
+            &script,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // First ask: nothing has run while it waits; allow it once.
+    let (first, request) = next_ask(&w, 0);
+    assert!(
+        request.contains("tool shell") && request.contains("tier exec"),
+        "{request}"
+    );
+    assert!(
+        !work.path().join("log").exists(),
+        "the call ran before it was answered"
+    );
+    let fp = fingerprint(&request).to_string();
+    let out = w.run(&[
+        "write",
+        &format!("/gate/pending/{first}/ctl"),
+        &format!("allow once {fp}"),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The identical second call asks again; deny it.
+    let (second, request2) = next_ask(&w, first);
+    assert_eq!(
+        fingerprint(&request2),
+        fp,
+        "the identical call has another fingerprint"
+    );
+    let out = w.run(&["write", &format!("/gate/pending/{second}/ctl"), "deny"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = agent.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let envelopes: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(envelopes.len(), 2, "{stdout}");
+    assert_eq!(envelopes[0]["status"], "ok", "{stdout}");
+    assert_eq!(envelopes[1]["status"], "denied", "{stdout}");
+    let log = std::fs::read_to_string(work.path().join("log")).unwrap();
+    assert_eq!(log, "ran\n", "the tool ran other than exactly once");
+}
