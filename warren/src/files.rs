@@ -49,9 +49,7 @@ async fn walk(dirs: &Dirs, path: &str) -> Result<Fid> {
     if rest.is_empty() {
         return Ok(root);
     }
-    root.walk_path(rest)
-        .await
-        .with_context(|| path.to_string())
+    root.walk_path(rest).await.with_context(|| path.to_string())
 }
 
 pub async fn ls(dirs: &Dirs, path: &str) -> Result<ExitCode> {

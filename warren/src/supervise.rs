@@ -134,8 +134,33 @@ fn log_path(dirs: &Dirs) -> PathBuf {
     dirs.runtime.join("warren.log")
 }
 
+/// The daemons run under their own uids: every directory above warren's three must let them
+/// pass (search permission for others), or they die at start with EACCES.
+fn check_reachable(dirs: &Dirs) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    for dir in [&dirs.runtime, &dirs.data, &dirs.secrets] {
+        let absolute = std::path::absolute(dir)?;
+        for ancestor in absolute.ancestors().skip(1) {
+            let Ok(meta) = fs::metadata(ancestor) else {
+                continue;
+            };
+            if meta.mode() & 0o001 == 0 {
+                bail!(
+                    "{} (mode {:o}) is not searchable by others, so the daemons, each under its \
+                     own uid, could not reach {}: give it o+x or choose other directories",
+                    ancestor.display(),
+                    meta.mode() & 0o7777,
+                    dir.display()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Creates the three directories with their owners and modes.
 fn prepare_dirs(dirs: &Dirs) -> Result<()> {
+    check_reachable(dirs)?;
     let make = |path: &Path, mode: u32, uid: u32, gid: u32| -> Result<()> {
         fs::create_dir_all(path).with_context(|| format!("create {}", path.display()))?;
         nix::unistd::chown(path, Some(uid.into()), Some(gid.into()))
@@ -449,8 +474,15 @@ fn drop_privileges(uid: u32, groups: &[u32], keep: &[caps::Capability]) -> std::
     Ok(())
 }
 
+/// Whether a 9P server answers a handshake on `path` within a second (the supervisor holds the
+/// listening socket, so a connect succeeds even when no daemon is accepting).
 async fn answers(path: &Path) -> bool {
-    warren_9p::Client::connect_unix(path).await.is_ok()
+    tokio::time::timeout(
+        Duration::from_secs(1),
+        warren_9p::Client::connect_unix(path),
+    )
+    .await
+    .is_ok_and(|r| r.is_ok())
 }
 
 pub fn supervise(dirs: &Dirs, ready_fd: Option<i32>) -> Result<ExitCode> {

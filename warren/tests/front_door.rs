@@ -371,3 +371,55 @@ fn approvals_shows_an_ask_and_answers_it() {
     let state = w.ok(&["cat", &format!("/gate/pending/{first}/request")]);
     assert!(state.contains("allow"), "{state}");
 }
+
+/// N10 for the front door: a daemon that dies at start makes `warren up` fail promptly, naming
+/// it, with nothing left running; a base directory the daemons cannot search is refused up front.
+#[test]
+fn up_fails_cleanly_when_a_daemon_cannot_start() {
+    let Some(w) = Warren::new() else { return };
+    let libexec = tempfile::tempdir().unwrap();
+    let real = PathBuf::from(env!("CARGO_BIN_EXE_warren"));
+    for b in [
+        "warren-gate",
+        "warren-toolfs",
+        "warren-nsd",
+        "warren-bridge",
+        "warren-tool-worker",
+    ] {
+        std::os::unix::fs::symlink(real.with_file_name(b), libexec.path().join(b)).unwrap();
+    }
+    let broken = libexec.path().join("warren-receiptd");
+    std::fs::write(&broken, "#!/bin/sh\necho 'cannot start' >&2\nexit 3\n").unwrap();
+    std::fs::set_permissions(&broken, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = w
+        .cmd(&["up"])
+        .env("WARREN_LIBEXEC_DIR", libexec.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("receiptd exited during startup"), "{err}");
+    assert!(
+        !w.runtime().join("warren.pid").exists(),
+        "a supervisor was left behind"
+    );
+
+    let closed = tempfile::Builder::new()
+        .prefix("wclosed")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        closed.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_warren"))
+        .arg("up")
+        .env("WARREN_RUNTIME_DIR", closed.path().join("run"))
+        .env("WARREN_DATA_DIR", closed.path().join("data"))
+        .env("WARREN_SECRETS_DIR", closed.path().join("secrets"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not searchable by others"));
+}
