@@ -276,7 +276,7 @@ fn exec_calls_wait_for_the_operator_from_inside() {
            call '{{"command":"echo ran >> {dir}/log","cwd":"{dir}"}}'
            call '{{"command":"echo ran >> {dir}/log","cwd":"{dir}"}}'"#
     );
-    let mut agent = w
+    let agent = w
         .cmd(&[
             "run",
             "--ns",
