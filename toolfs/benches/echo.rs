@@ -1,6 +1,8 @@
 //! echo calls/s through the real `warren-toolfs` over a Unix socket (a handed-over socketpair,
-//! as nsd makes them), sequential and with 8 concurrent callers on one connection, side by side
-//! in one run with an ungated MCP stdio `tools/call` on @modelcontextprotocol/server-everything.
+//! as nsd makes them), gated: the real warren-gate decides each call and the real
+//! warren-receiptd takes its decision and effect receipts. Sequential and with 8 concurrent
+//! callers on one connection, side by side in one run with an ungated MCP stdio `tools/call` on
+//! @modelcontextprotocol/server-everything.
 //!
 //! One toolfs call here is what a client really sends: Twalk echo/call, Tlopen, Twrite, Tread
 //! (the result), Tread (0 bytes: the end), Tclunk — six round trips.
@@ -8,15 +10,67 @@
 //! Env: N (calls per measurement, default 3000), MCP_ECHO_RATE (the anchor script, default
 //! /work/shared/tools/mcp_echo_rate.py), MCP_SERVER (server-everything's dist/index.js).
 
-use std::os::fd::AsFd;
-use std::os::unix::net::UnixStream;
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::{Daemon, temp_dir};
 use warren_9p::{Client, Fid, oflags};
 use warren_toolfs::{GrantRecord, ToolGrant};
+
+/// Mean µs of `n` sequential gate decides (an echo call's) and `n` receiptd effect appends,
+/// made directly, each on one long-lived connection as toolfs makes them.
+async fn bare_hops(runtime: &std::path::Path, n: usize) -> (f64, f64) {
+    let session = "fedcba9876543210fedcba9876543210";
+    let gate = warren_gate::GateClient::connect(runtime.join("gate.sock"))
+        .await
+        .unwrap();
+    let t = Instant::now();
+    for i in 0..n {
+        let args = format!(r#"{{"message":"hello {i}"}}"#);
+        let a = gate.decide(session, "echo", args.as_bytes(), &[]).await;
+        assert_eq!(a.decision, warren_gate::Verdict::Allow, "{}", a.basis);
+    }
+    let decide = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+    let appender = warren_receiptd::client::Appender::connect(&runtime.join("receipts.sock"))
+        .await
+        .unwrap();
+    let t = Instant::now();
+    for i in 0..n {
+        let req = format!(
+            r#"{{"scope":"{session}","kind":"effect","subject":{{"tool":"echo","n":{i}}},"digests":{{"result":"sha256:00"}}}}"#
+        );
+        appender.append(req.as_bytes()).await.unwrap();
+    }
+    (decide, t.elapsed().as_secs_f64() * 1e6 / n as f64)
+}
+
+/// Stops toolfs with SIGTERM and returns the per-hop line it logs on the way out.
+fn hop_summary(mut daemon: Daemon) -> String {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.pid() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    for _ in 0..500 {
+        if !daemon.is_running() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    daemon
+        .log()
+        .lines()
+        .find_map(|l| {
+            l.split_once("decide (incl.")
+                .map(|(_, rest)| format!("decide (incl.{rest}"))
+        })
+        .unwrap_or_else(|| "not logged".into())
+}
 
 async fn one_call(root: &Fid, i: usize) {
     let fid = root.walk(&["echo", "call"]).await.unwrap();
@@ -37,28 +91,18 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3000);
-    let dir = tempfile::Builder::new()
-        .prefix("tfsb")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let run = dir.path().join("run");
-    std::fs::create_dir(&run).unwrap();
-    let mut daemon = Command::new(env!("CARGO_BIN_EXE_warren-toolfs"))
-        .arg("--runtime-dir")
-        .arg(&run)
-        .args(
-            std::env::var("TOOLFS_ARGS")
-                .unwrap_or_default()
-                .split_whitespace(),
-        )
-        .env("WARREN_LOG", "warn")
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let ctl = run.join("toolfs.ctl");
-    while UnixStream::connect(&ctl).is_err() {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    // The whole path a call takes: toolfs with its gate connection handed over on gate.ctl,
+    // the gate deciding (and receipting the decision in receiptd) before echo runs, and
+    // toolfs appending the effect receipt after. receiptd's per-scope rate limit is lifted:
+    // this measures the path, not the limiter.
+    let daemon = Daemon::start_gated_in(
+        temp_dir(),
+        &["--rate", "1e9", "--burst", "1e9"],
+        &std::env::var("TOOLFS_ARGS")
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect::<Vec<_>>(),
+    );
     let record = GrantRecord {
         version: 1,
         session: "0123456789abcdef0123456789abcdef".into(),
@@ -71,9 +115,7 @@ fn main() {
         worker_uid: 65534,
         worker_gid: 65534,
     };
-    let (ours, theirs) = UnixStream::pair().unwrap();
-    warren_toolfs::hand_over(&ctl, &record, theirs.as_fd(), &[]).unwrap();
-    drop(theirs);
+    let ours = daemon.hand_over(&record, &[]).unwrap();
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -110,8 +152,9 @@ fn main() {
         }
         (seq, t.elapsed())
     });
-    let _ = daemon.kill();
-    let _ = daemon.wait();
+    let runtime = daemon.stack().runtime.clone();
+    let (decide_us, append_us) = rt.block_on(bare_hops(&runtime, n / 3));
+    let hops = hop_summary(daemon);
 
     let seq_rate = n as f64 / seq.as_secs_f64();
     let conc_rate = n as f64 / conc.as_secs_f64();
@@ -121,6 +164,10 @@ fn main() {
     );
     println!(
         "toolfs echo over a Unix socket, 8 concurrent callers on one connection: {conc_rate:.0} calls/s"
+    );
+    println!("per hop inside toolfs (mean over every call of the run, warm-up included): {hops}");
+    println!(
+        "the two receipted hops alone, sequential from this process: gate decide {decide_us:.0} us, receiptd effect append {append_us:.0} us"
     );
 
     let script = std::env::var("MCP_ECHO_RATE")

@@ -3,12 +3,17 @@
 //! `offset − o₀` where o₀ is the offset of the first read.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::task::JoinHandle;
 use warren_9p::{Errno, Result};
 
-use crate::args;
-use crate::dispatch::Dispatcher;
+use serde_json::json;
+use warren_gate::{Answer, Verdict};
+
+use crate::args::{self, Arguments};
+use crate::dispatch::{Dispatcher, Runnable};
+use crate::effects::ReceiptRef;
 use crate::envelope::{Envelope, Status, Taint, content_digest};
 use crate::grant::GrantedTool;
 use crate::tree::CallSlot;
@@ -16,7 +21,8 @@ use crate::tree::CallSlot;
 enum Phase {
     /// Collecting arguments; nothing has run.
     Writing,
-    /// The first read is readying the call (finding the worker; later: asking the gate). If
+    /// The first read is readying the call (asking the gate, waiting for an ask's answer,
+    /// finding the worker). If
     /// that read is flushed the call is withdrawn and this phase is what the next read finds.
     Preparing,
     /// Started: it runs to its end in its own task, whatever happens to the reads or the fid.
@@ -35,20 +41,77 @@ pub struct CallOpen {
     slot: Arc<CallSlot>,
 }
 
-/// Logs a withdrawal if the first read's future is dropped (Tflush) before the call started.
-struct WithdrawOnDrop<'a> {
-    conn: &'a str,
-    tool: &'a str,
-    args: &'a [u8],
+/// Withdraws the call if the first read's future is dropped (Tflush) before the call started:
+/// the gate's pending ask (if one is open) is withdrawn and the withdrawal receipted.
+struct Withdrawal {
+    dispatcher: Arc<Dispatcher>,
+    tool: String,
+    args_digest: String,
+    pending: Option<i64>,
     armed: bool,
 }
 
-impl Drop for WithdrawOnDrop<'_> {
+impl Drop for Withdrawal {
     fn drop(&mut self) {
-        if self.armed {
-            tracing::info!(conn = self.conn, tool = self.tool, args = %content_digest(self.args), "call withdrawn: its read was flushed before it started");
+        if !self.armed {
+            return;
         }
+        tracing::info!(conn = %self.dispatcher.grant().label, tool = %self.tool, args = %self.args_digest, pending = ?self.pending, "call withdrawn: its read was flushed before it started");
+        withdraw(
+            self.dispatcher.clone(),
+            self.tool.clone(),
+            self.args_digest.clone(),
+            self.pending,
+            "flushed before it started",
+        );
     }
+}
+
+/// In the background (it may run from a destructor): withdraws ask `pending` at the gate, then
+/// appends a `withdrawn` receipt.
+fn withdraw(
+    dispatcher: Arc<Dispatcher>,
+    tool: String,
+    args_digest: String,
+    pending: Option<i64>,
+    why: &'static str,
+) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::error!(tool, "withdrawn call not receipted: no runtime");
+        return;
+    };
+    runtime.spawn(async move {
+        let services = dispatcher.services();
+        if let Some(id) = pending {
+            services.gate.withdraw(id).await;
+        }
+        let mut subject = json!({"tool": tool, "why": why});
+        if let Some(id) = pending {
+            subject["pending"] = json!(id);
+        }
+        services
+            .receipts
+            .append(
+                dispatcher.session(),
+                "withdrawn",
+                subject,
+                json!({"args": args_digest}),
+            )
+            .await;
+    });
+}
+
+/// The envelope of a call the gate did not allow: the gate's basis, and its decision receipt.
+fn denied(tool: &str, session: &str, answer: &Answer) -> Envelope {
+    let mut env = Envelope::new(tool, Status::Denied, Taint::Trusted, answer.basis.clone());
+    env.receipt = answer.receipt.as_ref().map(|ack| ReceiptRef {
+        kind: "decision".into(),
+        scope: session.to_owned(),
+        seq: Some(ack.seq),
+        hash: Some(ack.hash.clone()),
+        error: None,
+    });
+    env
 }
 
 impl CallOpen {
@@ -121,7 +184,8 @@ impl CallOpen {
         }
     }
 
-    /// Parses and readies the call and, if that succeeds, starts it in a task of its own.
+    /// Parses the call, has the gate decide it (waiting for an ask's answer), readies it and, if
+    /// all that succeeds, starts it in a task of its own.
     async fn start(&self, dispatcher: &Arc<Dispatcher>) -> Phase {
         let name = self.tool.def.name.as_str();
         let prepared = match args::prepare(&self.args, &self.tool.def.validator) {
@@ -136,43 +200,135 @@ impl CallOpen {
                 return Phase::Done(Arc::new(env.to_canonical()));
             }
         };
-        let mut guard = WithdrawOnDrop {
-            conn: &dispatcher.grant().label,
-            tool: name,
-            args: &self.args,
+        let mut withdrawal = Withdrawal {
+            dispatcher: dispatcher.clone(),
+            tool: name.to_owned(),
+            args_digest: content_digest(&prepared.canonical),
+            pending: None,
             armed: true,
         };
+        let answer = self.decide(dispatcher, &prepared, &mut withdrawal).await;
+        if answer.decision != Verdict::Allow {
+            withdrawal.armed = false;
+            tracing::info!(conn = %dispatcher.grant().label, tool = name, basis = %answer.basis, "call denied");
+            let env = denied(name, dispatcher.session(), &answer);
+            return Phase::Done(Arc::new(env.to_canonical()));
+        }
         let runnable = match dispatcher.prepare(&self.tool).await {
             Ok(r) => r,
             Err(env) => {
-                guard.armed = false;
+                withdrawal.armed = false;
                 return Phase::Done(Arc::new(env.to_canonical()));
             }
         };
-        guard.armed = false;
+        withdrawal.armed = false;
         let (dispatcher, tool, slot) = (dispatcher.clone(), self.tool.clone(), self.slot.clone());
         Phase::Running(tokio::spawn(async move {
-            let env = dispatcher.run(&tool, runnable, &prepared).await;
+            let env = run_and_receipt(&dispatcher, &tool, runnable, &prepared, &answer).await;
             drop(slot);
             Arc::new(env.to_canonical())
         }))
     }
 
+    /// The gate's answer: an ask is waited for (the read blocks) until it is answered.
+    async fn decide(
+        &self,
+        dispatcher: &Dispatcher,
+        prepared: &Arguments,
+        withdrawal: &mut Withdrawal,
+    ) -> Answer {
+        let name = self.tool.def.name.as_str();
+        let gate = &dispatcher.services().gate;
+        let started = Instant::now();
+        let mut answer = gate
+            .decide(
+                dispatcher.session(),
+                name,
+                &prepared.canonical,
+                &dispatcher.context().states(),
+            )
+            .await;
+        if answer.decision == Verdict::Ask {
+            answer = match answer.pending {
+                Some(id) => {
+                    tracing::info!(conn = %dispatcher.grant().label, tool = name, pending = id, "call waits for its ask to be answered");
+                    withdrawal.pending = Some(id);
+                    let mut waited = gate.wait(id).await;
+                    withdrawal.pending = None;
+                    // A wait's answer may name no receipt: the ask's own decision receipt
+                    // (in the same scope) is then the call's.
+                    if waited.receipt.is_none() {
+                        waited.receipt = answer.receipt.take();
+                    }
+                    waited
+                }
+                None => warren_gate::client::unavailable("the gate asked without a pending id"),
+            };
+        }
+        dispatcher.services().hops.decide(started.elapsed());
+        answer
+    }
+
     /// The fid was clunked (or its connection ended).
-    pub fn closed(self, conn: &str) {
+    pub fn closed(self, dispatcher: &Arc<Dispatcher>) {
+        let conn = dispatcher.grant().label.as_str();
         match self.phase {
             // Opened and closed without a byte either way (a probe, an editor's stat): no call.
             Phase::Writing if self.args.is_empty() => {}
-            Phase::Writing => tracing::info!(
-                conn,
-                tool = %self.tool.def.name,
-                args = %content_digest(&self.args),
-                "call withdrawn: closed before its first read"
-            ),
+            Phase::Writing => {
+                let args_digest = content_digest(&self.args);
+                tracing::info!(conn, tool = %self.tool.def.name, args = %args_digest, "call withdrawn: closed before its first read");
+                withdraw(
+                    dispatcher.clone(),
+                    self.tool.def.name.clone(),
+                    args_digest,
+                    None,
+                    "closed before its first read",
+                );
+            }
             Phase::Running(_) => {
                 tracing::debug!(conn, tool = %self.tool.def.name, "closed while running; the call runs to its end")
             }
             Phase::Preparing | Phase::Withdrawn | Phase::Done(_) => {}
         }
     }
+}
+
+/// Runs an allowed call, marks the session's context untrusted if the result is a tool's, and
+/// appends the effect receipt; the envelope carries the receipt (or why there is none).
+async fn run_and_receipt(
+    dispatcher: &Dispatcher,
+    tool: &GrantedTool,
+    runnable: Runnable,
+    args: &Arguments,
+    answer: &Answer,
+) -> Envelope {
+    let services = dispatcher.services();
+    let started = Instant::now();
+    let mut env = dispatcher.run(tool, runnable, args).await;
+    services.hops.run(started.elapsed());
+    if env.taint == Taint::Untrusted {
+        dispatcher.context().mark_untrusted();
+    }
+    let started = Instant::now();
+    let mut subject = json!({
+        "tool": env.tool,
+        "fingerprint": answer.fingerprint,
+        "status": env.status,
+    });
+    if let Some(ack) = &answer.receipt {
+        subject["decision"] = json!({"seq": ack.seq, "hash": ack.hash});
+    }
+    let receipt = services
+        .receipts
+        .append(
+            dispatcher.session(),
+            "effect",
+            subject,
+            json!({"args": content_digest(&args.canonical), "result": env.digest}),
+        )
+        .await;
+    services.hops.effect(started.elapsed());
+    env.receipt = Some(receipt);
+    env
 }

@@ -14,8 +14,8 @@ use warren_daemon::operator::{self, OperatorPolicy};
 use warren_daemon::peer::{PeerCred, peer_cred, peer_in_own_pidns};
 
 use crate::catalog::Catalog;
-use crate::echo::EchoJournal;
 use crate::grant::{ConnGrant, GrantRecord, write_reply};
+use crate::services::Services;
 use crate::tree::{ToolTree, TreeLimits};
 
 /// What every connection's tree is built with.
@@ -23,7 +23,7 @@ pub struct Server {
     pub catalog: Catalog,
     pub tree_limits: TreeLimits,
     pub p9_limits: Limits,
-    pub journal: Arc<EchoJournal>,
+    pub services: Arc<Services>,
     /// Open-call counters of the sessions that have live connections: a session's connections
     /// share one cap, so a namespace cannot multiply it by opening more connections.
     pub session_calls: Mutex<HashMap<String, Weak<AtomicUsize>>>,
@@ -34,27 +34,24 @@ impl Server {
         catalog: Catalog,
         tree_limits: TreeLimits,
         p9_limits: Limits,
-        journal: EchoJournal,
+        services: Services,
     ) -> Server {
         Server {
             catalog,
             tree_limits,
             p9_limits,
-            journal: Arc::new(journal),
+            services: Arc::new(services),
             session_calls: Mutex::new(HashMap::new()),
         }
     }
 
     fn tree(&self, grant: ConnGrant) -> Arc<ToolTree> {
-        let open_calls = match &grant.session {
-            Some(session) => self.session_counter(session),
-            None => Arc::new(AtomicUsize::new(0)),
-        };
+        let open_calls = self.session_counter(&grant.session);
         Arc::new(ToolTree::new(
             grant,
             self.tree_limits.clone(),
             open_calls,
-            self.journal.clone(),
+            self.services.clone(),
         ))
     }
 

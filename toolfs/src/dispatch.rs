@@ -9,9 +9,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::args::Arguments;
 use crate::catalog::Runner;
-use crate::echo::{self, EchoJournal};
+use crate::echo;
 use crate::envelope::{Envelope, Status, Taint};
 use crate::grant::{ConnGrant, GrantedTool};
+use crate::services::{Services, SessionContext};
 use crate::worker::Worker;
 
 /// How long toolfs waits for a worker's answer. `shell` bounds its own commands (at most 600 s)
@@ -41,11 +42,12 @@ struct WorkerSlot {
 pub struct Dispatcher {
     grant: Arc<ConnGrant>,
     workers: HashMap<String, WorkerSlot>,
-    journal: Arc<EchoJournal>,
+    services: Arc<Services>,
+    context: Arc<SessionContext>,
 }
 
 impl Dispatcher {
-    pub fn new(grant: Arc<ConnGrant>, journal: Arc<EchoJournal>) -> Dispatcher {
+    pub fn new(grant: Arc<ConnGrant>, services: Arc<Services>) -> Dispatcher {
         let workers = grant
             .tools
             .iter()
@@ -61,14 +63,29 @@ impl Dispatcher {
             })
             .collect();
         Dispatcher {
+            context: services.context(&grant.session),
             grant,
             workers,
-            journal,
+            services,
         }
     }
 
     pub fn grant(&self) -> &Arc<ConnGrant> {
         &self.grant
+    }
+
+    pub fn services(&self) -> &Arc<Services> {
+        &self.services
+    }
+
+    /// The receipt scope and the gate's session: the grant's, or one minted for an operator
+    /// connection.
+    pub fn session(&self) -> &str {
+        &self.grant.session
+    }
+
+    pub fn context(&self) -> &SessionContext {
+        &self.context
     }
 
     /// Readies a call: waits for its turn on the tool's worker, finding (or spawning) the worker.
@@ -151,7 +168,7 @@ impl Dispatcher {
         let name = tool.def.name.as_str();
         match runnable {
             Runnable::Echo => {
-                let content = echo::run(&args.value, &args.canonical, &self.journal).await;
+                let content = echo::run(&args.value, &args.canonical, &self.services.journal).await;
                 Envelope::new(name, Status::Ok, Taint::Untrusted, content)
             }
             Runnable::Worker(worker, _turn) => {

@@ -4,6 +4,8 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::effects::ReceiptRef;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
@@ -11,7 +13,7 @@ pub enum Status {
     Ok,
     /// The arguments were refused, or the tool ran and failed, or could not be reached.
     Error,
-    /// Policy refused the call (the gate, when it lands); the tool did not run.
+    /// The gate did not allow the call (or there is no gate); the tool did not run.
     Denied,
 }
 
@@ -34,9 +36,10 @@ pub struct Envelope {
     pub digest: String,
     pub taint: Taint,
     pub tool: String,
-    /// The effect receipt's id, once receiptd signs calls.
+    /// The call's receipt: the effect receipt of a call that ran (or why receiptd did not take
+    /// it), the gate's decision receipt of a denied call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub receipt: Option<String>,
+    pub receipt: Option<ReceiptRef>,
 }
 
 impl Envelope {

@@ -66,7 +66,9 @@ pub struct GrantedTool {
 pub struct ConnGrant {
     /// For log lines: `operator uid=…` or `session … namespace …`.
     pub label: String,
-    pub session: Option<String>,
+    /// The namespace's session, or one minted for an operator connection: the gate decides
+    /// and receipts are kept per session.
+    pub session: String,
     /// Sorted by name.
     pub tools: Vec<Arc<GrantedTool>>,
     /// Who the workers run as; `None` on the operator socket, whose worker tools have no roots
@@ -79,6 +81,7 @@ impl ConnGrant {
     /// network (so they answer an error instead of touching the host: authority over host
     /// paths comes only with a grant record).
     pub fn operator(catalog: &Catalog, uid: u32) -> ConnGrant {
+        let session = crate::services::mint_session();
         let tools = catalog
             .names()
             .filter_map(|n| catalog.get(n))
@@ -93,8 +96,8 @@ impl ConnGrant {
             })
             .collect();
         ConnGrant {
-            label: format!("operator uid={uid}"),
-            session: None,
+            label: format!("operator uid={uid} session {session}"),
+            session,
             tools,
             worker_ids: None,
         }
@@ -183,7 +186,7 @@ impl ConnGrant {
         tools.sort_by(|a, b| a.def.name.cmp(&b.def.name));
         Ok(ConnGrant {
             label: format!("session {} namespace {}", record.session, record.namespace),
-            session: Some(record.session.clone()),
+            session: record.session.clone(),
             tools,
             worker_ids: Some((record.worker_uid, record.worker_gid)),
         })

@@ -10,6 +10,9 @@ use warren_daemon::Dirs;
 use warren_toolfs::catalog::Catalog;
 use warren_toolfs::control::Server;
 use warren_toolfs::echo::EchoJournal;
+use warren_toolfs::effects::Receipts;
+use warren_toolfs::gate::{self, GateLink};
+use warren_toolfs::services::Services;
 use warren_toolfs::tree::TreeLimits;
 
 #[derive(Parser, Debug)]
@@ -54,6 +57,9 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     warren_daemon::init_tracing("toolfs");
     warren_daemon::harden()?;
+    // Taken first, before anything else opens fds; a bad value stops toolfs (the supervisor
+    // named an fd that is not its handover) rather than run without the gate it meant to give.
+    let gate_fd = gate::take_inherited_fd()?;
     let runtime_dir = args.runtime_dir.unwrap_or_else(|| Dirs::from_env().runtime);
     let dirs = Dirs {
         runtime: runtime_dir,
@@ -64,15 +70,6 @@ fn main() -> anyhow::Result<()> {
         Some(p) => EchoJournal::open(p)?,
         None => EchoJournal::default(),
     };
-    let server = Arc::new(Server::new(
-        catalog,
-        TreeLimits {
-            max_open_calls: args.max_open_calls,
-            max_arg_bytes: args.max_arg_bytes,
-        },
-        warren_9p::Limits::default(),
-        journal,
-    ));
     let runtime = match args.threads {
         0 | 1 => tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -83,6 +80,23 @@ fn main() -> anyhow::Result<()> {
             .build()?,
     };
     let result = runtime.block_on(async move {
+        let gate = match gate_fd {
+            Some(fd) => GateLink::attach(fd).await,
+            None => {
+                tracing::warn!("{} is not set: {}", gate::GATE_FD_ENV, gate::NO_GATE);
+                GateLink::none()
+            }
+        };
+        let services = Services::new(gate, Receipts::new(dirs.socket("receipts")), journal);
+        let server = Arc::new(Server::new(
+            catalog,
+            TreeLimits {
+                max_open_calls: args.max_open_calls,
+                max_arg_bytes: args.max_arg_bytes,
+            },
+            warren_9p::Limits::default(),
+            services,
+        ));
         let operator = warren_daemon::operator::listen(&dirs.socket("tool"))?;
         let ctl_path = dirs.control("toolfs");
         let control = warren_daemon::operator::listen(&ctl_path)?;
@@ -91,10 +105,11 @@ fn main() -> anyhow::Result<()> {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
             () = server.clone().serve_operator(operator) => {}
-            () = server.serve_control(control) => {}
+            () = server.clone().serve_control(control) => {}
             _ = term.recv() => tracing::info!("SIGTERM: stopping"),
             _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
         }
+        tracing::info!(target: "warren_toolfs::hops", "{}", server.services.hops.summary());
         anyhow::Ok(())
     });
     // Dropping the connections' tasks drops their trees, which kills and reaps their workers.

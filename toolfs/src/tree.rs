@@ -9,8 +9,8 @@ use warren_9p::{DirEntry, Errno, FileTree, GetAttrMask, QId, QIdType, Result, St
 
 use crate::call::CallOpen;
 use crate::dispatch::Dispatcher;
-use crate::echo::EchoJournal;
 use crate::grant::ConnGrant;
+use crate::services::Services;
 
 /// Per-connection caps.
 #[derive(Debug, Clone)]
@@ -70,7 +70,7 @@ impl ToolTree {
         grant: ConnGrant,
         limits: TreeLimits,
         open_calls: Arc<AtomicUsize>,
-        journal: Arc<EchoJournal>,
+        services: Arc<Services>,
     ) -> ToolTree {
         let grant = Arc::new(grant);
         let tools_file = grant
@@ -84,7 +84,7 @@ impl ToolTree {
             .unwrap_or_default();
         tracing::info!(conn = %grant.label, tools = grant.tools.len(), "serving a connection");
         ToolTree {
-            dispatcher: Arc::new(Dispatcher::new(grant, journal)),
+            dispatcher: Arc::new(Dispatcher::new(grant, services)),
             tools_file,
             limits,
             open_calls,
@@ -340,7 +340,7 @@ impl FileTree for ToolTree {
 
     async fn clunk(&self, fid: ToolFid) {
         if let Some(Opened::Call(call)) = fid.open {
-            call.closed(&self.grant().label);
+            call.closed(&self.dispatcher);
         }
     }
 }

@@ -79,8 +79,14 @@ pub fn drop_to(uid: u32, gid: u32) -> io::Result<()> {
 /// Empties the ambient, inheritable, effective and permitted capability sets.
 fn clear_capabilities() -> io::Result<()> {
     use caps::CapSet;
-    for set in [CapSet::Ambient, CapSet::Inheritable, CapSet::Effective, CapSet::Permitted] {
-        caps::clear(None, set).map_err(|e| io::Error::other(format!("clear {set:?} capabilities: {e}")))?;
+    for set in [
+        CapSet::Ambient,
+        CapSet::Inheritable,
+        CapSet::Effective,
+        CapSet::Permitted,
+    ] {
+        caps::clear(None, set)
+            .map_err(|e| io::Error::other(format!("clear {set:?} capabilities: {e}")))?;
     }
     Ok(())
 }

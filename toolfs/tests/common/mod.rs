@@ -2,6 +2,10 @@
 //! connections to it (operator socket, or handed over with a grant on the control socket).
 #![allow(dead_code)]
 
+pub mod stack;
+
+pub use stack::Stack;
+
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -18,34 +22,84 @@ pub const WORKER_GID: u32 = 65534;
 pub struct Daemon {
     child: Child,
     pub dir: tempfile::TempDir,
+    /// receiptd and the gate, when this toolfs was given a gate.
+    pub stack: Option<Stack>,
+    /// The fd number `WARREN_GATE_FD` named.
+    pub gate_fd: Option<i32>,
 }
 
 impl Daemon {
+    /// toolfs with receiptd and a gate whose operator allows every ask once (a thread answers
+    /// each `pending` event): for tests of what calls do once allowed.
     pub fn start() -> Daemon {
         Daemon::start_with(&[])
     }
 
-    /// Starts the real binary with `extra` flags; returns once both sockets answer.
     pub fn start_with(extra: &[&str]) -> Daemon {
-        let dir = tempfile::Builder::new()
-            .prefix("tfs")
-            .tempdir_in("/tmp")
-            .unwrap();
-        std::fs::create_dir(dir.path().join("run")).unwrap();
+        let d = Daemon::start_gated(extra);
+        d.stack.as_ref().unwrap().approve_every_ask();
+        d
+    }
+
+    /// toolfs with receiptd and a gate; asks stay open until the test answers them.
+    pub fn start_gated(extra: &[&str]) -> Daemon {
+        Daemon::start_gated_in(temp_dir(), &[], extra)
+    }
+
+    /// As [`Daemon::start_gated`] in `dir` (which has `run/`), receiptd given `receiptd_args`.
+    pub fn start_gated_in(
+        dir: tempfile::TempDir,
+        receiptd_args: &[&str],
+        extra: &[&str],
+    ) -> Daemon {
+        let stack = Stack::up_with(dir.path(), receiptd_args);
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        stack.hand_toolfs(&theirs);
+        drop(theirs);
+        // Inherited by toolfs under the number WARREN_GATE_FD names (UnixStream::pair set
+        // close-on-exec; toolfs sets it again on its side).
+        nix::fcntl::fcntl(
+            &ours,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+        )
+        .unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&ours);
+        let mut d = Daemon::spawn(dir, extra, Some(&fd.to_string()));
+        drop(ours);
+        d.stack = Some(stack);
+        d.gate_fd = Some(fd);
+        d
+    }
+
+    /// toolfs alone, without WARREN_GATE_FD: every call is denied.
+    pub fn start_ungated(extra: &[&str]) -> Daemon {
+        Daemon::spawn(temp_dir(), extra, None)
+    }
+
+    /// Starts the real binary with `extra` flags; returns once both sockets answer.
+    fn spawn(dir: tempfile::TempDir, extra: &[&str], gate_fd: Option<&str>) -> Daemon {
         let log = std::fs::File::create(dir.path().join("toolfs.log")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_warren-toolfs"))
-            .arg("--runtime-dir")
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_warren-toolfs"));
+        cmd.arg("--runtime-dir")
             .arg(dir.path().join("run"))
             .arg("--echo-journal")
             .arg(dir.path().join("echo.journal"))
             .args(extra)
             .env("WARREN_LOG", "info")
+            .env_remove("WARREN_GATE_FD")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let d = Daemon { child, dir };
+            .stderr(log);
+        if let Some(fd) = gate_fd {
+            cmd.env("WARREN_GATE_FD", fd);
+        }
+        let child = cmd.spawn().unwrap();
+        let d = Daemon {
+            child,
+            dir,
+            stack: None,
+            gate_fd: None,
+        };
         for _ in 0..500 {
             if UnixStream::connect(d.ctl()).is_ok()
                 && UnixStream::connect(d.operator_sock()).is_ok()
@@ -55,6 +109,14 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(20));
         }
         panic!("warren-toolfs did not come up; log:\n{}", d.log());
+    }
+
+    pub fn stack(&self) -> &Stack {
+        self.stack.as_ref().expect("this toolfs has a gate")
+    }
+
+    pub fn stack_mut(&mut self) -> &mut Stack {
+        self.stack.as_mut().expect("this toolfs has a gate")
     }
 
     pub fn ctl(&self) -> PathBuf {
@@ -141,6 +203,16 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A short temp dir with `run/` in it.
+pub fn temp_dir() -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("tfs")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::create_dir(dir.path().join("run")).unwrap();
+    dir
 }
 
 /// A fresh session id (32 hex digits) per call.

@@ -1,0 +1,343 @@
+//! Every call crosses the gate and every effect lands as a receipt: the real warren-receiptd,
+//! warren-gate (under a uid of its own) and warren-toolfs, toolfs's gate connection handed over
+//! on `gate.ctl` as the supervisor hands it (a socketpair; toolfs inherits its end under
+//! `WARREN_GATE_FD`).
+
+mod common;
+
+use std::time::Duration;
+
+use common::stack::{answer, open_asks};
+use common::*;
+use serde_json::Value;
+use warren_9p::Fid;
+use warren_toolfs::{Envelope, Status};
+
+fn receipt_seq(env: &Envelope, kind: &str) -> u64 {
+    let r = env
+        .receipt
+        .as_ref()
+        .unwrap_or_else(|| panic!("no receipt: {env:?}"));
+    assert_eq!(r.kind, kind, "{env:?}");
+    assert_eq!(r.error, None, "{env:?}");
+    r.seq.unwrap_or_else(|| panic!("no seq: {env:?}"))
+}
+
+fn body_at(bodies: &[Value], seq: u64) -> &Value {
+    bodies
+        .iter()
+        .find(|b| b["seq"] == seq)
+        .unwrap_or_else(|| panic!("no receipt at seq {seq} in {bodies:#?}"))
+}
+
+/// The one open ask of the gate, once there is one (toolfs has decided and is waiting on it).
+async fn the_open_ask(gate: &Fid) -> i64 {
+    for _ in 0..1000 {
+        if let [id] = open_asks(gate).await[..] {
+            return id;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no single open ask: {:?}", open_asks(gate).await);
+}
+
+async fn request_text(gate: &Fid, id: i64) -> String {
+    String::from_utf8(read_file(gate, &format!("pending/{id}/request")).await).unwrap()
+}
+
+fn field<'a>(request: &'a str, name: &str) -> &'a str {
+    request
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in {request}"))
+}
+
+/// Design "How a tool call flows": a read-tier call is allowed, its decision receipt is in
+/// receiptd's log before its effect receipt, and the envelope names the effect receipt, whose
+/// digests are those of the arguments and of the result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_call_is_decided_run_and_receipted_in_that_order() {
+    let d = Daemon::start_gated(&[]);
+    let rec = record(&["echo"]);
+    let (_c, root) = d.granted(&rec, &[]).await;
+    let args = br#"{"message":"hi"}"#;
+    let env = call_envelope(&root, "echo", args).await;
+    assert_eq!(env.status, Status::Ok, "{env:?}");
+    let effect_seq = receipt_seq(&env, "effect");
+    let r = env.receipt.as_ref().unwrap();
+    assert_eq!(r.scope, rec.session);
+
+    let bodies = d.stack().receipts(&rec.session).await;
+    let effect = body_at(&bodies, effect_seq);
+    assert_eq!(effect["kind"], "effect");
+    assert_eq!(effect["appender"], "toolfs");
+    assert_eq!(effect["subject"]["tool"], "echo");
+    assert_eq!(effect["digests"]["result"], env.digest.as_str());
+    assert_eq!(effect["digests"]["args"], digest(args).as_str());
+    let decision_seq = effect["subject"]["decision"]["seq"].as_u64().unwrap();
+    assert!(decision_seq < effect_seq, "{bodies:#?}");
+    let decision = body_at(&bodies, decision_seq);
+    assert_eq!(decision["kind"], "decision");
+    assert_eq!(decision["appender"], "gate");
+    assert_eq!(decision["subject"]["tool"], "echo");
+    assert_eq!(decision["subject"]["verdict"], "allow");
+    assert_eq!(
+        decision["subject"]["fingerprint"],
+        effect["subject"]["fingerprint"]
+    );
+    assert_eq!(d.journal().len(), 2, "{:?}", d.journal());
+}
+
+/// An exec-tier call blocks until the operator answers `allow once <fp-prefix>`, then runs; an
+/// identical call asks again (the token was spent) with `untrusted_context` (the session has
+/// been handed a tool's result); `deny` returns a denied envelope and the tool does not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exec_call_waits_for_its_answer_and_a_deny_never_runs() {
+    let d = Daemon::start_gated(&[]);
+    let (path, fd) = tool_root(&d, "work");
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let mut rec = record_with_root(&["shell"], path_str(&path));
+    rec.tools[0].roots[0].writable = true;
+    let (_c, root) = d.granted(&rec, &[std::os::fd::AsFd::as_fd(&fd)]).await;
+    let root = std::sync::Arc::new(root);
+    let gate = d.stack().gate_operator().await;
+    let args = br#"{"command":"echo ran >> ran.txt"}"#;
+
+    let first = {
+        let root = root.clone();
+        tokio::spawn(async move { call_envelope(&root, "shell", args).await })
+    };
+    let id = the_open_ask(&gate).await;
+    let req = request_text(&gate, id).await;
+    assert_eq!(field(&req, "tool"), "shell");
+    assert_eq!(field(&req, "context"), "-");
+    assert!(
+        !first.is_finished(),
+        "the call returned before its ask was answered"
+    );
+    assert!(
+        !path.join("ran.txt").exists(),
+        "the command ran before it was allowed"
+    );
+    answer(
+        &gate,
+        id,
+        &format!("allow once {}", field(&req, "fingerprint")),
+    )
+    .await
+    .unwrap();
+    let env = first.await.unwrap();
+    assert_eq!(env.status, Status::Ok, "{env:?}");
+    receipt_seq(&env, "effect");
+    assert_eq!(
+        std::fs::read_to_string(path.join("ran.txt")).unwrap(),
+        "ran\n"
+    );
+
+    let second = {
+        let root = root.clone();
+        tokio::spawn(async move { call_envelope(&root, "shell", args).await })
+    };
+    let id2 = the_open_ask(&gate).await;
+    assert_ne!(id2, id);
+    let req2 = request_text(&gate, id2).await;
+    assert_eq!(field(&req2, "context"), "untrusted_context", "{req2}");
+    answer(&gate, id2, "deny").await.unwrap();
+    let env = second.await.unwrap();
+    assert_eq!(env.status, Status::Denied, "{env:?}");
+    receipt_seq(&env, "decision");
+    assert_eq!(
+        std::fs::read_to_string(path.join("ran.txt")).unwrap(),
+        "ran\n",
+        "a denied call ran"
+    );
+}
+
+/// Tflush of a read waiting on an ask withdraws the call: the gate's ask is closed (no longer
+/// listed) and a `withdrawn` receipt is appended; the tool never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flushed_wait_withdraws_the_ask() {
+    let d = Daemon::start_gated(&[]);
+    let (path, fd) = tool_root(&d, "work");
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let mut rec = record_with_root(&["shell"], path_str(&path));
+    rec.tools[0].roots[0].writable = true;
+    let (_c, root) = d.granted(&rec, &[std::os::fd::AsFd::as_fd(&fd)]).await;
+    let root = std::sync::Arc::new(root);
+    let gate = d.stack().gate_operator().await;
+    let pending = {
+        let root = root.clone();
+        tokio::spawn(
+            async move { call_envelope(&root, "shell", br#"{"command":"touch ran"}"#).await },
+        )
+    };
+    let id = the_open_ask(&gate).await;
+    // The ask is listed a moment before toolfs has its id: flush once toolfs says it waits.
+    for _ in 0..1000 {
+        if d.log().contains("call waits for its ask to be answered") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Dropping the read's future sends Tflush for it.
+    pending.abort();
+    for _ in 0..1000 {
+        let withdrawn = d
+            .stack()
+            .receipts(&rec.session)
+            .await
+            .into_iter()
+            .any(|b| b["kind"] == "withdrawn" && b["subject"]["pending"] == id);
+        if withdrawn && open_asks(&gate).await.is_empty() {
+            let req = request_text(&gate, id).await;
+            assert_eq!(field(&req, "state"), "orphaned", "{req}");
+            assert!(!path.join("ran").exists());
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "the ask was not withdrawn; receipts {:#?}",
+        d.stack().receipts(&rec.session).await
+    );
+}
+
+/// Fail closed: once the gate is gone, every call is denied (never run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_gate_killed_every_later_call_is_denied() {
+    let mut d = Daemon::start_gated(&[]);
+    let (_c, root) = d.granted(&record(&["echo"]), &[]).await;
+    let env = call_envelope(&root, "echo", br#"{"n":1}"#).await;
+    assert_eq!(env.status, Status::Ok, "{env:?}");
+    d.stack_mut().kill_gate();
+    for n in 2..4 {
+        let env = call_envelope(&root, "echo", format!(r#"{{"n":{n}}}"#).as_bytes()).await;
+        assert_eq!(env.status, Status::Denied, "{env:?}");
+        assert!(env.content.starts_with("gate_unavailable"), "{env:?}");
+    }
+    assert_eq!(d.journal().len(), 2, "{:?}", d.journal());
+}
+
+/// Without WARREN_GATE_FD every call is denied, and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_gate_every_call_is_denied() {
+    let d = Daemon::start_ungated(&[]);
+    let (_c, root) = d.granted(&record(&["echo"]), &[]).await;
+    let env = call_envelope(&root, "echo", br#"{"n":1}"#).await;
+    assert_eq!(env.status, Status::Denied, "{env:?}");
+    assert_eq!(env.content, warren_toolfs::gate::NO_GATE);
+    assert_eq!(env.receipt, None);
+    let (_c, op) = d.operator().await;
+    let env = call_envelope(&op, "echo", br#"{"n":2}"#).await;
+    assert_eq!(env.status, Status::Denied, "{env:?}");
+    assert!(d.journal().is_empty(), "{:?}", d.journal());
+}
+
+/// The gate receipts every decision before answering: with receiptd down it denies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_receiptd_down_the_gate_denies() {
+    let mut d = Daemon::start_gated(&[]);
+    d.stack_mut().kill_receiptd();
+    let (_c, root) = d.granted(&record(&["echo"]), &[]).await;
+    let env = call_envelope(&root, "echo", br#"{"n":1}"#).await;
+    assert_eq!(env.status, Status::Denied, "{env:?}");
+    assert!(env.content.contains("receipts_unavailable"), "{env:?}");
+    assert!(d.journal().is_empty(), "{:?}", d.journal());
+}
+
+/// The operator socket's calls cross the gate too, in a session minted per connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_connections_are_gated_in_sessions_of_their_own() {
+    let d = Daemon::start_gated(&[]);
+    let (_c1, op1) = d.operator().await;
+    let (_c2, op2) = d.operator().await;
+    let a = call_envelope(&op1, "echo", br#"{"n":1}"#).await;
+    let b = call_envelope(&op2, "echo", br#"{"n":2}"#).await;
+    let (ra, rb) = (a.receipt.clone().unwrap(), b.receipt.clone().unwrap());
+    assert_eq!(ra.kind, "effect");
+    assert_eq!(ra.scope.len(), 32);
+    assert_ne!(ra.scope, rb.scope);
+    let bodies = d.stack().receipts(&ra.scope).await;
+    assert!(
+        bodies
+            .iter()
+            .any(|b| b["kind"] == "decision" && b["subject"]["tool"] == "echo"),
+        "{bodies:#?}"
+    );
+}
+
+/// The effect has happened when its receipt is appended: a refusal is said in the envelope,
+/// not hidden and not turned into a deny. (receiptd's per-scope burst of 1 takes the decision
+/// receipt and refuses the effect receipt.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_effect_receipt_receiptd_refuses_is_said_in_the_envelope() {
+    let d = Daemon::start_gated_in(temp_dir(), &["--rate", "0.001", "--burst", "1"], &[]);
+    let (_c, root) = d.granted(&record(&["echo"]), &[]).await;
+    let env = call_envelope(&root, "echo", br#"{"n":1}"#).await;
+    assert_eq!(env.status, Status::Ok, "{env:?}");
+    let r = env.receipt.as_ref().unwrap();
+    assert_eq!(r.kind, "effect");
+    assert_eq!(r.seq, None);
+    assert!(r.error.as_deref().unwrap_or("").contains("rate"), "{env:?}");
+    assert_eq!(d.journal().len(), 2);
+}
+
+/// A call closed before its first read is withdrawn: never decided, never run, receipted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_closed_before_its_read_is_receipted_withdrawn() {
+    let d = Daemon::start_gated(&[]);
+    let rec = record(&["echo"]);
+    let (_c, root) = d.granted(&rec, &[]).await;
+    let args = br#"{"n":1}"#;
+    let fid = open_call(&root, "echo").await;
+    fid.write(0, args).await.unwrap();
+    fid.clunk().await.unwrap();
+    for _ in 0..1000 {
+        let bodies = d.stack().receipts(&rec.session).await;
+        if let Some(w) = bodies.iter().find(|b| b["kind"] == "withdrawn") {
+            assert_eq!(w["subject"]["tool"], "echo");
+            assert_eq!(w["subject"]["why"], "closed before its first read");
+            assert_eq!(w["digests"]["args"], digest(args).as_str());
+            assert!(
+                !bodies.iter().any(|b| b["kind"] == "decision"),
+                "{bodies:#?}"
+            );
+            assert!(d.journal().is_empty(), "{:?}", d.journal());
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no withdrawn receipt");
+}
+
+/// A worker must never hold toolfs's gate connection (with it, a tool could decide, wait and
+/// withdraw as toolfs): no fd of any worker names the gate socket toolfs inherited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_worker_holds_the_gate_connection() {
+    let d = Daemon::start();
+    let gate_fd = d.gate_fd.expect("a gated toolfs");
+    let gate_sock = std::fs::read_link(format!("/proc/{}/fd/{gate_fd}", d.pid())).unwrap();
+    assert!(
+        gate_sock.to_string_lossy().starts_with("socket:"),
+        "{gate_sock:?}"
+    );
+    let (path, fd) = tool_root(&d, "work");
+    let rec = record_with_root(&["shell", "fs_read"], path_str(&path));
+    let fds = [std::os::fd::AsFd::as_fd(&fd), std::os::fd::AsFd::as_fd(&fd)];
+    let (_c, root) = d.granted(&rec, &fds).await;
+    for (tool, args) in [
+        ("shell", &br#"{"command":"true"}"#[..]),
+        ("fs_read", br#"{"path":"none"}"#),
+    ] {
+        let env = call_envelope(&root, tool, args).await;
+        assert!(env.receipt.is_some(), "{tool} did not run: {env:?}");
+    }
+    let workers = d.children();
+    assert_eq!(workers.len(), 2, "one worker per tool: {workers:?}");
+    for pid in workers {
+        for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap() {
+            let link = std::fs::read_link(entry.unwrap().path()).unwrap_or_default();
+            assert_ne!(link, gate_sock, "worker {pid} holds the gate connection");
+        }
+    }
+}
