@@ -148,6 +148,7 @@ async fn mount_the_grant_and_call_tools(transport: &'static str) {
         let (conn, _) = listener.accept().unwrap();
         warren_toolfs::hand_over(&ctl, &nsd_grant, conn.as_fd(), &[docs_fd.as_fd()]).unwrap();
     });
+    let vm_sock = sock.clone();
 
     let commands = d.dir.path().join("guest.sh");
     std::fs::write(&commands, GUEST_COMMANDS).unwrap();
@@ -168,7 +169,13 @@ async fn mount_the_grant_and_call_tools(transport: &'static str) {
     })
     .await
     .unwrap();
-    nsd.join().unwrap();
+    if !nsd.is_finished() {
+        // QEMU never connected (it failed or timed out): release the accept so the test fails
+        // with the console below instead of hanging.
+        let _ = std::os::unix::net::UnixStream::connect(&vm_sock);
+    }
+    // Its outcome shows in the assertions on the console below.
+    let _ = nsd.join();
     let console = String::from_utf8_lossy(&vm.stdout);
     let context = format!(
         "console:\n{console}\nstderr:\n{}\ntoolfs log:\n{}",
