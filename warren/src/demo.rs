@@ -3,7 +3,7 @@
 //! It starts the daemons in a fresh directory, runs a scripted agent in a namespace that holds
 //! no authority of its own (three tools, no bind of the repository they work on), lets a scripted
 //! operator answer the one ask through `/gate/pending/<id>/ctl` exactly as a person would (the
-//! gate has no auto-approve anywhere), and ends by exporting the session's receipts and verifying
+//! gate itself never answers an ask), and ends by exporting the session's receipts and verifying
 //! them offline.
 
 use std::os::unix::fs::PermissionsExt;
