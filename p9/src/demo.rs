@@ -3,7 +3,7 @@
 //! diod's `diodload` copies (it attaches aname `ctl` and copies `zero` to `null`) are here, so it
 //! can be run against this tree and against `diod -e ctl` side by side.
 
-use rs9p::{DirEntry, GetAttrMask, QId, QIdType, Stat, Time};
+use rs9p::{DirEntry, GetAttrMask, QId, QIdType, Stat};
 
 use crate::{Errno, FileTree, Result};
 
@@ -58,26 +58,13 @@ impl Node {
 pub struct DemoTree;
 
 fn stat(node: Node) -> Stat {
-    let (mode, size, nlink) = match node {
-        Node::Root => (0o040555, 0, 2),
-        Node::Hello => (0o100444, HELLO.len() as u64, 1),
-        Node::Zero => (0o100444, 0, 1),
-        Node::Null => (0o100666, 0, 1),
+    let (mode, size) = match node {
+        Node::Root => (0o040555, 0),
+        Node::Hello => (0o100444, HELLO.len() as u64),
+        Node::Zero => (0o100444, 0),
+        Node::Null => (0o100666, 0),
     };
-    let t = Time { sec: 0, nsec: 0 };
-    Stat {
-        mode,
-        uid: 0,
-        gid: 0,
-        nlink,
-        rdev: 0,
-        size,
-        blksize: 4096,
-        blocks: 0,
-        atime: t,
-        mtime: t,
-        ctime: t,
-    }
+    crate::synthetic::stat(mode, size, crate::synthetic::EPOCH)
 }
 
 #[async_trait::async_trait]
@@ -137,16 +124,11 @@ impl FileTree for DemoTree {
         if *fid != Node::Root {
             return Err(Errno::ENOTDIR);
         }
-        Ok(Node::FILES
-            .iter()
-            .enumerate()
-            .skip(offset as usize)
-            .map(|(i, (name, node))| DirEntry {
-                qid: node.qid(),
-                offset: i as u64 + 1,
-                typ: 8,
-                name: name.to_string(),
-            })
-            .collect())
+        Ok(crate::synthetic::dir_entries(
+            Node::FILES
+                .iter()
+                .map(|(name, node)| (name.to_string(), node.qid())),
+            offset,
+        ))
     }
 }

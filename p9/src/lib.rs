@@ -24,6 +24,7 @@ mod client;
 pub mod demo;
 mod errno;
 mod server;
+pub mod synthetic;
 pub mod wire;
 
 pub use client::{Client, Fid};

@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! append                              rpc: write a request, read {"hash":..,"seq":..}; repeat
+//!                                     (the answer is read from o₀, the first read's offset)
 //! keys                                the key registry (what `warren verify --keys` takes)
 //! ctl                                 operator only: write `rotate` or `checkpoint`
 //! <scope>/log                         canonical envelopes, one per line
@@ -16,6 +17,7 @@ use std::hash::{DefaultHasher, Hash as _, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::json;
+use warren_9p::synthetic::RpcReply;
 use warren_9p::{DirEntry, Errno, FileTree, GetAttrMask, QId, QIdType, Result, Stat, Time};
 
 use crate::access::{AppendError, Role};
@@ -102,7 +104,7 @@ pub struct FidState {
     /// A read-only file's contents, taken at open.
     content: Option<Vec<u8>>,
     /// `append`/`ctl`: the reply to the last write.
-    reply: Vec<u8>,
+    reply: RpcReply,
 }
 
 fn enoent<T>(_: T) -> Errno {
@@ -231,7 +233,7 @@ impl FileTree for ReceiptsTree {
             FidState {
                 node: Node::Root,
                 content: None,
-                reply: Vec::new(),
+                reply: RpcReply::default(),
             },
         ))
     }
@@ -258,7 +260,7 @@ impl FileTree for ReceiptsTree {
             Some(FidState {
                 node,
                 content: None,
-                reply: Vec::new(),
+                reply: RpcReply::default(),
             }),
         ))
     }
@@ -268,19 +270,11 @@ impl FileTree for ReceiptsTree {
             sec: crate::log::now_ms() / 1000,
             nsec: 0,
         };
-        let stat = Stat {
-            mode: fid.node.mode(),
-            uid: 0,
-            gid: 0,
-            nlink: 1,
-            rdev: 0,
-            size: fid.content.as_ref().map_or(0, |c| c.len() as u64),
-            blksize: 4096,
-            blocks: 0,
-            atime: now,
-            mtime: now,
-            ctime: now,
+        let size = match &fid.node {
+            Node::Append | Node::Ctl => fid.reply.len(),
+            _ => fid.content.as_ref().map_or(0, Vec::len),
         };
+        let stat = warren_9p::synthetic::stat(fid.node.mode(), size as u64, now);
         Ok((fid.node.qid(), stat))
     }
 
@@ -307,7 +301,7 @@ impl FileTree for ReceiptsTree {
 
     async fn read(&self, fid: &mut FidState, offset: u64, count: u32) -> Result<Vec<u8>> {
         let data = match &fid.node {
-            Node::Append | Node::Ctl => &fid.reply,
+            Node::Append | Node::Ctl => return Ok(fid.reply.read(offset, count)),
             _ => fid.content.as_ref().ok_or(Errno::EBADF)?,
         };
         let start = (offset as usize).min(data.len());
@@ -324,12 +318,12 @@ impl FileTree for ReceiptsTree {
         };
         match result {
             Ok(reply) => {
-                fid.reply = reply;
+                fid.reply.set(reply);
                 Ok(data.len() as u32)
             }
             Err(e) => {
                 tracing::info!(role = ?self.role, error = %e, "append refused");
-                fid.reply = error_reply(&e);
+                fid.reply.set(error_reply(&e));
                 Err(Errno(e.errno() as u32))
             }
         }
@@ -364,20 +358,9 @@ impl FileTree for ReceiptsTree {
             Node::InclusionDir(_) | Node::ConsistencyDir(_) => Vec::new(),
             _ => return Err(Errno::ENOTDIR),
         };
-        Ok(names
-            .into_iter()
-            .enumerate()
-            .skip(offset as usize)
-            .map(|(i, (name, node))| DirEntry {
-                qid: node.qid(),
-                offset: i as u64 + 1,
-                typ: if node.is_dir() {
-                    libc::DT_DIR
-                } else {
-                    libc::DT_REG
-                },
-                name,
-            })
-            .collect())
+        Ok(warren_9p::synthetic::dir_entries(
+            names.into_iter().map(|(name, node)| (name, node.qid())),
+            offset,
+        ))
     }
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rs9p::{DirEntry, FCall, GetAttrMask, Msg, QId, QIdType, Stat, Time};
+use rs9p::{DirEntry, FCall, GetAttrMask, Msg, QId, QIdType, Stat};
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -88,25 +88,12 @@ impl Drop for DropGuard<'_> {
 }
 
 fn stat(node: Node) -> Stat {
-    let t = Time { sec: 0, nsec: 0 };
     let mode = if node.qid().typ.contains(QIdType::DIR) {
         0o040755
     } else {
         0o100644
     };
-    Stat {
-        mode,
-        uid: 0,
-        gid: 0,
-        nlink: 1,
-        rdev: 0,
-        size: 0,
-        blksize: 4096,
-        blocks: 0,
-        atime: t,
-        mtime: t,
-        ctime: t,
-    }
+    warren_9p::synthetic::stat(mode, 0, warren_9p::synthetic::EPOCH)
 }
 
 #[async_trait::async_trait]
@@ -190,17 +177,10 @@ impl FileTree for TestTree {
             Node::Dir => &[("leaf", Node::Leaf)],
             _ => return Err(Errno::ENOTDIR),
         };
-        Ok(names
-            .iter()
-            .enumerate()
-            .skip(offset as usize)
-            .map(|(i, (n, node))| DirEntry {
-                qid: node.qid(),
-                offset: i as u64 + 1,
-                typ: 0,
-                name: n.to_string(),
-            })
-            .collect())
+        Ok(warren_9p::synthetic::dir_entries(
+            names.iter().map(|(n, node)| (n.to_string(), node.qid())),
+            offset,
+        ))
     }
 
     async fn clunk(&self, _fid: Node) {
