@@ -6,8 +6,9 @@
 //! - `{"version":1,"kind":"namespace","session":…,"namespace":…,"descendants":[…]}` (nsd; `kind`
 //!   may be left out) — sees and answers its strict descendants' asks, `allow once`/`deny` only;
 //! - `{"version":1,"kind":"operator","confirmed_tty":true}` (the front door, for
-//!   `warren approvals` on a terminal) — the only kind of connection that may answer
-//!   `allow session` or `allow always`;
+//!   `warren approvals` or `warren run` on a terminal) — the only kind of connection that may
+//!   answer `allow session` or `allow always`; an optional `"name"` (e.g. `"warren run"`) is
+//!   shown as who answered;
 //! - `{"version":1,"kind":"daemon","name":"toolfs"}` (the supervisor) — `decide`, `wait`, `withdraw`.
 //!
 //! Each record is answered with one framed record (same framing): `ok` or `error: <why>`.
@@ -113,12 +114,20 @@ impl ControlRecord {
                     "operator",
                     self.session.is_none()
                         && self.namespace.is_none()
-                        && self.descendants.is_empty()
-                        && self.name.is_none(),
+                        && self.descendants.is_empty(),
                 )?;
+                // `name` says which front-door command answers (e.g. `warren run`); receipts
+                // show it as who answered.
+                let label = match &self.name {
+                    None => "operator".to_owned(),
+                    Some(name) => {
+                        check_label(name)?;
+                        format!("operator: {name}")
+                    }
+                };
                 Ok(Scope::Operator {
                     confirmed_tty: self.confirmed_tty,
-                    label: "operator".into(),
+                    label,
                 })
             }
             RecordKind::Daemon => {
@@ -137,6 +146,18 @@ impl ControlRecord {
             }
         }
     }
+}
+
+/// The most bytes an operator record's `name` may have.
+pub const MAX_NAME: usize = 64;
+
+fn check_label(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_NAME || name.chars().any(|c| c.is_control()) {
+        return Err(format!(
+            "an operator name must be 1 to {MAX_NAME} bytes of printable characters"
+        ));
+    }
+    Ok(())
 }
 
 /// Serves the control socket forever.
@@ -282,6 +303,19 @@ mod tests {
                 label: "operator".into()
             }
         );
+        let named = ControlRecord {
+            version: 1,
+            kind: RecordKind::Operator,
+            name: Some("warren run".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            named.scope().unwrap(),
+            Scope::Operator {
+                confirmed_tty: false,
+                label: "operator: warren run".into()
+            }
+        );
         let d = ControlRecord {
             version: 1,
             kind: RecordKind::Daemon,
@@ -330,6 +364,18 @@ mod tests {
                 version: 1,
                 kind: RecordKind::Daemon,
                 name: Some("nsd".into()),
+                ..Default::default()
+            },
+            ControlRecord {
+                version: 1,
+                kind: RecordKind::Operator,
+                name: Some("line\nbreak".into()),
+                ..Default::default()
+            },
+            ControlRecord {
+                version: 1,
+                kind: RecordKind::Operator,
+                name: Some(String::new()),
                 ..Default::default()
             },
         ] {

@@ -17,7 +17,7 @@ use crate::policy::{Basis, Evaluation, Verdict, evaluate, risk};
 use crate::receipts::{Ack, DecisionRecord, ReceiptSink};
 use crate::request::DecideRequest;
 use crate::scope::{Scope, Verb};
-use crate::store::{Closing, NewPending, PendingRow, Store};
+use crate::store::{Closing, DecisionRow, NewPending, PendingRow, Store};
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -56,6 +56,9 @@ pub struct Answer {
     pub receipt: Option<Ack>,
 }
 
+/// How long a queued decision row may wait for a transaction to carry it.
+const FLUSH_AFTER: Duration = Duration::from_millis(5);
+
 /// A connection's identity for ownership of its asks.
 pub type ConnId = u64;
 /// No connection owns the ask (it survived a restart).
@@ -70,6 +73,8 @@ pub struct Gate {
     closed: watch::Sender<u64>,
     /// Wakes the expiry task when a new ask may expire sooner.
     new_ask: Notify,
+    /// Wakes the flusher of queued decision rows.
+    decisions_queued: Notify,
     /// Which connection waits on (owns) each open ask.
     owners: Mutex<HashMap<i64, ConnId>>,
     /// Answers are one at a time, so an ask is receipted as answered once.
@@ -100,6 +105,7 @@ impl Gate {
             cfg,
             closed: watch::channel(0).0,
             new_ask: Notify::new(),
+            decisions_queued: Notify::new(),
             owners: Mutex::new(HashMap::new()),
             answering: tokio::sync::Mutex::new(()),
             next_conn: AtomicU64::new(1),
@@ -122,6 +128,24 @@ impl Gate {
         }
         let gate = self.clone();
         tokio::spawn(async move { gate.expiry_loop().await });
+        let gate = self.clone();
+        tokio::spawn(async move { gate.flush_loop().await });
+    }
+
+    /// Writes queued decision rows that no decide has carried along within a few milliseconds.
+    async fn flush_loop(self: Arc<Gate>) {
+        loop {
+            self.decisions_queued.notified().await;
+            tokio::time::sleep(FLUSH_AFTER).await;
+            self.flush_decisions();
+        }
+    }
+
+    /// Writes every queued decision row now (the flusher; at shutdown).
+    pub fn flush_decisions(&self) {
+        if let Err(e) = self.store().flush_decisions() {
+            tracing::error!("store: cannot record decisions: {e}");
+        }
     }
 
     /// Decides one call. Never fails: anything that goes wrong is a deny, with its basis.
@@ -259,18 +283,18 @@ impl Gate {
             .receipt
             .as_ref()
             .map(|a| format!("{}:{}", a.seq, a.hash));
-        if let Err(e) = self.store().record_decision(
-            &req.session,
-            &req.tool,
-            &req.fingerprint,
-            answer.decision,
-            &answer.basis,
-            answer.pending,
-            receipt_text.as_deref(),
-            now,
-        ) {
-            tracing::error!("store: cannot record a decision: {e}");
-        }
+        // The receipt is the durable record; the audit row rides on the next transaction.
+        self.store().queue_decision(DecisionRow {
+            session: req.session.clone(),
+            tool: req.tool.clone(),
+            fp: req.fingerprint.clone(),
+            verdict: answer.decision,
+            basis: answer.basis.clone(),
+            pending_id: answer.pending,
+            receipt: receipt_text,
+            at_ms: now,
+        });
+        self.decisions_queued.notify_one();
         if let Some(id) = answer.pending {
             self.events.push(
                 &req.session,

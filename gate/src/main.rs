@@ -32,7 +32,7 @@ struct Args {
     #[arg(long)]
     receipts_socket: Option<PathBuf>,
     /// An ask nobody answers within this many milliseconds is denied (basis `expiry`).
-    #[arg(long, default_value_t = 600_000)]
+    #[arg(long, env = "WARREN_GATE_ASK_TTL_MS", default_value_t = 600_000)]
     ask_ttl_ms: u64,
     /// Open asks per session; one more is denied (basis `ask_cap`).
     #[arg(long, default_value_t = 16)]
@@ -89,6 +89,7 @@ fn main() -> anyhow::Result<()> {
             _ = term.recv() => tracing::info!("SIGTERM: stopping"),
             _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
         }
+        gate.flush_decisions();
         Ok(())
     })
 }

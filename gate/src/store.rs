@@ -2,6 +2,7 @@
 //! mode 0600, in the gate's own data dir). Ids are AUTOINCREMENT: never reused, even after a
 //! delete or a restart.
 
+use std::cell::RefCell;
 use std::fs::OpenOptions;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
@@ -127,8 +128,29 @@ pub struct StoredRule {
     pub origin: String,
 }
 
+/// A decision as gate.db keeps it for the operator's audit. The decision receipt, written
+/// before the answer, is the durable record; these rows are written in batches by the gate's
+/// flusher a few milliseconds later, so they cost no commit on the call's path (a kill -9 may
+/// lose the last few milliseconds of rows, never a receipt).
+#[derive(Clone, Debug)]
+pub struct DecisionRow {
+    pub session: String,
+    pub tool: String,
+    pub fp: String,
+    pub verdict: Verdict,
+    pub basis: String,
+    pub pending_id: Option<i64>,
+    pub receipt: Option<String>,
+    pub at_ms: i64,
+}
+
 pub struct Store {
     conn: Connection,
+    /// The rules, read once: with the database opened exclusively, no one else can change them.
+    rules_cache: RefCell<Option<Vec<StoredRule>>>,
+    cache_rules: bool,
+    /// Decisions not yet in the `decisions` table.
+    queued: RefCell<Vec<DecisionRow>>,
 }
 
 impl Store {
@@ -164,7 +186,12 @@ impl Store {
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.execute_batch(SCHEMA)?;
-        Ok(Store { conn })
+        Ok(Store {
+            conn,
+            rules_cache: RefCell::new(None),
+            cache_rules: exclusive,
+            queued: RefCell::new(Vec::new()),
+        })
     }
 
     /// What the policy consults for one call.
@@ -242,6 +269,17 @@ impl Store {
     }
 
     pub fn rules(&self) -> Result<Vec<StoredRule>> {
+        if let Some(rules) = self.rules_cache.borrow().as_ref() {
+            return Ok(rules.clone());
+        }
+        let rules = self.read_rules()?;
+        if self.cache_rules {
+            *self.rules_cache.borrow_mut() = Some(rules.clone());
+        }
+        Ok(rules)
+    }
+
+    fn read_rules(&self) -> Result<Vec<StoredRule>> {
         let mut stmt = self
             .conn
             .prepare_cached("SELECT id, verdict, selector, origin FROM rules ORDER BY id")?;
@@ -280,6 +318,7 @@ impl Store {
         origin: &str,
         now_ms: i64,
     ) -> Result<i64> {
+        self.rules_cache.replace(None);
         self.conn.execute(
             "INSERT INTO rules (verdict, selector, origin, created_ms) VALUES (?1, ?2, ?3, ?4)",
             params![verdict.as_str(), selector.to_string(), origin, now_ms],
@@ -288,6 +327,7 @@ impl Store {
     }
 
     pub fn delete_rule(&self, id: i64) -> Result<bool> {
+        self.rules_cache.replace(None);
         Ok(self
             .conn
             .execute("DELETE FROM rules WHERE id = ?1", params![id])?
@@ -344,17 +384,67 @@ impl Store {
 
     /// Runs `f` in one write transaction (BEGIN IMMEDIATE).
     pub fn transaction<T>(&mut self, f: impl FnOnce(&Store) -> Result<T>) -> Result<T> {
-        self.conn.execute_batch("BEGIN IMMEDIATE")?;
-        match f(self) {
-            Ok(v) => {
-                self.conn.execute_batch("COMMIT")?;
-                Ok(v)
-            }
-            Err(e) => {
-                let _ = self.conn.execute_batch("ROLLBACK");
-                Err(e)
-            }
+        // Cached statements: every decide runs one of these transactions.
+        self.conn.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+        let done = f(self).and_then(|v| {
+            self.conn.prepare_cached("COMMIT")?.execute([])?;
+            Ok(v)
+        });
+        if done.is_err() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+            // Rolled back: the rules may be as they were.
+            self.rules_cache.replace(None);
         }
+        done
+    }
+
+    /// Queues a decision for the `decisions` table (see [`DecisionRow`]).
+    pub fn queue_decision(&self, row: DecisionRow) {
+        self.queued.borrow_mut().push(row);
+    }
+
+    /// Writes the queued decision rows, all in one transaction (the gate's flusher, a few
+    /// milliseconds after a decide, and at shutdown). On failure they stay queued.
+    pub fn flush_decisions(&mut self) -> Result<()> {
+        let rows = self.queued.take();
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let written = self.transaction(|s| s.insert_decisions(&rows));
+        if written.is_err() {
+            let mut again = rows;
+            again.append(&mut self.queued.borrow_mut());
+            self.queued.replace(again);
+        }
+        written
+    }
+
+    fn insert_decisions(&self, rows: &[DecisionRow]) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let mut stmt = self.conn.prepare_cached(
+            "INSERT INTO decisions (session, tool, fp, verdict, basis, pending_id, receipt, at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        )?;
+        for d in rows {
+            stmt.execute(params![
+                d.session,
+                d.tool,
+                d.fp,
+                d.verdict.as_str(),
+                d.basis,
+                d.pending_id,
+                d.receipt,
+                d.at_ms
+            ])?;
+        }
+        Ok(())
+    }
+
+    /// How many decisions the `decisions` table holds (tests).
+    pub fn recorded_decisions(&self) -> Result<i64> {
+        self.conn
+            .query_row("SELECT COUNT(*) FROM decisions", [], |r| r.get(0))
     }
 
     /// The open asks whose expiry is at or before `now_ms`.
@@ -370,25 +460,6 @@ impl Store {
         self.conn
             .prepare_cached("SELECT MIN(expires_ms) FROM pending WHERE state = 'open'")?
             .query_row([], |r| r.get(0))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub fn record_decision(
-        &self,
-        session: &str,
-        tool: &str,
-        fp: &str,
-        verdict: Verdict,
-        basis: &str,
-        pending_id: Option<i64>,
-        receipt: Option<&str>,
-        now_ms: i64,
-    ) -> Result<i64> {
-        self.conn.execute(
-            "INSERT INTO decisions (session, tool, fp, verdict, basis, pending_id, receipt, at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            params![session, tool, fp, verdict.as_str(), basis, pending_id, receipt, now_ms],
-        )?;
-        Ok(self.conn.last_insert_rowid())
     }
 }
 
@@ -428,6 +499,59 @@ mod tests {
             .unwrap();
         let path = dir.path().join("gate.db");
         (dir, path)
+    }
+
+    fn row(n: i64) -> DecisionRow {
+        DecisionRow {
+            session: "s".into(),
+            tool: "echo".into(),
+            fp: "fp".into(),
+            verdict: Verdict::Allow,
+            basis: "default:read".into(),
+            pending_id: None,
+            receipt: None,
+            at_ms: n,
+        }
+    }
+
+    /// Queued decision rows are written by a flush, all of them, once.
+    #[test]
+    fn queued_decisions_are_written_by_the_flush() {
+        let (_d, path) = temp_db();
+        let mut store = Store::open_exclusive(&path).unwrap();
+        store.queue_decision(row(1));
+        store.queue_decision(row(2));
+        store.transaction(|s| s.open_asks("s")).unwrap();
+        assert_eq!(store.recorded_decisions().unwrap(), 0);
+        store.flush_decisions().unwrap();
+        assert_eq!(store.recorded_decisions().unwrap(), 2);
+        store.flush_decisions().unwrap();
+        assert_eq!(store.recorded_decisions().unwrap(), 2);
+    }
+
+    /// The exclusive store caches the rules; every edit, and a rolled-back one, is seen next.
+    #[test]
+    fn cached_rules_follow_every_edit() {
+        let (_d, path) = temp_db();
+        let mut store = Store::open_exclusive(&path).unwrap();
+        assert!(store.rules().unwrap().is_empty());
+        let id = store
+            .add_rule(Verdict::Deny, &Selector::All, "test", 0)
+            .unwrap();
+        assert_eq!(store.rules().unwrap().len(), 1);
+        let failed: Result<()> = store.transaction(|s| {
+            s.add_rule(Verdict::Allow, &Selector::All, "test", 0)?;
+            assert_eq!(s.rules()?.len(), 2);
+            Err(rusqlite::Error::QueryReturnedNoRows)
+        });
+        assert!(failed.is_err());
+        assert_eq!(
+            store.rules().unwrap().len(),
+            1,
+            "a rolled-back rule is still seen"
+        );
+        assert!(store.delete_rule(id).unwrap());
+        assert!(store.rules().unwrap().is_empty());
     }
 
     #[test]

@@ -1,12 +1,15 @@
 //! `warren run` (and `warren-nsd run`): the flags, and running a namespace in the foreground
 //! with the launcher's signals forwarded and its terminal relayed through the namespace's pty.
 
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use nix::sys::signal::{SigSet, Signal};
 
-use crate::{CliGrants, RunOptions, Spec, pty, spawn, spec_from_cli};
+use crate::launch::client::{LaunchOptions, Launched, launch};
+use crate::{CliGrants, RunOptions, Running, Spec, pty, spawn, spec_from_cli};
 
 /// The flags of `warren run`.
 #[derive(clap::Args, Debug, Clone)]
@@ -73,13 +76,48 @@ impl RunArgs {
     }
 }
 
-/// Runs `command` confined by `spec` and returns its exit status (125: warren could not set the
-/// namespace up). Call before any thread exists: the forwarded signals are blocked here so that
-/// only the forwarding thread takes them.
-pub fn run_foreground(who: &str, spec: &Spec, command: &[String], opts: &RunOptions) -> u8 {
-    if opts.weaker_landlock {
-        eprintln!("{who}: WARNING: --weaker-landlock: Landlock may not be fully enforced");
+/// A started command the foreground loop drives: a namespace built here (`warren-nsd run`) or
+/// one nsd built for us (`warren run`).
+trait Foreground: Send + Sync + 'static {
+    fn pty_master(&self) -> Option<&OwnedFd>;
+    fn forward(&self, signal: Signal) -> io::Result<()>;
+    fn kill(&self);
+    fn wait(&self) -> io::Result<i32>;
+}
+
+impl Foreground for Running {
+    fn pty_master(&self) -> Option<&OwnedFd> {
+        Running::pty_master(self)
     }
+    fn forward(&self, signal: Signal) -> io::Result<()> {
+        self.signal(signal)
+    }
+    fn kill(&self) {
+        let _ = Running::kill(self);
+    }
+    fn wait(&self) -> io::Result<i32> {
+        Running::wait(self)
+    }
+}
+
+impl Foreground for Launched {
+    fn pty_master(&self) -> Option<&OwnedFd> {
+        self.pty_master.as_ref()
+    }
+    fn forward(&self, signal: Signal) -> io::Result<()> {
+        self.signal(signal as i32)
+    }
+    fn kill(&self) {
+        // Closing our end of the run socket (at exit) makes nsd kill the namespace.
+    }
+    fn wait(&self) -> io::Result<i32> {
+        Launched::wait(self)
+    }
+}
+
+/// Blocks the forwarded signals in this thread (and so in every thread started after it), so
+/// that only the forwarding thread takes them.
+fn block_forwarded() -> nix::Result<SigSet> {
     let mut forwarded = SigSet::empty();
     for s in [
         Signal::SIGINT,
@@ -90,17 +128,123 @@ pub fn run_foreground(who: &str, spec: &Spec, command: &[String], opts: &RunOpti
     ] {
         forwarded.add(s);
     }
-    if let Err(e) = forwarded.thread_block() {
-        eprintln!("{who}: blocking signals: {e}");
-        return 125;
+    forwarded.thread_block()?;
+    Ok(forwarded)
+}
+
+/// Runs `command` confined by `spec`, building the namespace in this process, and returns its
+/// exit status (125: warren could not set the namespace up). `warren-nsd run` and ns's own
+/// tests; `warren run` goes through nsd ([`run_through_nsd`]). Call before any thread exists.
+pub fn run_foreground(who: &str, spec: &Spec, command: &[String], opts: &RunOptions) -> u8 {
+    if opts.weaker_landlock {
+        eprintln!("{who}: WARNING: --weaker-landlock: Landlock may not be fully enforced");
     }
-    let running = match spawn(spec, command, opts) {
-        Ok(r) => Arc::new(r),
+    let forwarded = match block_forwarded() {
+        Ok(f) => f,
         Err(e) => {
-            eprintln!("{who}: run: {e}");
+            eprintln!("{who}: blocking signals: {e}");
             return 125;
         }
     };
+    match spawn(spec, command, opts) {
+        Ok(r) => drive(who, Arc::new(r), forwarded),
+        Err(e) => {
+            eprintln!("{who}: run: {e}");
+            125
+        }
+    }
+}
+
+/// `warren run`: asks nsd (its run socket in `dirs`' runtime dir) to run `command` confined by
+/// `spec`; relays the terminal, forwards signals, returns the exit status (125: warren could
+/// not set the namespace up). This process never builds a namespace. `on_started` runs once the
+/// command has exec'd (e.g. to follow the session's asks); its error kills the namespace (125).
+/// Call before any thread exists.
+pub fn run_through_nsd(
+    who: &str,
+    dirs: &warren_daemon::Dirs,
+    spec: &Spec,
+    command: &[String],
+    args: &RunArgs,
+    on_started: impl FnOnce(&Launched) -> Result<(), String>,
+) -> u8 {
+    if args.weaker_landlock {
+        eprintln!("{who}: WARNING: --weaker-landlock: Landlock may not be fully enforced");
+    }
+    let forwarded = match block_forwarded() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("{who}: blocking signals: {e}");
+            return 125;
+        }
+    };
+    let stdin = io::stdin();
+    let pty = if nix::unistd::isatty(&stdin).unwrap_or(false) {
+        Some(crate::confine::sys::get_winsize(stdin.as_fd()).unwrap_or_default())
+    } else {
+        None
+    };
+    let opts = LaunchOptions {
+        pty,
+        weaker_landlock: args.weaker_landlock,
+        uid: args.uid,
+        bare: args.bare,
+        operator: false,
+    };
+    let (stdout, stderr) = (io::stdout(), io::stderr());
+    let stdio = [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()];
+    match launch(dirs, spec, command, &opts, stdio) {
+        Ok(launched) => {
+            if let Err(e) = on_started(&launched) {
+                // Dropping `launched` closes the run socket: nsd kills the namespace.
+                eprintln!("{who}: run: {e}");
+                return 125;
+            }
+            drive(who, Arc::new(launched), forwarded)
+        }
+        Err(e) => {
+            eprintln!("{who}: run: {e}");
+            125
+        }
+    }
+}
+
+/// `warren attach`: asks nsd to run `command` inside the live namespace `id`, confined as its
+/// payload; relays the terminal and signals exactly as [`run_through_nsd`] and returns the
+/// command's status (1: nsd refused — no such namespace, not an operator, …). Call before any
+/// thread exists.
+pub fn attach_through_nsd(
+    who: &str,
+    dirs: &warren_daemon::Dirs,
+    id: u64,
+    command: &[String],
+) -> u8 {
+    let forwarded = match block_forwarded() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("{who}: blocking signals: {e}");
+            return 1;
+        }
+    };
+    let stdin = io::stdin();
+    let pty = if nix::unistd::isatty(&stdin).unwrap_or(false) {
+        Some(crate::confine::sys::get_winsize(stdin.as_fd()).unwrap_or_default())
+    } else {
+        None
+    };
+    let (stdout, stderr) = (io::stdout(), io::stderr());
+    let stdio = [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()];
+    match crate::launch::client::attach(dirs, id, command, pty, stdio) {
+        Ok(attached) => drive(who, Arc::new(attached), forwarded),
+        Err(e) => {
+            eprintln!("{who}: attach {id}: {e}");
+            1
+        }
+    }
+}
+
+/// Relays the pty (if any), forwards signals, waits, and returns the exit status.
+fn drive<F: Foreground>(who: &str, running: Arc<F>, forwarded: SigSet) -> u8 {
     // With a terminal: raw mode here, the namespace's own pty does the line discipline.
     let relay = match running.pty_master() {
         Some(master) => {
@@ -108,7 +252,7 @@ pub fn run_foreground(who: &str, spec: &Spec, command: &[String], opts: &RunOpti
                 Ok(r) => r,
                 Err(e) => {
                     eprintln!("{who}: raw mode: {e}");
-                    let _ = running.kill();
+                    running.kill();
                     return 125;
                 }
             };
@@ -117,7 +261,7 @@ pub fn run_foreground(who: &str, spec: &Spec, command: &[String], opts: &RunOpti
                 Ok(output) => Some((raw, output)),
                 Err(e) => {
                     eprintln!("{who}: pty relay: {e}");
-                    let _ = running.kill();
+                    running.kill();
                     return 125;
                 }
             }
@@ -132,7 +276,7 @@ pub fn run_foreground(who: &str, spec: &Spec, command: &[String], opts: &RunOpti
                     let _ = pty::sync_winsize(master);
                 }
             } else {
-                let _ = forwarder.signal(sig);
+                let _ = forwarder.forward(sig);
             }
         }
     });

@@ -5,13 +5,16 @@ pub mod cli;
 pub mod confine;
 pub mod covers;
 pub mod inode;
+pub mod launch;
 pub mod mount_server;
+pub mod narrow;
 pub mod nsd;
 pub mod pty;
 pub mod run;
 pub mod spec;
 #[cfg(test)]
 mod testutil;
+pub mod worker;
 
 pub use confine::fuse::MountServer;
 pub use confine::guard::ProtectedDirs;

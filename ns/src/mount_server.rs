@@ -5,13 +5,29 @@
 //! grant record that arrives with the connection on its root-only control socket, never from
 //! anything the namespace sends. The bridge is its own process, dropped to the bridge uid once
 //! it holds its fds, so a bug in it holds no root.
+//!
+//! Who makes each connection (docs/decisions.md, "nsd's run socket"):
+//! - `mount tool` — nsd: a socketpair, one end to toolfs's control socket with the grant record.
+//! - `mount gate` — nsd: a socketpair to the gate's control socket as a `namespace` record (the
+//!   namespace sees and answers only its descendants' asks).
+//! - `mount unix!PATH` / `mount tcp!HOST!PORT` — the launcher, with the operator's own
+//!   credentials, handed to nsd with the run request ([`ServedMounts::with_connections`]), so
+//!   nsd never connects as root on an operator's behalf. Its bridge reads real file sizes and
+//!   attaches with the mount's SPEC words as the aname.
+//! - `mount ns` — nsd: a socketpair to the namespace's own view of `/ns` ([`NsView`]; its
+//!   descendants only, and its `clone` narrows: `crate::narrow`).
+//! - `mount receipts`, and `mount gate|ns` with the operator's authority — only in an operator
+//!   namespace ([`ServedMounts::operator`]): the launcher connects to the daemon's operator
+//!   socket itself. `mount receipts` is refused in any other namespace.
 
+use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use warren_daemon::Dirs;
 use warren_daemon::identity::Role;
@@ -28,6 +44,24 @@ pub struct ServedMounts {
     namespace: String,
     bridge_binary: PathBuf,
     bridges: Mutex<Vec<std::process::Child>>,
+    /// Connections the launcher made, by mount target path.
+    connections: Mutex<BTreeMap<String, OwnedFd>>,
+    operator: bool,
+    /// The attach's uname on a file server's connection: the operator's user name.
+    file_server_uname: Option<String>,
+    /// This namespace's own `/ns` (issue 4, narrowing), for `mount ns` outside an operator
+    /// namespace.
+    ns_view: Option<Arc<dyn NsView>>,
+}
+
+/// How a bridge presents its tree.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Presentation {
+    /// warren's synthetic trees: direct I/O on every file, the connection is the capability.
+    Synthetic,
+    /// A file server (diod, another host's export): page cache for sized files, and the
+    /// mount's SPEC words as the attach name.
+    FileServer,
 }
 
 /// A fresh 128-bit session id: 32 lowercase hex digits, from the kernel's CSPRNG.
@@ -35,6 +69,12 @@ pub fn new_session_id() -> io::Result<String> {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).map_err(|e| io::Error::other(e.to_string()))?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Makes a connection to one namespace's own view of nsd's `/ns` tree (its descendants only;
+/// its `clone` narrows). nsd makes it, so the connection is the capability.
+pub trait NsView: Send + Sync {
+    fn connect(&self) -> io::Result<OwnedFd>;
 }
 
 impl ServedMounts {
@@ -52,7 +92,86 @@ impl ServedMounts {
             namespace: namespace.to_string(),
             bridge_binary,
             bridges: Mutex::new(Vec::new()),
+            connections: Mutex::new(BTreeMap::new()),
+            operator: false,
+            file_server_uname: None,
+            ns_view: None,
         })
+    }
+
+    /// Mounts the launcher connected itself (`unix!`, `tcp!`, and an operator namespace's
+    /// local servers), by mount target path.
+    pub fn with_connections(mut self, connections: Vec<(String, OwnedFd)>) -> ServedMounts {
+        self.connections = Mutex::new(connections.into_iter().collect());
+        self
+    }
+
+    /// An operator namespace: `mount gate|receipts|ns` use the launcher's connections to the
+    /// daemons' operator sockets (the operator's own authority) instead of being refused.
+    pub fn operator(mut self, operator: bool) -> ServedMounts {
+        self.operator = operator;
+        self
+    }
+
+    /// Attach to `unix!`/`tcp!` file servers as this user (the operator whose credentials made
+    /// the connection; a server such as diod looks the name up).
+    pub fn attach_as(mut self, uname: Option<String>) -> ServedMounts {
+        self.file_server_uname = uname;
+        self
+    }
+
+    /// Serve `mount ns` with this namespace's own view of `/ns`.
+    pub fn ns_view(mut self, view: Arc<dyn NsView>) -> ServedMounts {
+        self.ns_view = Some(view);
+        self
+    }
+
+    fn ns_connection(&self, mount: &Mount) -> io::Result<OwnedFd> {
+        match &self.ns_view {
+            Some(view) => view.connect(),
+            None => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("mount ns at {}: no view of /ns to serve", mount.path),
+            )),
+        }
+    }
+
+    /// Whether the launcher must make this mount's connection (and hand it over).
+    pub fn launcher_connects(mount: &Mount, operator: bool) -> bool {
+        match mount.server {
+            Server::Unix(_) | Server::Tcp { .. } => true,
+            Server::Local(LocalServer::Tool) => false,
+            Server::Local(LocalServer::Gate) => operator,
+            Server::Local(LocalServer::Receipts | LocalServer::Ns) => operator,
+        }
+    }
+
+    fn launcher_connection(&self, mount: &Mount) -> io::Result<OwnedFd> {
+        self.connections
+            .lock()
+            .map_err(|_| io::Error::other("connection list poisoned"))?
+            .remove(&mount.path)
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "mount of {} at {}: the launcher handed over no connection for it",
+                        mount.server, mount.path
+                    ),
+                )
+            })
+    }
+
+    /// The control record of this namespace's connection to the gate: it sees its descendants'
+    /// asks only.
+    fn gate_record(&self) -> warren_gate::control::ControlRecord {
+        warren_gate::control::ControlRecord {
+            version: warren_gate::control::RECORD_VERSION,
+            kind: warren_gate::control::RecordKind::Namespace,
+            session: Some(self.session.clone()),
+            namespace: Some(self.namespace.clone()),
+            ..Default::default()
+        }
     }
 
     /// The namespace's session id, as every grant record carries it.
@@ -107,7 +226,14 @@ impl ServedMounts {
         Ok((record, fds))
     }
 
-    fn spawn_bridge(&self, fuse: OwnedFd, conn: OwnedFd) -> io::Result<()> {
+    fn spawn_bridge(
+        &self,
+        fuse: OwnedFd,
+        conn: OwnedFd,
+        mount: &Mount,
+        presentation: Presentation,
+        reconnect: Option<OwnedFd>,
+    ) -> io::Result<()> {
         let bridge_uid = Role::Bridge.uid();
         let mut cmd = std::process::Command::new(&self.bridge_binary);
         cmd.arg("--fuse-fd")
@@ -117,11 +243,23 @@ impl ServedMounts {
             .arg("--runas")
             .arg(format!("{bridge_uid}:{bridge_uid}"))
             .stdin(std::process::Stdio::null());
-        let keep = [fuse.as_raw_fd(), conn.as_raw_fd()];
+        if presentation == Presentation::FileServer {
+            cmd.arg("--sized-files")
+                .arg("--aname")
+                .arg(mount.spec.join(" "));
+            if let Some(uname) = &self.file_server_uname {
+                cmd.arg("--uname").arg(uname);
+            }
+        }
+        if let Some(r) = &reconnect {
+            cmd.arg("--reconnect-fd").arg(r.as_raw_fd().to_string());
+        }
+        let mut keep = vec![fuse.as_raw_fd(), conn.as_raw_fd()];
+        keep.extend(reconnect.as_ref().map(|r| r.as_raw_fd()));
         // SAFETY: between fork and exec the closure only clears FD_CLOEXEC with fcntl.
         unsafe {
             cmd.pre_exec(move || {
-                for fd in keep {
+                for &fd in &keep {
                     nix::fcntl::fcntl(
                         BorrowedFd::borrow_raw(fd),
                         nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
@@ -144,33 +282,152 @@ impl ServedMounts {
     }
 }
 
+impl ServedMounts {
+    /// Serves a mount whose connection nsd makes: makes it now, and again whenever the bridge
+    /// finds the server gone (a daemon restarted) and asks on its reconnect socket.
+    fn spawn_remade(&self, fuse: OwnedFd, mount: &Mount, remake: Remake) -> io::Result<()> {
+        let conn = remake.connect(&self.dirs)?;
+        let (ours, bridges) = UnixStream::pair()?;
+        self.spawn_bridge(
+            fuse,
+            conn,
+            mount,
+            Presentation::Synthetic,
+            Some(OwnedFd::from(bridges)),
+        )?;
+        serve_reconnects(ours, self.dirs.clone(), remake);
+        Ok(())
+    }
+}
+
+/// What nsd needs to make a mount's connection again: the same grant, to the same daemon.
+enum Remake {
+    Tool {
+        record: GrantRecord,
+        roots: Vec<OwnedFd>,
+    },
+    Gate {
+        record: warren_gate::control::ControlRecord,
+    },
+}
+
+impl Remake {
+    /// A fresh connection: one end handed with the grant to the daemon's control socket, the
+    /// other returned for the bridge.
+    fn connect(&self, dirs: &Dirs) -> io::Result<OwnedFd> {
+        let (ours, theirs) = UnixStream::pair()?;
+        match self {
+            Remake::Tool { record, roots } => {
+                let root_fds: Vec<BorrowedFd<'_>> = roots.iter().map(|f| f.as_fd()).collect();
+                warren_toolfs::hand_over(&dirs.control("toolfs"), record, theirs.as_fd(), &root_fds)
+                    .map_err(|e| {
+                        io::Error::new(
+                            e.kind(),
+                            format!("hand the /tool connection to toolfs: {e}"),
+                        )
+                    })?
+            }
+            Remake::Gate { record } => {
+                warren_gate::control::hand_over(&dirs.control("gate"), record, &theirs).map_err(
+                    |e| {
+                        io::Error::new(
+                            e.kind(),
+                            format!("hand the /gate connection to the gate: {e}"),
+                        )
+                    },
+                )?
+            }
+        }
+        Ok(OwnedFd::from(ours))
+    }
+}
+
+/// How long a reconnect waits for a restarting daemon's control socket to take the grant.
+const RECONNECT_PATIENCE: Duration = Duration::from_secs(10);
+/// At most one reconnect a second per mount, so a bridge cannot make nsd hand out connections
+/// in a loop (each is the same grant, so this bounds work, not authority).
+const RECONNECT_SPACING: Duration = Duration::from_secs(1);
+
+/// Answers the bridge's reconnect requests (`reconnect` → `ok` with the new connection's fd, or
+/// `error: <why>`) until the bridge closes its end, i.e. until the mount is gone.
+fn serve_reconnects(sock: UnixStream, dirs: Dirs, remake: Remake) {
+    std::thread::spawn(move || {
+        let mut last: Option<Instant> = None;
+        while let Ok((request, _)) = warren_daemon::handoff::recv(&sock) {
+            if request != b"reconnect" {
+                let _ = warren_daemon::handoff::send(&sock, b"error: unknown request", &[]);
+                continue;
+            }
+            if let Some(wait) = last.and_then(|t| RECONNECT_SPACING.checked_sub(t.elapsed())) {
+                std::thread::sleep(wait);
+            }
+            last = Some(Instant::now());
+            let deadline = Instant::now() + RECONNECT_PATIENCE;
+            let made = loop {
+                match remake.connect(&dirs) {
+                    Ok(fd) => break Ok(fd),
+                    Err(e) if Instant::now() < deadline => {
+                        tracing::debug!(error = %e, "reconnect: the daemon is not back yet");
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    Err(e) => break Err(e),
+                }
+            };
+            let sent = match made {
+                Ok(fd) => {
+                    tracing::info!("reconnect: a mount's connection was made again");
+                    warren_daemon::handoff::send(&sock, b"ok", &[fd.as_fd()])
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "reconnect failed");
+                    warren_daemon::handoff::send(&sock, format!("error: {e}").as_bytes(), &[])
+                }
+            };
+            if sent.is_err() {
+                return;
+            }
+        }
+    });
+}
+
 impl MountServer for ServedMounts {
     fn serve(&self, mount: &Mount, fuse: OwnedFd) -> io::Result<()> {
         match &mount.server {
             Server::Local(LocalServer::Tool) => {
-                let (ours, theirs) = UnixStream::pair()?;
                 let (record, roots) = self.tool_grant(mount)?;
-                let root_fds: Vec<BorrowedFd<'_>> = roots.iter().map(|f| f.as_fd()).collect();
-                warren_toolfs::hand_over(
-                    &self.dirs.control("toolfs"),
-                    &record,
-                    theirs.as_fd(),
-                    &root_fds,
-                )
-                .map_err(|e| {
-                    io::Error::new(
-                        e.kind(),
-                        format!("hand the /tool connection to toolfs: {e}"),
-                    )
-                })?;
-                drop(theirs);
-                self.spawn_bridge(fuse, OwnedFd::from(ours))
+                self.spawn_remade(fuse, mount, Remake::Tool { record, roots })
             }
-            other => Err(io::Error::new(
+            _ if mount.key.is_some() => Err(io::Error::new(
                 io::ErrorKind::Unsupported,
                 format!(
-                    "mount of {other:?} at {} is not served yet (only `tool`)",
-                    mount.path
+                    "mount -k of {} at {}: keyed (exportfs) connections are not served yet",
+                    mount.server, mount.path
+                ),
+            )),
+            Server::Unix(_) | Server::Tcp { .. } => {
+                let conn = self.launcher_connection(mount)?;
+                self.spawn_bridge(fuse, conn, mount, Presentation::FileServer, None)
+            }
+            Server::Local(_) if self.operator => {
+                let conn = self.launcher_connection(mount)?;
+                self.spawn_bridge(fuse, conn, mount, Presentation::Synthetic, None)
+            }
+            Server::Local(LocalServer::Ns) if self.ns_view.is_some() => {
+                let conn = self.ns_connection(mount)?;
+                self.spawn_bridge(fuse, conn, mount, Presentation::Synthetic, None)
+            }
+            Server::Local(LocalServer::Gate) => {
+                let record = self.gate_record();
+                self.spawn_remade(fuse, mount, Remake::Gate { record })
+            }
+            Server::Local(other) => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "mount {} at {}: only an operator namespace may mount it (no per-namespace \
+                     view of {} exists yet)",
+                    other.name(),
+                    mount.path,
+                    other.name()
                 ),
             )),
         }

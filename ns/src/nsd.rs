@@ -9,9 +9,14 @@
 //!   start its command (once; the write returns when it has exec'd, or fails and `status` says
 //!   why), `kill` to SIGKILL it (ESRCH when nothing runs).
 //! - `<id>/wait` — a read blocks until the command has ended and returns its final status line.
+//! - `<id>/info` — what `warren ps` shows: one `key value…` line each (specs/ns-tree.md).
 //!
-//! The command's stdio is /dev/null: a daemon-started namespace has no terminal (`warren run`
-//! with a terminal builds its namespace in the launcher; see docs/confinement.md).
+//! A namespace with `mount ns` gets this tree scoped to itself ([`Nsd::scoped`]): only its
+//! descendants, and a `clone` that takes a child spec in its own view and refuses any widening
+//! whole with EPERM (`crate::narrow`, specs/ns-tree.md).
+//!
+//! A namespace cloned here has /dev/null stdio. Namespaces started through nsd's run socket
+//! (`warren run`, see `launch`) appear here too, as `<id>/`, while their launcher is connected.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -20,6 +25,7 @@ use rs9p::{DirEntry, GetAttrMask, QId, QIdType, Stat, Time};
 use tokio::sync::watch;
 use warren_9p::{Errno, FileTree, Result};
 
+use crate::mount_server::{NsView, ServedMounts, new_session_id};
 use crate::run::{PayloadStdio, RunOptions, Running, spawn};
 use crate::spec::{self, Spec};
 
@@ -46,15 +52,119 @@ impl Status {
     }
 }
 
-struct Space {
+pub(crate) struct Space {
+    /// The spec as it was written (a child's paths in its parent's view).
     spec: Spec,
+    /// The spec nsd builds: a cloned child's bind sources name the handles in `held`.
+    build: Spec,
+    /// Kept open for as long as the namespace is listed: `build` names them by fd number.
+    _held: Vec<std::os::fd::OwnedFd>,
+    /// The namespace whose own `/ns` cloned it.
+    parent: Option<u64>,
     status: watch::Sender<Status>,
     running: Mutex<Option<Arc<Running>>>,
+    info: Mutex<Info>,
+}
+
+/// Who started a namespace, and how: the `<id>/info` file.
+#[derive(Clone, Debug, Default)]
+pub struct Info {
+    /// `run` (nsd's run socket, `warren run`) or `clone` (`/ns/clone`).
+    pub origin: &'static str,
+    /// The operator's uid (the peer of the connection that asked for it).
+    pub operator_uid: u32,
+    /// The launcher's pid (run socket only; in nsd's pid namespace).
+    pub launcher_pid: Option<i32>,
+    /// The command, once started.
+    pub argv: Vec<String>,
+    /// Unix seconds at start.
+    pub started: Option<u64>,
+    /// The namespace's session id (every grant record carries it).
+    pub session: Option<String>,
+    /// The namespace whose own `/ns` cloned it.
+    pub parent: Option<u64>,
+}
+
+impl Info {
+    /// The `info` file: `key value…` lines, words rc-quoted as in specs (specs/ns-tree.md).
+    fn text(&self, spec: &Spec, status: &Status) -> String {
+        let mut out = format!("origin {}\noperator {}\n", self.origin, self.operator_uid);
+        if let Some(p) = self.parent {
+            out.push_str(&format!("parent {p}\n"));
+        }
+        if let Some(pid) = self.launcher_pid {
+            out.push_str(&format!("launcher {pid}\n"));
+        }
+        if !self.argv.is_empty() {
+            let words: Vec<String> = self.argv.iter().map(|w| spec::quote(w)).collect();
+            out.push_str(&format!("argv {}\n", words.join(" ")));
+        }
+        if let Some(t) = self.started {
+            out.push_str(&format!("started {t}\n"));
+        }
+        if let Status::Running { holder } = status
+            && *holder != 0
+        {
+            out.push_str(&format!("holder {holder}\n"));
+        }
+        if let Some(s) = &self.session {
+            out.push_str(&format!("session {s}\n"));
+        }
+        for m in &spec.mounts {
+            out.push_str(&format!(
+                "mount {} {}\n",
+                spec::quote(&m.server.to_string()),
+                spec::quote(&m.path)
+            ));
+        }
+        for t in spec.tool_grants() {
+            out.push_str(&format!("tool {}\n", spec::quote(&t)));
+        }
+        out
+    }
+}
+
+/// Unix seconds now.
+pub(crate) fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Space {
+    pub(crate) fn set_running(&self, running: &Arc<Running>) {
+        *self.running.lock().unwrap() = Some(running.clone());
+        self.status.send_replace(Status::Running {
+            holder: running.holder_pid(),
+        });
+    }
+
+    pub(crate) fn set_ended(&self, end: Status) {
+        *self.running.lock().unwrap() = None;
+        self.status.send_replace(end);
+    }
+
+    pub(crate) fn info(&self) -> std::sync::MutexGuard<'_, Info> {
+        self.info.lock().unwrap()
+    }
+
+    /// The spec it was built from (`warren attach` confines by it too).
+    pub(crate) fn spec(&self) -> &Spec {
+        &self.spec
+    }
+
+    /// Its running command, while it runs.
+    pub(crate) fn running(&self) -> Option<Arc<Running>> {
+        self.running.lock().unwrap().clone()
+    }
 }
 
 /// The namespaces nsd owns, shared by every operator connection.
 struct Shared {
     opts: RunOptions,
+    /// `warren-bridge`, for the mounts of namespaces cloned through `/ns` (set by the run
+    /// socket's accept loop, which is given it).
+    bridge: std::sync::OnceLock<std::path::PathBuf>,
     next_id: Mutex<u64>,
     spaces: Mutex<BTreeMap<u64, Arc<Space>>>,
 }
@@ -64,6 +174,8 @@ struct Shared {
 pub struct Nsd {
     shared: Arc<Shared>,
     operator_uid: u32,
+    /// A namespace's own view (`mount ns`): only its descendants, and `clone` narrows it.
+    scope: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,13 +192,15 @@ enum FileKind {
     Status,
     Ctl,
     Wait,
+    Info,
 }
 
-const FILES: [(&str, FileKind); 4] = [
+const FILES: [(&str, FileKind); 5] = [
     ("spec", FileKind::Spec),
     ("status", FileKind::Status),
     ("ctl", FileKind::Ctl),
     ("wait", FileKind::Wait),
+    ("info", FileKind::Info),
 ];
 
 impl Node {
@@ -150,10 +264,12 @@ impl Nsd {
         Ok(Nsd {
             shared: Arc::new(Shared {
                 opts,
+                bridge: std::sync::OnceLock::new(),
                 next_id: Mutex::new(1),
                 spaces: Mutex::new(BTreeMap::new()),
             }),
             operator_uid: 0,
+            scope: None,
         })
     }
 
@@ -162,7 +278,41 @@ impl Nsd {
         Nsd {
             shared: self.shared.clone(),
             operator_uid: uid,
+            scope: None,
         }
+    }
+
+    /// Namespace `id`'s own view of `/ns` (what its `mount ns` is served): its descendants
+    /// only; its `clone` takes a child spec in its view and narrows (`crate::narrow`).
+    pub fn scoped(&self, id: u64) -> Result<Nsd> {
+        let space = self.space(id)?;
+        let uid = space.info().operator_uid;
+        Ok(Nsd {
+            shared: self.shared.clone(),
+            operator_uid: uid,
+            scope: Some(id),
+        })
+    }
+
+    /// Where the bridge binary is (namespaces cloned through `/ns` serve their mounts too).
+    pub fn set_bridge(&self, bridge: std::path::PathBuf) {
+        let _ = self.shared.bridge.set(bridge);
+    }
+
+    /// Is `id` shown in this view: everything for an operator, strict descendants for a
+    /// namespace's own.
+    fn visible(&self, spaces: &BTreeMap<u64, Arc<Space>>, id: u64) -> bool {
+        let Some(scope) = self.scope else {
+            return spaces.contains_key(&id);
+        };
+        let mut at = spaces.get(&id).and_then(|s| s.parent);
+        while let Some(p) = at {
+            if p == scope {
+                return true;
+            }
+            at = spaces.get(&p).and_then(|s| s.parent);
+        }
+        false
     }
 
     /// The run options for a namespace this operator starts: never uid 0; a non-root operator's
@@ -176,13 +326,11 @@ impl Nsd {
     }
 
     fn space(&self, id: u64) -> Result<Arc<Space>> {
-        self.shared
-            .spaces
-            .lock()
-            .unwrap()
-            .get(&id)
-            .cloned()
-            .ok_or(Errno::ENOENT)
+        let spaces = self.shared.spaces.lock().unwrap();
+        if !self.visible(&spaces, id) {
+            return Err(Errno::ENOENT);
+        }
+        spaces.get(&id).cloned().ok_or(Errno::ENOENT)
     }
 
     fn lookup(&self, node: Node, name: &str) -> Result<Node> {
@@ -210,6 +358,39 @@ impl Nsd {
             tracing::warn!("/ns/clone: refused spec:\n{e}");
             Errno::EINVAL
         })?;
+        let info = Info {
+            origin: "clone",
+            operator_uid: self.operator_uid,
+            parent: self.scope,
+            ..Info::default()
+        };
+        let Some(parent_id) = self.scope else {
+            return Ok(self.add_space(spec, info).0);
+        };
+        // The parent's view: a child asking for anything it lacks is refused whole.
+        let parent = self.shared.spaces.lock().unwrap().get(&parent_id).cloned();
+        let parent = parent.ok_or(Errno::ENOENT)?;
+        let narrowed = crate::narrow::narrow(&parent.build, &spec).map_err(|e| {
+            tracing::warn!("/ns/clone in namespace {parent_id}: refused: {e}");
+            Errno::EPERM
+        })?;
+        Ok(self
+            .insert_space(spec, narrowed.build, narrowed.held, info)
+            .0)
+    }
+
+    /// Enters a namespace in the tree (as `created`) and returns its id.
+    pub(crate) fn add_space(&self, spec: Spec, info: Info) -> (u64, Arc<Space>) {
+        self.insert_space(spec.clone(), spec, Vec::new(), info)
+    }
+
+    fn insert_space(
+        &self,
+        spec: Spec,
+        build: Spec,
+        held: Vec<std::os::fd::OwnedFd>,
+        info: Info,
+    ) -> (u64, Arc<Space>) {
         let id = {
             let mut next = self.shared.next_id.lock().unwrap();
             let id = *next;
@@ -217,15 +398,33 @@ impl Nsd {
             id
         };
         let (status, _) = watch::channel(Status::Created);
-        self.shared.spaces.lock().unwrap().insert(
-            id,
-            Arc::new(Space {
-                spec,
-                status,
-                running: Mutex::new(None),
-            }),
-        );
-        Ok(id)
+        let space = Arc::new(Space {
+            parent: info.parent,
+            spec,
+            build,
+            _held: held,
+            status,
+            running: Mutex::new(None),
+            info: Mutex::new(info),
+        });
+        self.shared.spaces.lock().unwrap().insert(id, space.clone());
+        (id, space)
+    }
+
+    /// The namespace `/ns/<id>`, if nsd holds it.
+    pub(crate) fn find_space(&self, id: u64) -> Option<Arc<Space>> {
+        self.space(id).ok()
+    }
+
+    /// Takes a namespace out of the tree (a run-socket namespace, once its launcher has its
+    /// exit status: nobody else can wait for it).
+    pub(crate) fn remove_space(&self, id: u64) {
+        self.shared.spaces.lock().unwrap().remove(&id);
+    }
+
+    /// The options every namespace nsd builds starts from (protected dirs, Landlock floor).
+    pub(crate) fn base_options(&self) -> RunOptions {
+        self.shared.opts.clone()
     }
 
     async fn ctl(&self, id: u64, line: &str) -> Result<()> {
@@ -241,11 +440,24 @@ impl Nsd {
                 }
                 // Mark it before the (blocking) build, so a second `run` is refused.
                 space.status.send_replace(Status::Running { holder: 0 });
-                let opts = self.run_options();
+                let mut opts = self.run_options();
                 let argv = argv.to_vec();
+                let argv_shown = argv.clone();
                 let building = space.clone();
+                let served = match self.served_mounts(id, &space) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        space.status.send_replace(Status::Failed(e.to_string()));
+                        return Err(Errno::from_io(&e));
+                    }
+                };
+                let session = match &served {
+                    Some(s) => s.session().to_string(),
+                    None => new_session_id().map_err(|e| Errno::from_io(&e))?,
+                };
+                opts.mount_server = served.clone().map(|s| s as Arc<dyn crate::MountServer>);
                 let running =
-                    tokio::task::spawn_blocking(move || spawn(&building.spec, &argv, &opts))
+                    tokio::task::spawn_blocking(move || spawn(&building.build, &argv, &opts))
                         .await
                         .map_err(|_| Errno::EIO)?;
                 // The write returns once the command has exec'd, or fails (status says why).
@@ -256,11 +468,18 @@ impl Nsd {
                         return Err(Errno::from_io(&e));
                     }
                 };
-                *space.running.lock().unwrap() = Some(running.clone());
-                space.status.send_replace(Status::Running {
-                    holder: running.holder_pid(),
+                {
+                    let mut info = space.info();
+                    info.argv = argv_shown;
+                    info.started = Some(now_secs());
+                    info.session = Some(session);
+                }
+                space.set_running(&running);
+                tokio::task::spawn_blocking(move || {
+                    wait_space(&space, &running);
+                    // The bridges are reaped once the namespace is gone.
+                    drop(served);
                 });
-                tokio::task::spawn_blocking(move || wait_space(&space, &running));
                 Ok(())
             }
             Some((cmd, rest)) if cmd == "kill" && rest.is_empty() => {
@@ -275,14 +494,84 @@ impl Nsd {
     }
 }
 
+impl Nsd {
+    /// The mount server for a namespace cloned through `/ns`: toolfs and gate connections as
+    /// for any namespace, and its own scoped `/ns` for `mount ns`.
+    fn served_mounts(&self, id: u64, space: &Space) -> std::io::Result<Option<Arc<ServedMounts>>> {
+        if space.build.mounts.is_empty() {
+            return Ok(None);
+        }
+        let bridge = self.shared.bridge.get().cloned().ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "this nsd serves no mounts (it was given no warren-bridge)",
+            )
+        })?;
+        let served = ServedMounts::new(
+            self.shared.opts.protected.clone(),
+            &space.build,
+            &id.to_string(),
+            bridge,
+        )?
+        .attach_as(
+            nix::unistd::User::from_uid(self.operator_uid.into())
+                .ok()
+                .flatten()
+                .map(|u| u.name),
+        )
+        .ns_view(Arc::new(ScopedView {
+            nsd: self.for_operator(self.operator_uid),
+            id,
+        }));
+        Ok(Some(Arc::new(served)))
+    }
+}
+
+/// Namespace `id`'s own `/ns`, served on a socketpair nsd makes: the connection is the
+/// capability, and it shows that namespace's subtree only.
+pub struct ScopedView {
+    pub nsd: Nsd,
+    pub id: u64,
+}
+
+impl NsView for ScopedView {
+    fn connect(&self) -> std::io::Result<std::os::fd::OwnedFd> {
+        let view = self
+            .nsd
+            .scoped(self.id)
+            .map_err(|e| std::io::Error::from_raw_os_error(e.0 as i32))?;
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+        let id = self.id;
+        std::thread::Builder::new()
+            .name(format!("ns-view-{id}"))
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => return tracing::warn!("namespace {id}'s /ns: runtime: {e}"),
+                };
+                let served = rt.block_on(warren_9p::serve_fd(
+                    Arc::new(view),
+                    ours.into(),
+                    warren_9p::Limits::default(),
+                ));
+                if let Err(e) = served {
+                    tracing::debug!("namespace {id}'s /ns: {e}");
+                }
+            })?;
+        Ok(theirs.into())
+    }
+}
+
 /// On a blocking thread: wait for the command and record its end.
 fn wait_space(space: &Space, running: &Running) {
     let end = match running.wait() {
         Ok(code) => Status::Exited(code),
         Err(e) => Status::Failed(e.to_string()),
     };
-    *space.running.lock().unwrap() = None;
-    space.status.send_replace(end);
+    space.set_ended(end);
 }
 
 #[async_trait::async_trait]
@@ -349,11 +638,19 @@ impl FileTree for Nsd {
                 ))
             }
             Node::File(id, kind) => {
+                // A read past 0 continues the text the read at 0 took, so a reader never splices
+                // two versions of a file that changed in between (status, info).
+                if offset > 0
+                    && let Some(taken) = &fid.answer
+                {
+                    return Ok(slice(taken, offset, count));
+                }
                 let space = self.space(id)?;
                 let text = match kind {
                     FileKind::Spec => space.spec.to_text(),
                     FileKind::Status => space.status.borrow().line(),
                     FileKind::Ctl => return Ok(Vec::new()),
+                    FileKind::Info => space.info().text(&space.spec, &space.status.borrow()),
                     FileKind::Wait => {
                         let mut rx = space.status.subscribe();
                         let end = rx
@@ -363,7 +660,9 @@ impl FileTree for Nsd {
                         end.line()
                     }
                 };
-                Ok(slice(text.as_bytes(), offset, count))
+                let out = slice(text.as_bytes(), offset, count);
+                fid.answer = Some(text.into_bytes());
+                Ok(out)
             }
         }
     }
@@ -389,16 +688,17 @@ impl FileTree for Nsd {
 
     async fn readdir(&self, fid: &mut NsFid, offset: u64, _count: u32) -> Result<Vec<DirEntry>> {
         let entries: Vec<(String, Node)> = match fid.node {
-            Node::Root => std::iter::once(("clone".to_string(), Node::Clone))
-                .chain(
-                    self.shared
-                        .spaces
-                        .lock()
-                        .unwrap()
-                        .keys()
-                        .map(|id| (id.to_string(), Node::Dir(*id))),
-                )
-                .collect(),
+            Node::Root => {
+                let spaces = self.shared.spaces.lock().unwrap();
+                std::iter::once(("clone".to_string(), Node::Clone))
+                    .chain(
+                        spaces
+                            .keys()
+                            .filter(|id| self.visible(&spaces, **id))
+                            .map(|id| (id.to_string(), Node::Dir(*id))),
+                    )
+                    .collect()
+            }
             Node::Dir(id) => FILES
                 .iter()
                 .map(|(n, k)| (n.to_string(), Node::File(id, *k)))
@@ -438,5 +738,107 @@ mod tests {
         assert_eq!(nsd.for_operator(1234).run_options().uid, Some(1234));
         // One set of namespaces, whoever looks.
         assert!(Arc::ptr_eq(&nsd.shared, &nsd.for_operator(1234).shared));
+    }
+
+    async fn clone_in(view: &Nsd, text: &str) -> Result<u64> {
+        let (_, root) = view.attach("", "", 0).await?;
+        let (_, fid) = view.walk(&root, &["clone".into()]).await?;
+        let mut fid = fid.ok_or(Errno::ENOENT)?;
+        view.open(&mut fid, 2).await?;
+        view.write(&mut fid, 0, text.as_bytes()).await?;
+        let id = view.read(&mut fid, 0, 64).await?;
+        Ok(String::from_utf8(id).unwrap().trim().parse().unwrap())
+    }
+
+    async fn listing(view: &Nsd) -> Vec<String> {
+        let (_, root) = view.attach("", "", 0).await.unwrap();
+        let (_, fid) = view.walk(&root, &[]).await.unwrap();
+        let mut fid = fid.unwrap();
+        view.readdir(&mut fid, 0, 4096)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect()
+    }
+
+    /// A namespace's own /ns: its `clone` narrows (2 tools cannot make 3, refused whole with
+    /// EPERM), and it lists only its descendants, grandchildren included; the operator lists all.
+    #[tokio::test]
+    async fn a_namespaces_own_view_narrows_and_shows_its_subtree_only() {
+        let nsd = Nsd::new(RunOptions::default()).unwrap();
+        let parent = spec::parse("<t>", "mount tool /tool echo fs_read\nmount ns /ns\n").unwrap();
+        let (pid, _) = nsd.add_space(parent, Info::default());
+        let (other, _) = nsd.add_space(Spec::default(), Info::default());
+        let view = nsd.scoped(pid).unwrap();
+        assert_eq!(
+            clone_in(&view, "mount tool /tool echo fs_read shell\n").await,
+            Err(Errno::EPERM)
+        );
+        let child = clone_in(&view, "mount tool /tool echo\nmount ns /ns\n")
+            .await
+            .unwrap();
+        let grand = clone_in(&nsd.scoped(child).unwrap(), "mount tool /tool echo\n")
+            .await
+            .unwrap();
+        // The grandchild may not regain what its parent dropped.
+        assert_eq!(
+            clone_in(&nsd.scoped(child).unwrap(), "mount tool /tool fs_read\n").await,
+            Err(Errno::EPERM)
+        );
+        assert_eq!(
+            listing(&view).await,
+            vec!["clone".to_string(), child.to_string(), grand.to_string()]
+        );
+        let (_, root) = view.attach("", "", 0).await.unwrap();
+        for hidden in [pid, other] {
+            assert!(view.walk(&root, &[hidden.to_string()]).await.is_err());
+        }
+        let all = listing(&nsd).await;
+        for id in [pid, other, child, grand] {
+            assert!(all.contains(&id.to_string()), "{all:?}");
+        }
+    }
+
+    /// A file read in pieces is one version of it: the read at offset 0 takes the text, later
+    /// offsets continue that text even if the namespace changed in between.
+    #[tokio::test]
+    async fn a_file_read_in_pieces_is_one_version() {
+        let nsd = Nsd::new(RunOptions::default()).unwrap();
+        let spec = spec::parse("<t>", "mount tool /tool echo\n").unwrap();
+        let info = Info {
+            origin: "run",
+            launcher_pid: Some(42),
+            ..Info::default()
+        };
+        let (id, space) = nsd.add_space(spec, info);
+        let (_, root) = nsd.attach("", "", 0).await.unwrap();
+        let (_, fid) = nsd
+            .walk(&root, &[id.to_string(), "info".into()])
+            .await
+            .unwrap();
+        let mut fid = fid.unwrap();
+        let first = nsd.read(&mut fid, 0, 10).await.unwrap();
+        space.info().argv = vec!["a-much-longer-command-line".into()];
+        let mut whole = first;
+        loop {
+            let more = nsd.read(&mut fid, whole.len() as u64, 10).await.unwrap();
+            if more.is_empty() {
+                break;
+            }
+            whole.extend(more);
+        }
+        let text = String::from_utf8(whole).unwrap();
+        assert_eq!(
+            text,
+            "origin run\noperator 0\nlauncher 42\nmount tool /tool\ntool echo\n"
+        );
+        // A new read from 0 sees the change.
+        let again = nsd.read(&mut fid, 0, 4096).await.unwrap();
+        assert!(
+            String::from_utf8(again)
+                .unwrap()
+                .contains("argv a-much-longer")
+        );
     }
 }

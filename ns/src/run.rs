@@ -39,6 +39,11 @@ pub struct RunOptions {
     /// Give the payload a pty of the namespace's own devpts as its controlling terminal and
     /// stdio; its master is `Running::pty_master`, for the launcher to relay (see `pty`).
     pub pty: bool,
+    /// The pty's first window size (rows, cols, xpixel, ypixel); `None`: this process's stdin's.
+    pub pty_winsize: Option<[u16; 4]>,
+    /// Where the payload's TERM, LANG and the spec's `env` names get their values: `None` is
+    /// this process's environment (`warren-nsd run`); nsd passes the launcher's values.
+    pub env: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// Descriptors to give the payload as fds 0, 1 and 2.
@@ -78,6 +83,8 @@ impl Default for RunOptions {
             mount_server: None,
             stdio: None,
             pty: false,
+            pty_winsize: None,
+            env: None,
         }
     }
 }
@@ -149,7 +156,10 @@ fn etc_binds(net: Net) -> Vec<Bind> {
         .collect()
 }
 
-fn payload_env(spec: &Spec) -> io::Result<Vec<CString>> {
+pub(crate) fn payload_env(
+    spec: &Spec,
+    given: Option<&std::collections::BTreeMap<String, String>>,
+) -> io::Result<Vec<CString>> {
     let mut env = vec![
         format!("PATH={}", crate::PAYLOAD_PATH),
         format!("HOME={}", crate::HOME),
@@ -161,13 +171,20 @@ fn payload_env(spec: &Spec) -> io::Result<Vec<CString>> {
         .copied()
         .chain(spec.env.iter().map(String::as_str))
     {
-        if let Some(v) = std::env::var_os(name) {
-            let v = v.into_string().map_err(|_| {
-                io::Error::new(
-                    io::ErrorKind::InvalidInput,
-                    format!("env {name} is not UTF-8"),
-                )
-            })?;
+        let value = match given {
+            Some(values) => values.get(name).cloned(),
+            None => std::env::var_os(name)
+                .map(|v| {
+                    v.into_string().map_err(|_| {
+                        io::Error::new(
+                            io::ErrorKind::InvalidInput,
+                            format!("env {name} is not UTF-8"),
+                        )
+                    })
+                })
+                .transpose()?,
+        };
+        if let Some(v) = value {
             env.push(format!("{name}={v}"));
         }
     }
@@ -194,14 +211,32 @@ pub struct Running {
     holder: Pid,
     holder_fd: OwnedFd,
     /// Held for its Drop: a cgroup is killed and removed with the `Running`.
-    _enforcement: Enforcement,
+    enforcement: Enforcement,
     pty_master: Option<OwnedFd>,
+    /// How its payload was confined, for a process attached later (`launch::attach`).
+    confinement: Confinement,
+}
+
+/// What a process joining a running namespace must get to be confined exactly as its payload
+/// was (besides the spec, which nsd keeps with the namespace).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Confinement {
+    pub uid: u32,
+    pub uid_base: u32,
+    pub weaker_landlock: bool,
+    /// pids/mem via rlimits (no cgroup).
+    pub rlimit_pids_mem: bool,
 }
 
 impl Running {
     /// The master side of the namespace's pty (with `RunOptions::pty`).
     pub fn pty_master(&self) -> Option<&OwnedFd> {
         self.pty_master.as_ref()
+    }
+
+    /// Takes the pty's master (nsd hands it to the launcher and keeps no copy).
+    pub fn take_pty_master(&mut self) -> Option<OwnedFd> {
+        self.pty_master.take()
     }
 
     /// Sends `signal` to the holder, which forwards SIGTERM, SIGINT, SIGHUP and SIGQUIT to
@@ -213,6 +248,28 @@ impl Running {
     /// The host pid of the process holding the namespaces.
     pub fn holder_pid(&self) -> u32 {
         self.holder.as_raw() as u32
+    }
+
+    /// The payload's uid.
+    pub fn payload_uid(&self) -> u32 {
+        self.confinement.uid
+    }
+
+    /// A pidfd of the holder (never a recycled pid), to join its namespaces.
+    pub(crate) fn holder_pidfd(&self) -> io::Result<OwnedFd> {
+        self.holder_fd.try_clone()
+    }
+
+    pub(crate) fn confinement(&self) -> Confinement {
+        self.confinement
+    }
+
+    /// The namespace's cgroup, when pids/mem are enforced by one.
+    pub(crate) fn cgroup_dir(&self) -> Option<&Path> {
+        match &self.enforcement {
+            Enforcement::Cgroup(c) => Some(&c.dir),
+            Enforcement::Rlimits => None,
+        }
     }
 
     /// SIGKILLs the namespace: the holder dies, its pid 1 follows (PDEATHSIG), and with pid 1
@@ -256,7 +313,7 @@ pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Runn
         .map(|a| CString::new(a.as_str()))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in an argument"))?;
-    let env = payload_env(spec)?;
+    let env = payload_env(spec, opts.env.as_ref())?;
 
     let guard = Guard::new(&opts.protected)?;
     let mut all_binds = spec.binds.clone();
@@ -298,7 +355,8 @@ pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Runn
         pty_sock: pty_child,
         pty_slave: None,
         pty_winsize: if opts.pty {
-            sys::get_winsize(io::stdin().as_fd()).unwrap_or_default()
+            opts.pty_winsize
+                .unwrap_or_else(|| sys::get_winsize(io::stdin().as_fd()).unwrap_or_default())
         } else {
             [0; 4]
         },
@@ -327,7 +385,8 @@ pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Runn
     drop(plan);
     let holder_fd = sys::pidfd_open(holder.as_raw());
     let served = match (fuse_parent, &opts.mount_server) {
-        (Some(sock), Some(server)) => serve_mounts(&sock, spec, server.as_ref()),
+        (Some(sock), Some(server)) => serve_mounts(&sock, spec, server.as_ref())
+            .and_then(|()| std::io::Write::write_all(&mut &sock, &crate::confine::fuse::SERVED)),
         _ => Ok(()),
     };
     let pty_master = match &pty_parent {
@@ -352,8 +411,14 @@ pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Runn
         Ok((holder_fd, pty_master)) => Ok(Running {
             holder,
             holder_fd,
-            _enforcement: enforcement,
             pty_master,
+            confinement: Confinement {
+                uid: payload_uid(opts, holder),
+                uid_base: opts.uid_base,
+                weaker_landlock: opts.weaker_landlock,
+                rlimit_pids_mem: matches!(enforcement, Enforcement::Rlimits),
+            },
+            enforcement,
         }),
         Err(e) => {
             let _ = nix::sys::signal::kill(holder, nix::sys::signal::Signal::SIGKILL);
@@ -361,6 +426,13 @@ pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Runn
             Err(e)
         }
     }
+}
+
+/// The payload's uid: the one asked for, else `uid_base` + the holder's pid (as the holder
+/// computes it).
+fn payload_uid(opts: &RunOptions, holder: Pid) -> u32 {
+    opts.uid
+        .unwrap_or_else(|| opts.uid_base + holder.as_raw() as u32)
 }
 
 fn serve_mounts(sock: &UnixStream, spec: &Spec, server: &dyn MountServer) -> io::Result<()> {

@@ -82,3 +82,52 @@ fn mount_line_becomes_a_fuse_mount_handed_to_the_server() {
     let err = run(&spec, &["/bin/true".into()], &RunOptions::default()).unwrap_err();
     assert!(err.to_string().contains("needs the FUSE bridge"), "{err}");
 }
+
+/// A server that cannot serve a mount refuses it.
+struct Refuser;
+
+impl MountServer for Refuser {
+    fn serve(&self, mount: &Mount, _fuse: OwnedFd) -> io::Result<()> {
+        Err(io::Error::other(format!("cannot serve {}", mount.path)))
+    }
+}
+
+/// When a mount cannot be served the command never starts: pid 1 waits for the launcher's word
+/// that every mount is served (before it waited for nothing, and the command ran while the
+/// launcher was already reporting the failure).
+#[test]
+fn an_unserved_mount_means_the_command_never_runs() {
+    if !need_root("an_unserved_mount_means_the_command_never_runs") {
+        return;
+    }
+    let out = tempdir("wfusr");
+    std::fs::set_permissions(
+        out.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let o = out.path().display().to_string();
+    let spec = parse(
+        "fuse.ns",
+        &format!(
+            "bind -r /usr /usr\nbind -r /lib /lib\nbind -r /lib64 /lib64\nbind -r /bin /bin\n\
+             bind -w {o} /out\nmount tool /tool echo\n"
+        ),
+    )
+    .unwrap();
+    let opts = RunOptions {
+        mount_server: Some(Arc::new(Refuser)),
+        ..RunOptions::default()
+    };
+    let err = run(
+        &spec,
+        &["/bin/sh".into(), "-c".into(), "echo ran > /out/ran".into()],
+        &opts,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("cannot serve /tool"), "{err}");
+    assert!(
+        !out.path().join("ran").exists(),
+        "the command ran although its mount was not served"
+    );
+}

@@ -43,7 +43,7 @@ async fn main() {
         .unwrap(),
         writable: false,
     };
-    let worker = Worker::spawn(
+    let worker = Worker::spawn_unconfined(
         "fs_read",
         &ToolAuthority {
             roots: vec![root],

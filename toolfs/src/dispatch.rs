@@ -1,5 +1,5 @@
 //! Running calls for one connection: echo in-process, every other tool in that connection's
-//! worker for the tool, spawned on first use and killed with the connection.
+//! worker for the tool, built by nsd on first use and ended with the connection.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -106,14 +106,6 @@ impl Dispatcher {
                 ),
             ));
         }
-        let Some((uid, gid)) = self.grant.worker_ids else {
-            return Err(Envelope::new(
-                name,
-                Status::Error,
-                Taint::Trusted,
-                "this connection has no worker identity".into(),
-            ));
-        };
         let slot = self
             .workers
             .get(name)
@@ -134,31 +126,37 @@ impl Dispatcher {
             return Ok(Runnable::Worker(worker.clone(), turn));
         }
         let spawn_for = tool.clone();
+        let builder = self.services.workers.clone();
+        let (session, namespace) = (self.grant.session.clone(), self.grant.namespace.clone());
+        // Only nsd builds workers: if it cannot, the call is refused (fail closed); toolfs
+        // never starts one itself.
         let spawned = tokio::task::spawn_blocking(move || {
-            Worker::spawn(&spawn_for.def.name, &spawn_for.authority, uid, gid)
+            let name = spawn_for.def.name.as_str();
+            let launched = builder.build(&session, &namespace, name, &spawn_for.authority)?;
+            Worker::start(name, &spawn_for.authority, launched)
         })
         .await;
         match spawned {
             Ok(Ok(worker)) => {
                 let worker = Arc::new(worker);
                 *slot = Some(worker.clone());
-                tracing::info!(conn = %self.grant.label, tool = name, "worker spawned");
+                tracing::info!(conn = %self.grant.label, tool = name, "worker built by nsd");
                 Ok(Runnable::Worker(worker, turn))
             }
             Ok(Err(e)) => {
-                tracing::warn!(conn = %self.grant.label, tool = name, "worker spawn failed: {e}");
+                tracing::warn!(conn = %self.grant.label, tool = name, "no worker: {e}");
                 Err(Envelope::new(
                     name,
-                    Status::Error,
+                    Status::Denied,
                     Taint::Trusted,
-                    format!("cannot start the {name} worker: {e}"),
+                    format!("no {name} worker, so the call is refused: {e}"),
                 ))
             }
             Err(e) => Err(Envelope::new(
                 name,
-                Status::Error,
+                Status::Denied,
                 Taint::Trusted,
-                format!("cannot start the {name} worker: {e}"),
+                format!("no {name} worker, so the call is refused: {e}"),
             )),
         }
     }

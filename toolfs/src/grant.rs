@@ -31,7 +31,8 @@ pub struct GrantRecord {
     /// The namespace id (for logs and, later, receipts).
     pub namespace: String,
     pub tools: Vec<ToolGrant>,
-    /// The uid and gid the connection's workers run as; never 0.
+    /// Kept for the record's shape; nsd, which builds the workers, chooses their uid and gid
+    /// itself (never 0, which is still refused here).
     pub worker_uid: u32,
     pub worker_gid: u32,
 }
@@ -71,9 +72,8 @@ pub struct ConnGrant {
     pub session: String,
     /// Sorted by name.
     pub tools: Vec<Arc<GrantedTool>>,
-    /// Who the workers run as; `None` on the operator socket, whose worker tools have no roots
-    /// and therefore never spawn a worker.
-    pub worker_ids: Option<(u32, u32)>,
+    /// The namespace id (the operator's connections: `operator`); nsd builds workers for it.
+    pub namespace: String,
 }
 
 impl ConnGrant {
@@ -99,7 +99,7 @@ impl ConnGrant {
             label: format!("operator uid={uid} session {session}"),
             session,
             tools,
-            worker_ids: None,
+            namespace: "operator".into(),
         }
     }
 
@@ -188,7 +188,7 @@ impl ConnGrant {
             label: format!("session {} namespace {}", record.session, record.namespace),
             session: record.session.clone(),
             tools,
-            worker_ids: Some((record.worker_uid, record.worker_gid)),
+            namespace: record.namespace.clone(),
         })
     }
 }

@@ -14,6 +14,7 @@ use warren_toolfs::effects::Receipts;
 use warren_toolfs::gate::{self, GateLink};
 use warren_toolfs::services::Services;
 use warren_toolfs::tree::TreeLimits;
+use warren_toolfs::worker::nsd::{NSD_WORKER_CONTROL, WorkerBuilder};
 
 #[derive(Parser, Debug)]
 #[command(name = "warren-toolfs", about = "warren's /tool server (9P2000.L)")]
@@ -32,6 +33,11 @@ struct Args {
     /// one CPU; more: a work-stealing pool).
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// nsd's worker socket, where every tool worker is built (default:
+    /// <runtime>/nsd-workers.ctl). There is no other way to get a worker: without nsd, calls of
+    /// worker tools are refused.
+    #[arg(long)]
+    nsd_workers: Option<PathBuf>,
     /// Append a line per echo start and end to this file (a test knob: it shows whether a call ran).
     #[arg(long)]
     echo_journal: Option<PathBuf>,
@@ -87,7 +93,17 @@ fn main() -> anyhow::Result<()> {
                 GateLink::none()
             }
         };
-        let services = Services::new(gate, Receipts::new(dirs.socket("receipts")), journal);
+        let workers = WorkerBuilder::new(
+            args.nsd_workers
+                .clone()
+                .unwrap_or_else(|| dirs.control(NSD_WORKER_CONTROL)),
+        );
+        let services = Services::new(
+            gate,
+            Receipts::new(dirs.socket("receipts")),
+            journal,
+            workers,
+        );
         let server = Arc::new(Server::new(
             catalog,
             TreeLimits {

@@ -11,11 +11,14 @@ use warren_gate::policy::ContextState;
 use crate::echo::EchoJournal;
 use crate::effects::Receipts;
 use crate::gate::GateLink;
+use crate::worker::nsd::WorkerBuilder;
 
 pub struct Services {
     pub gate: GateLink,
     pub receipts: Receipts,
     pub journal: Arc<EchoJournal>,
+    /// nsd's worker socket: every worker is built there, or the call is refused.
+    pub workers: WorkerBuilder,
     pub hops: HopTimes,
     /// Kept for toolfs's lifetime: a session's states only ever rise, and a session that
     /// reconnects (a restarted bridge) must not find them lowered.
@@ -23,11 +26,17 @@ pub struct Services {
 }
 
 impl Services {
-    pub fn new(gate: GateLink, receipts: Receipts, journal: EchoJournal) -> Services {
+    pub fn new(
+        gate: GateLink,
+        receipts: Receipts,
+        journal: EchoJournal,
+        workers: WorkerBuilder,
+    ) -> Services {
         Services {
             gate,
             receipts,
             journal: Arc::new(journal),
+            workers,
             hops: HopTimes::default(),
             contexts: Mutex::new(HashMap::new()),
         }

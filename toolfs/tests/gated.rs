@@ -332,7 +332,7 @@ async fn no_worker_holds_the_gate_connection() {
         let env = call_envelope(&root, tool, args).await;
         assert!(env.receipt.is_some(), "{tool} did not run: {env:?}");
     }
-    let workers = d.children();
+    let workers = d.workers();
     assert_eq!(workers.len(), 2, "one worker per tool: {workers:?}");
     for pid in workers {
         for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap() {

@@ -5,6 +5,8 @@ mod tools_support;
 
 use serde_json::json;
 use tools_support::*;
+use warren_toolfs::tools::shell::PLANT_NO_PID_NAMESPACE;
+use warren_toolfs::worker::Worker;
 
 /// Variables sh itself may add to what it was given.
 const SHELL_OWN: [&str; 4] = ["PWD", "SHLVL", "_", "OLDPWD"];
@@ -110,10 +112,12 @@ async fn the_timeout_kills_the_whole_process_group() {
     let scratch = Scratch::new();
     let root = scratch.worker_dir("root");
     let w = spawn("shell", &[("/r", &root, true)]);
-    // A background job in the command's group, detached from the output pipe, then a hang.
+    // A background job, detached from the output pipe, then a hang. (`$!` would be a pid in
+    // the command's own pid namespace: the job is found by its unique argument instead.)
+    let job = unique_sleep();
     let out = call(
         &w,
-        json!({"command": "sleep 1000 >/dev/null 2>&1 & echo $!; sleep 1000", "timeout_s": 2}),
+        json!({"command": format!("sleep {job} >/dev/null 2>&1 & sleep 1000"), "timeout_s": 2}),
     )
     .await;
     assert!(!out.ok);
@@ -123,17 +127,9 @@ async fn the_timeout_kills_the_whole_process_group() {
         "{}",
         out.content
     );
-    let background: i32 = out
-        .content
-        .lines()
-        .next()
-        .unwrap()
-        .trim()
-        .parse()
-        .expect("the command printed its job's pid");
     assert!(
-        wait_dead(background),
-        "background job {background} outlived its call's timeout"
+        wait_no_process_with_arg(&job),
+        "background job outlived its call's timeout"
     );
     // The worker goes on serving.
     assert_ok(&call(&w, json!({"command": "true"})).await);
@@ -144,20 +140,83 @@ async fn a_finished_call_leaves_no_background_job_of_its_group() {
     let scratch = Scratch::new();
     let root = scratch.worker_dir("root");
     let w = spawn("shell", &[("/r", &root, true)]);
+    let job = unique_sleep();
     let out = call(
         &w,
-        json!({"command": "sleep 1000 >/dev/null 2>&1 & echo $!"}),
+        json!({"command": format!("sleep {job} >/dev/null 2>&1 & echo started")}),
     )
     .await;
-    let background: i32 = assert_ok(&out)
-        .lines()
-        .next()
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    assert!(assert_ok(&out).contains("started"));
     assert!(
-        wait_dead(background),
-        "background job {background} outlived its call"
+        wait_no_process_with_arg(&job),
+        "background job outlived its call"
     );
+}
+
+/// `setsid sleep &` leaves the command's process group and session; only the command's own pid
+/// namespace takes it down with the call (issue 4).
+async fn setsid_job_after_timeout(plant_no_pid_namespace: bool) -> (String, bool) {
+    let scratch = Scratch::new();
+    let root = scratch.worker_dir("root");
+    let knob: &[(&str, &str)] = if plant_no_pid_namespace {
+        &[(PLANT_NO_PID_NAMESPACE, "1")]
+    } else {
+        &[]
+    };
+    let w = Worker::spawn_unconfined_with_env(
+        "shell",
+        &authority(&[("/r", &root, true)]),
+        WORKER_UID,
+        WORKER_GID,
+        knob,
+    )
+    .expect("spawn worker");
+    let job = unique_sleep();
+    let out = call(
+        &w,
+        json!({"command": format!("setsid sleep {job} >/dev/null 2>&1 </dev/null & sleep 1000"), "timeout_s": 2}),
+    )
+    .await;
+    assert!(out.content.contains("timed out"), "{}", out.content);
+    // The call has returned: with the pid namespace its whole tree is already dead. The
+    // control (which expects a survivor) need not wait the full bound to see one.
+    let limit = if plant_no_pid_namespace { 2 } else { 20 };
+    let gone = wait_no_process_with_arg_for(&job, std::time::Duration::from_secs(limit));
+    for pid in pids_with_arg(&job) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    (out.content, gone)
+}
+
+#[tokio::test]
+async fn a_setsid_grandchild_is_gone_after_the_timeout() {
+    let (content, gone) = setsid_job_after_timeout(false).await;
+    assert!(gone, "a setsid job outlived its call's timeout: {content}");
+}
+
+/// The control: with the pid namespace planted away, the same `setsid` job escapes the group
+/// kill — so the test above can fail, and it is the pid namespace that makes it pass.
+#[tokio::test]
+async fn control_without_the_pid_namespace_a_setsid_job_escapes() {
+    if !cfg!(debug_assertions) {
+        eprintln!("SKIP: the {PLANT_NO_PID_NAMESPACE} knob exists in debug builds only");
+        return;
+    }
+    let (content, gone) = setsid_job_after_timeout(true).await;
+    assert!(
+        !gone,
+        "without a pid namespace the setsid job should have escaped: {content}"
+    );
+}
+
+#[tokio::test]
+async fn each_command_is_pid_one_of_its_own_pid_namespace() {
+    let scratch = Scratch::new();
+    let root = scratch.worker_dir("root");
+    let w = spawn("shell", &[("/r", &root, true)]);
+    let out = call(&w, json!({"command": "echo $$"})).await;
+    assert_eq!(assert_ok(&out).lines().next(), Some("1"), "{}", out.content);
 }

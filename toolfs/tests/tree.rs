@@ -212,7 +212,7 @@ async fn the_operator_sees_every_tool_but_holds_no_host_path() {
         env.content
     );
     assert!(
-        d.children().is_empty(),
+        d.workers().is_empty(),
         "no worker was spawned for the operator"
     );
 }

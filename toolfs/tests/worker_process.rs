@@ -81,12 +81,12 @@ fn uid_or_gid_zero_is_refused() {
     let scratch = Scratch::new();
     let a = scratch.worker_dir("a");
     for (uid, gid) in [(0, WORKER_GID), (WORKER_UID, 0), (0, 0)] {
-        let err = Worker::spawn("fs_read", &authority(&[("/a", &a, false)]), uid, gid)
+        let err = Worker::spawn_unconfined("fs_read", &authority(&[("/a", &a, false)]), uid, gid)
             .err()
             .expect("spawn as 0 must fail");
         assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied, "{err}");
     }
-    let err = Worker::spawn(
+    let err = Worker::spawn_unconfined(
         "echo",
         &authority(&[("/a", &a, false)]),
         WORKER_UID,
@@ -95,7 +95,7 @@ fn uid_or_gid_zero_is_refused() {
     .err()
     .expect("echo has no worker");
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidInput);
-    let err = Worker::spawn(
+    let err = Worker::spawn_unconfined(
         "fs_read",
         &authority(&[("relative", &a, false)]),
         WORKER_UID,
@@ -183,12 +183,30 @@ async fn dropping_the_worker_kills_and_reaps_it() {
 async fn a_worker_that_dies_mid_call_is_an_error_not_a_hang() {
     let scratch = Scratch::new();
     let a = scratch.worker_dir("a");
-    let w = spawn("shell", &[("/a", &a, true)]);
-    // The command kills its own worker (same uid): toolfs must see EOF, not wait forever.
-    let out = w
-        .call(br#"{"command":"kill -9 $PPID; sleep 5"}"#, CALL_TIMEOUT)
-        .await;
-    let err = out.expect_err("the worker died");
+    let w = std::sync::Arc::new(spawn("shell", &[("/a", &a, true)]));
+    // (The command itself cannot reach its worker: it is pid 1 of its own pid namespace, where
+    // the worker has no pid. The test kills the worker from outside, mid-call.)
+    let running = {
+        let w = w.clone();
+        tokio::spawn(async move {
+            w.call(br#"{"command":"touch started; sleep 5"}"#, CALL_TIMEOUT)
+                .await
+        })
+    };
+    let started = a.join("started");
+    for _ in 0..2000 {
+        if started.exists() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(started.exists(), "the command never started");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(w.pid()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let err = running.await.unwrap().expect_err("the worker died");
     assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof, "{err}");
     assert!(!w.is_alive());
 }
@@ -198,18 +216,28 @@ async fn dropping_the_worker_mid_call_kills_the_running_command_group() {
     let scratch = Scratch::new();
     let a = scratch.worker_dir("a");
     let w = std::sync::Arc::new(spawn("shell", &[("/a", &a, true)]));
+    let job = unique_sleep();
     let running = {
         let w = w.clone();
+        let args = serde_json::json!({
+            "command": format!("sleep {job} >/dev/null 2>&1 & touch started; sleep 1000")
+        })
+        .to_string();
         tokio::spawn(async move {
-            let args =
-                br#"{"command":"sleep 1000 >/dev/null 2>&1 & echo $! > bg.pid; sleep 1000"}"#;
-            let _ = w.call(args, CALL_TIMEOUT).await;
+            let _ = w.call(args.as_bytes(), CALL_TIMEOUT).await;
         })
     };
-    let pid_file = a.join("bg.pid");
-    let background = tokio::task::spawn_blocking(move || wait_pid_file(&pid_file))
-        .await
-        .unwrap();
+    let started = a.join("started");
+    for _ in 0..2000 {
+        if started.exists() && !pids_with_arg(&job).is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(
+        !pids_with_arg(&job).is_empty(),
+        "the background job never ran"
+    );
     // The connection goes away: its call is withdrawn and its worker dropped.
     running.abort();
     let _ = running.await;
@@ -217,7 +245,7 @@ async fn dropping_the_worker_mid_call_kills_the_running_command_group() {
     drop(w);
     assert!(!std::path::Path::new(&format!("/proc/{worker_pid}")).exists());
     assert!(
-        wait_dead(background),
-        "the command's background job {background} outlived its worker"
+        wait_no_process_with_arg(&job),
+        "the command's background job outlived its worker"
     );
 }

@@ -204,7 +204,8 @@ fn toolfs_going_away_mid_call_kills_the_command_group() {
     let scratch = Scratch::new();
     let root = scratch.worker_dir("root");
     let mut w = RawWorker::started("shell", &root);
-    let command = "sleep 1000 >/dev/null 2>&1 & echo $! > bg.pid; sleep 1000";
+    let job = unique_sleep();
+    let command = format!("sleep {job} >/dev/null 2>&1 & touch started; sleep 1000");
     w.send(&ToWorker::Call {
         id: 1,
         args: serde_json::json!({ "command": command }).to_string(),
@@ -214,7 +215,16 @@ fn toolfs_going_away_mid_call_kills_the_command_group() {
         FromWorker::Started { id: 1, pgid } => pgid,
         other => panic!("expected started, got {other:?}"),
     };
-    let background = wait_pid_file(&root.join("bg.pid"));
+    let until = Instant::now() + Duration::from_secs(20);
+    while (!root.join("started").exists() || pids_with_arg(&job).is_empty())
+        && Instant::now() < until
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        !pids_with_arg(&job).is_empty(),
+        "the background job never ran"
+    );
     // toolfs dies: its end of the socket closes (the process is still ours to reap).
     w.socket.shutdown(std::net::Shutdown::Both).unwrap();
     let status = w
@@ -222,7 +232,7 @@ fn toolfs_going_away_mid_call_kills_the_command_group() {
         .expect("the worker ends when toolfs goes away");
     assert!(!status.success(), "it could not deliver its answer");
     assert!(
-        wait_dead(background),
-        "the command's background job {background} (group {group}) outlived the call"
+        wait_no_process_with_arg(&job),
+        "the command's background job (group {group}) outlived the call"
     );
 }

@@ -69,11 +69,11 @@ async fn one_worker_per_connection_and_tool_gone_with_its_connection() {
     std::fs::write(dir.join("f"), "x").unwrap();
     std::fs::set_permissions(dir.join("f"), std::fs::Permissions::from_mode(0o644)).unwrap();
     let grant = record_with_root(&["fs_read", "fs_list"], "/r");
-    assert!(d.children().is_empty(), "workers start lazily");
+    assert!(d.workers().is_empty(), "workers start lazily");
 
     let (c1, root1) = d.granted(&grant, &[fd.as_fd(), fd.as_fd()]).await;
     assert!(
-        d.children().is_empty(),
+        d.workers().is_empty(),
         "workers start lazily, on the first call"
     );
     for _ in 0..3 {
@@ -84,15 +84,15 @@ async fn one_worker_per_connection_and_tool_gone_with_its_connection() {
             Status::Ok
         );
     }
-    assert_eq!(d.children().len(), 1, "one fs_read worker for three calls");
+    assert_eq!(d.workers().len(), 1, "one fs_read worker for three calls");
     assert_eq!(
         call_envelope(&root1, "fs_list", br#"{"path":"/r"}"#)
             .await
             .status,
         Status::Ok
     );
-    assert_eq!(d.children().len(), 2, "a worker per tool");
-    let first = d.children();
+    assert_eq!(d.workers().len(), 2, "a worker per tool");
+    let first = d.workers();
     for pid in &first {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
         let uid_line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
@@ -100,7 +100,7 @@ async fn one_worker_per_connection_and_tool_gone_with_its_connection() {
             uid_line
                 .split_whitespace()
                 .skip(1)
-                .all(|u| u == WORKER_UID.to_string()),
+                .all(|u| u == nsd_worker_uid().to_string()),
             "{uid_line}"
         );
     }
@@ -113,7 +113,7 @@ async fn one_worker_per_connection_and_tool_gone_with_its_connection() {
         Status::Ok
     );
     assert_eq!(
-        d.children().len(),
+        d.workers().len(),
         3,
         "another connection gets its own worker"
     );
@@ -121,12 +121,12 @@ async fn one_worker_per_connection_and_tool_gone_with_its_connection() {
     drop(root1);
     drop(c1);
     for _ in 0..500 {
-        if d.children().len() == 1 {
+        if d.workers().len() == 1 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let left = d.children();
+    let left = d.workers();
     assert_eq!(
         left.len(),
         1,
@@ -151,18 +151,17 @@ async fn a_call_waiting_for_its_worker_is_withdrawn_by_a_flush_and_never_runs() 
         .granted(&record_with_root(&["shell"], "/w"), &[fd.as_fd()])
         .await;
     // A: holds the connection's shell worker until the marker file `go` appears.
+    // The command sees the root at /w (its worker's view), the test at `dir`.
     let go = dir.join("go");
-    let a_args = format!(
-        r#"{{"command":"while [ ! -e {} ]; do sleep 0.05; done; echo A done"}}"#,
-        go.display()
-    );
+    let a_args =
+        r#"{"command":"while [ ! -e /w/go ]; do sleep 0.05; done; echo A done"}"#.to_string();
     let a = open_call(&root, "shell").await;
     a.write_all(0, a_args.as_bytes()).await.unwrap();
     let a_len = a_args.len() as u64;
     let a_task = tokio::spawn(async move { a.read_to_end(a_len).await.unwrap() });
     // B: waits for its turn behind A; if it ever ran it would create `ran-b`.
     let ran_b = dir.join("ran-b");
-    let b_args = format!(r#"{{"command":"touch {}"}}"#, ran_b.display());
+    let b_args = r#"{"command":"touch /w/ran-b"}"#.to_string();
     let b = open_call(&root, "shell").await;
     b.write_all(0, b_args.as_bytes()).await.unwrap();
     tokio::select! {
@@ -211,7 +210,7 @@ async fn sigterm_stops_toolfs_and_its_workers() {
             .status,
         Status::Ok
     );
-    let workers = d.children();
+    let workers = d.workers();
     assert_eq!(workers.len(), 1);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(d.pid() as i32),
@@ -225,8 +224,13 @@ async fn sigterm_stops_toolfs_and_its_workers() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(!d.is_running(), "toolfs did not stop on SIGTERM");
-    assert!(
-        !std::path::Path::new(&format!("/proc/{}", workers[0])).exists(),
-        "the worker outlived toolfs"
-    );
+    // Its lifelines closed with it: nsd's holder kills the worker and reaps it.
+    let gone = || !std::path::Path::new(&format!("/proc/{}", workers[0])).exists();
+    for _ in 0..500 {
+        if gone() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(gone(), "the worker outlived toolfs");
 }

@@ -24,21 +24,47 @@ pub fn fingerprint_prefix(request: &str) -> Option<String> {
     })
 }
 
+/// One field of a `request` file (`session`, `tool`, …): the rest of its line.
+pub fn request_field<'a>(request: &'a str, name: &str) -> Option<&'a str> {
+    request.lines().find_map(|l| {
+        l.strip_prefix(name)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .map(str::trim)
+    })
+}
+
+/// An operator connection the gate hands out on its root-only control socket: `confirmed_tty`
+/// only for the front door's own interactive terminal; `name` is shown as who answered.
+pub async fn operator_connection(
+    dirs: &Dirs,
+    confirmed_tty: bool,
+    name: Option<&str>,
+) -> Result<warren_9p::Client> {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+    let record = warren_gate::control::ControlRecord {
+        version: 1,
+        kind: warren_gate::control::RecordKind::Operator,
+        confirmed_tty,
+        name: name.map(str::to_owned),
+        ..Default::default()
+    };
+    warren_gate::control::hand_over(&dirs.control("gate"), &record, &theirs).with_context(
+        || {
+            format!(
+                "ask the gate at {} for an operator connection",
+                dirs.control("gate").display()
+            )
+        },
+    )?;
+    ours.set_nonblocking(true)?;
+    let stream = tokio::net::UnixStream::from_std(ours)?;
+    Ok(warren_9p::Client::new(stream, 1 << 20).await?)
+}
+
 async fn connect(dirs: &Dirs) -> Result<(warren_9p::Client, bool)> {
     let confirmed = std::io::stdin().is_terminal() && nix::unistd::geteuid().is_root();
     if confirmed {
-        let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
-        let record = warren_gate::control::ControlRecord {
-            version: 1,
-            kind: warren_gate::control::RecordKind::Operator,
-            confirmed_tty: true,
-            ..Default::default()
-        };
-        warren_gate::control::hand_over(&dirs.control("gate"), &record, &theirs)
-            .context("ask the gate for a confirmed-tty connection")?;
-        ours.set_nonblocking(true)?;
-        let stream = tokio::net::UnixStream::from_std(ours)?;
-        return Ok((warren_9p::Client::new(stream, 1 << 20).await?, true));
+        return Ok((operator_connection(dirs, true, None).await?, true));
     }
     let client = warren_9p::Client::connect_unix(dirs.socket("gate"))
         .await
@@ -52,7 +78,7 @@ async fn connect(dirs: &Dirs) -> Result<(warren_9p::Client, bool)> {
 }
 
 /// The verb a typed answer means: `once`, `session`, `always`, `deny`.
-fn verb(word: &str, request: Option<&str>) -> Result<String, String> {
+pub fn verb(word: &str, request: Option<&str>) -> Result<String, String> {
     match word {
         "once" | "allow-once" => {
             let fp = request
@@ -138,5 +164,7 @@ mod tests {
         assert!(verb("once", None).is_err());
         assert_eq!(verb("deny", None).unwrap(), "deny");
         assert!(verb("yes", Some(req)).is_err());
+        assert_eq!(request_field(req, "ask"), Some("3"));
+        assert_eq!(request_field(req, "finger"), None);
     }
 }

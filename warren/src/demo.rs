@@ -6,10 +6,10 @@
 //! gate itself never answers an ask), and ends by exporting the session's receipts and verifying
 //! them offline.
 
+use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result, bail};
@@ -19,23 +19,59 @@ use warren_daemon::identity::Role;
 /// The agent: a shell script, run confined. Each step says what it tries and what it sees.
 const AGENT: &str = r#"
 say() { printf '\n\033[1magent:\033[0m %s\n' "$*"; }
-call() { # call TOOL JSON: one open is one call
-  exec 3<>"/tool/$1/call"; printf '%s' "$2" >&3; cat <&3; exec 3<&-; echo
+show() { # print stdin with the shell alone (the namespace holds no cat)
+  while IFS= read -r line || [ -n "$line" ]; do printf '%s\n' "$line"; done
+}
+call() { # call TOOL JSON: one open is one call; the reply is read on the same fd
+  exec 3<>"/tool/$1/call"; printf '%s' "$2" >&3; show <&3; exec 3<&-
 }
 say "1. what can I do? cat /tool/tools"
-cat /tool/tools
+show < /tool/tools
 say "2. call echo"
 call echo '{"text":"hello from inside"}'
-say "3. is there a shell tool? ls /tool/shell"
-ls /tool/shell 2>&1 || true
-say "4. can I see the repository myself? ls $REPO"
-ls "$REPO" 2>&1 || true
-say "5. read notes.md through fs_read (read tier: allowed)"
+say "3. is there a shell tool? open /tool/shell/call"
+( : < /tool/shell/call ) 2>&1 || true
+say "4. can I see the repository myself? open $REPO/notes.md"
+( : < "$REPO/notes.md" ) 2>&1 || true
+say "5. can I see the host's programs? open /usr/bin/env"
+( : < /usr/bin/env ) 2>&1 || true
+say "6. read notes.md through fs_read (read tier: allowed)"
 call fs_read "{\"path\":\"$REPO/notes.md\"}"
-say "6. write summary.md through fs_write (write tier: the gate asks the operator; I wait)"
+say "7. write summary.md through fs_write (write tier: the gate asks the operator; I wait)"
 call fs_write "{\"path\":\"$REPO/summary.md\",\"content\":\"reviewed by the demo agent\\n\"}"
 say "done"
 "#;
+
+/// Read-only binds of `/bin/sh` and exactly the shared objects it loads (as `ldd` lists them),
+/// each file on its own: the agent gets a shell and nothing else of the host's programs.
+fn shell_binds() -> Result<String> {
+    let shell = std::fs::canonicalize("/bin/sh").context("/bin/sh")?;
+    let out = std::process::Command::new("ldd")
+        .arg(&shell)
+        .output()
+        .context("run ldd (libc-bin) to list the shell's libraries")?;
+    if !out.status.success() {
+        bail!(
+            "ldd {}: {}",
+            shell.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let mut lines = vec![format!("bind -r {} /bin/sh", shell.display())];
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        // `libc.so.6 => /lib/…/libc.so.6 (0x…)` or `/lib64/ld-linux-x86-64.so.2 (0x…)`.
+        let path = match line.split_once("=>") {
+            Some((_, rest)) => rest.split_whitespace().next(),
+            None => line.split_whitespace().next(),
+        };
+        let Some(path) = path.filter(|p| p.starts_with('/')) else {
+            continue; // the vDSO: no file
+        };
+        let source = std::fs::canonicalize(path).with_context(|| format!("library {path}"))?;
+        lines.push(format!("bind -r {} {path}", source.display()));
+    }
+    Ok(lines.join("\n") + "\n")
+}
 
 fn step(msg: &str) {
     println!("\n\x1b[1mwarren demo:\x1b[0m {msg}");
@@ -70,7 +106,7 @@ pub fn demo() -> Result<ExitCode> {
     crate::supervise::up(&dirs)?;
     let result = run_demo(&dirs, base.path());
     step("stopping the daemons");
-    let _ = crate::supervise::down(&dirs);
+    let _ = crate::supervise::down_with(&dirs, true);
     result
 }
 
@@ -89,30 +125,25 @@ fn run_demo(dirs: &Dirs, base: &Path) -> Result<ExitCode> {
     std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o755))?;
     let repo_s = repo.to_str().context("repo path is not UTF-8")?;
     let spec_text = format!(
-        "# the demo agent: three tools, and no authority of its own\n\
+        "# the demo agent: three tools, a shell, and no authority of its own\n\
          mount tool /tool echo fs_read fs_write\n\
          tool fs_read -r {repo_s}\n\
-         tool fs_write -w {repo_s}\n"
+         tool fs_write -w {repo_s}\n\
+         {}",
+        shell_binds()?
     );
-    step("the agent's namespace spec (plus read-only /usr, /bin, /lib so a shell runs):");
+    step(
+        "the agent's namespace spec (no /usr, no writable bind; the shell and its libraries file by file):",
+    );
     print!("{spec_text}");
-    let base_spec = warren_ns::parse("demo.ns", &spec_text).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let spec = warren_ns::spec_from_cli(Some(&base_spec), &warren_ns::CliGrants::default())
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let spec = warren_ns::parse("demo.ns", &spec_text).map_err(|e| anyhow::anyhow!("{e}"))?;
 
-    let bridge = crate::supervise::libexec_dir()?.join("warren-bridge");
-    let served = Arc::new(warren_ns::ServedMounts::new(
-        dirs.clone(),
-        &spec,
-        "demo",
-        bridge,
-    )?);
-    let session = served.session().to_string();
-    let opts = warren_ns::RunOptions {
-        protected: dirs.clone(),
-        mount_server: Some(served.clone()),
-        ..warren_ns::RunOptions::default()
-    };
+    // The agent learns where the repository is from its environment (the spec's `env REPO`),
+    // never from a bind.
+    // SAFETY: set before this process starts any thread (the operator's comes next).
+    unsafe { std::env::set_var("REPO", repo_s) };
+    let mut spec = spec;
+    spec.env.push("REPO".into());
 
     // The scripted operator: watches the gate's live event stream and answers each ask by
     // writing to its ctl file, as a person at `warren sh` would.
@@ -122,22 +153,26 @@ fn run_demo(dirs: &Dirs, base: &Path) -> Result<ExitCode> {
         std::thread::spawn(move || scripted_operator(&dirs, stopped))
     };
 
-    step(&format!("running the agent confined (session {session})"));
     let argv: Vec<String> = ["/bin/sh", "-c", AGENT]
         .iter()
         .map(|s| s.to_string())
         .collect();
-    let mut spec_env = spec.clone();
-    spec_env.env.clear();
-    let running = {
-        // The agent learns where the repository is from its environment, not from a bind.
-        // SAFETY: set before any other thread of ours reads the environment; the operator
-        // thread only speaks 9P.
-        unsafe { std::env::set_var("REPO", repo_s) };
-        spec_env.env.push("REPO".into());
-        warren_ns::spawn(&spec_env, &argv, &opts).context("build the agent's namespace")?
-    };
-    let status = running.wait().context("wait for the agent")?;
+    // nsd builds the namespace, as for `warren run`; this process only asks.
+    step("asking nsd to build the agent's namespace and run it confined");
+    let launched = warren_ns::launch::client::launch(
+        dirs,
+        &spec,
+        &argv,
+        &warren_ns::launch::client::LaunchOptions::default(),
+        [
+            std::io::stdin().as_fd(),
+            std::io::stdout().as_fd(),
+            std::io::stderr().as_fd(),
+        ],
+    )
+    .context("nsd: build the agent's namespace")?;
+    let session = launched.session.clone();
+    let status = launched.wait().context("wait for the agent")?;
     let _ = stop.send(());
     let answered = operator
         .join()
@@ -146,6 +181,11 @@ fn run_demo(dirs: &Dirs, base: &Path) -> Result<ExitCode> {
         bail!("the agent exited with status {status}");
     }
     let written = std::fs::read_to_string(repo.join("summary.md")).unwrap_or_default();
+    if answered == 0 || written.is_empty() {
+        bail!(
+            "the agent's write did not happen: the demo expected one ask, answered by the operator"
+        );
+    }
     step(&format!(
         "on the host, {repo_s}/summary.md now says: {:?} ({} ask answered by the operator)",
         written.trim(),
@@ -153,7 +193,8 @@ fn run_demo(dirs: &Dirs, base: &Path) -> Result<ExitCode> {
     ));
 
     step(&format!(
-        "exporting the session's receipts (scope {session}) and verifying them offline"
+        "exporting the receipts of namespace {}'s session (scope {session}) and verifying them offline",
+        launched.id
     ));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

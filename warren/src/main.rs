@@ -2,16 +2,23 @@
 //! sockets so everything they serve can be read and written as files, with no FUSE needed.
 
 mod approvals;
+mod asks;
+mod attach;
+mod completions;
 mod demo;
 mod doctor;
 mod files;
+mod log;
+mod namespaces;
+mod ps;
 mod receipts;
 mod run;
+mod sh;
 mod supervise;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -28,15 +35,19 @@ struct Cli {
 enum Command {
     /// Start the daemons in the background (returns once each answers 9P).
     Up,
-    /// Stop the daemons.
-    Down,
+    /// Stop the daemons. Refused while namespaces run (they are listed), unless --force.
+    Down {
+        /// Kill every running namespace through nsd first, then stop the daemons.
+        #[arg(long)]
+        force: bool,
+    },
     /// Say whether the daemons are up, and which sockets answer.
     Status {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
     },
-    /// List a directory served by a daemon: `/tool`, `/tool/echo`, `/receipts`, …
+    /// List a directory served by a daemon: `/tool`, `/tool/echo`, `/receipts` and so on.
     Ls {
         /// A path whose first element names the server.
         path: String,
@@ -61,8 +72,16 @@ enum Command {
     Demo,
     /// The live view of the gate's asks, answered from this terminal.
     Approvals,
-    /// Run a command in a namespace of its own: only what is granted exists there.
-    Run(warren_ns::cli::RunArgs),
+    /// Run a command in a namespace of its own: only what is granted exists there. Its asks are
+    /// answered on this terminal (once, session or deny); with no terminal they are denied.
+    Run {
+        /// Who answers the command's asks: `terminal` (this one; none: deny at once) or
+        /// `operator` (leave them to `warren approvals`).
+        #[arg(long, value_enum, default_value_t)]
+        asks: asks::AsksMode,
+        #[command(flatten)]
+        args: warren_ns::cli::RunArgs,
+    },
     /// Receipts: export a scope's chain, or print the key registry.
     #[command(subcommand)]
     Receipts(ReceiptsCommand),
@@ -74,6 +93,54 @@ enum Command {
         /// The key registry (`warren receipts keys > FILE`); default: ask the running receiptd.
         #[arg(long)]
         keys: Option<std::path::PathBuf>,
+    },
+    /// Receipts in plain words, one line each (time, scope, seq, kind, tool, decision or
+    /// effect and why, digest prefix), in clock order; `-f` follows new ones as they land.
+    Log {
+        /// A scope (a session id) or the start of one; every scope if none.
+        scope: Option<String>,
+        /// Keep printing receipts as they are appended.
+        #[arg(short, long)]
+        follow: bool,
+        /// One JSON object per receipt.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The live namespaces: id, status, uptime, mounts, granted tools, command.
+    Ps {
+        /// Ended namespaces too.
+        #[arg(short, long)]
+        all: bool,
+        /// One JSON object per namespace.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a namespace as a spec (env names only, never their values).
+    Ns {
+        /// The namespace's id, as `warren ps` shows it.
+        id: u64,
+    },
+    /// A shell (or CMD) inside a live namespace, confined exactly as its command: its uid,
+    /// Landlock, seccomp, no capabilities.
+    Attach {
+        /// The namespace's id, as `warren ps` shows it.
+        id: u64,
+        /// The command and its arguments (default /bin/sh).
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
+    /// The operator's shell: the host (less warren's own directories) with the daemons' trees at
+    /// /n/tool, /n/gate, /n/receipts, /n/ns. What it starts holds operator authority.
+    Sh {
+        /// A spec file whose lines are added (other servers: `mount unix!/PATH /n/NAME`).
+        spec: Option<std::path::PathBuf>,
+    },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions { shell: clap_complete::Shell },
+    /// Print the manual page (roff), or write one page per subcommand into DIR.
+    Man {
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
     },
     /// What this host's kernel offers warren, and which weaker mode, if any, it would need.
     Doctor {
@@ -102,15 +169,26 @@ fn main() -> ExitCode {
     let dirs = warren_daemon::Dirs::from_env();
     let result = match cli.command {
         Command::Up => supervise::up(&dirs),
-        Command::Down => supervise::down(&dirs),
+        Command::Down { force } => supervise::down_with(&dirs, force),
         Command::Status { json } => supervise::status(&dirs, json),
-        Command::Run(args) => run::run(&dirs, &args),
+        Command::Run { asks, args } => run::run(&dirs, &args, asks),
         Command::Demo => demo::demo(),
         Command::Approvals => approvals::approvals(&dirs),
         Command::Receipts(ReceiptsCommand::Export { scope }) => receipts::export(&dirs, &scope),
         Command::Receipts(ReceiptsCommand::Keys) => receipts::keys(&dirs),
         Command::Verify { file, keys } => receipts::verify(&dirs, &file, keys.as_deref()),
         Command::Doctor { json } => doctor::doctor(json),
+        Command::Log {
+            scope,
+            follow,
+            json,
+        } => log::log(&dirs, scope.as_deref(), follow, json),
+        Command::Ps { all, json } => ps::ps(&dirs, all, json),
+        Command::Ns { id } => ps::ns(&dirs, id),
+        Command::Attach { id, command } => attach::attach(&dirs, id, &command),
+        Command::Sh { spec } => sh::sh(&dirs, spec.as_deref()),
+        Command::Completions { shell } => completions::completions(Cli::command(), shell),
+        Command::Man { dir } => completions::man(Cli::command(), dir.as_deref()),
         Command::Supervise { ready_fd } => supervise::supervise(&dirs, ready_fd),
         Command::Ls { path } => files::run(files::ls(&dirs, &path)),
         Command::Cat { path } => files::run(files::cat(&dirs, &path)),

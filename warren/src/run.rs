@@ -1,15 +1,18 @@
 //! `warren run`: a command in a namespace of its own, holding only what the flags or the spec
-//! grant. Its 9P mounts are connections made here and handed, with their grants, to the running
-//! daemons; `warren up` must have started them.
+//! grant. This process never builds the namespace: nsd does, on its run socket
+//! (`warren_ns::launch`); here we only send the request with our stdio (or relay nsd's pty),
+//! answer the session's asks (`asks`), forward signals and exit with the command's status. With
+//! no daemons up, the standard set is started first, exactly as `warren up` would (same flock).
 
 use std::process::ExitCode;
-use std::sync::Arc;
 
-use anyhow::{Context, Result, bail};
+use anyhow::Result;
 use warren_daemon::Dirs;
-use warren_ns::cli::{RunArgs, run_foreground};
+use warren_ns::cli::{RunArgs, run_through_nsd};
 
-pub fn run(dirs: &Dirs, args: &RunArgs) -> Result<ExitCode> {
+use crate::asks::AsksMode;
+
+pub fn run(dirs: &Dirs, args: &RunArgs, asks: AsksMode) -> Result<ExitCode> {
     let spec = match args.spec() {
         Ok(s) => s,
         Err(e) => {
@@ -17,26 +20,28 @@ pub fn run(dirs: &Dirs, args: &RunArgs) -> Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
-    let mut opts = args.options();
-    opts.protected = dirs.clone();
-    if !spec.mounts.is_empty() {
-        let ctl = dirs.control("toolfs");
-        if !ctl.exists() {
-            bail!(
-                "this namespace mounts warren's servers, but no toolfs answers at {} — run `warren up` first",
-                ctl.display()
-            );
-        }
-        let bridge = crate::supervise::libexec_dir()?.join("warren-bridge");
-        let namespace = format!("run-{}", std::process::id());
-        let served = warren_ns::ServedMounts::new(dirs.clone(), &spec, &namespace, bridge)
-            .context("prepare the namespace's mounts")?;
-        opts.mount_server = Some(Arc::new(served));
+    if !nsd_answers(dirs)
+        && let Err(e) = crate::supervise::bring_up(dirs)
+    {
+        eprintln!("warren: run: no daemons are up, and starting them failed: {e:#}");
+        return Ok(ExitCode::from(125));
     }
-    Ok(ExitCode::from(run_foreground(
+    let follow_asks = |launched: &warren_ns::launch::client::Launched| {
+        crate::asks::follow(dirs, &launched.session, asks)
+            .map_err(|e| format!("following the session's asks: {e:#}"))
+    };
+    Ok(ExitCode::from(run_through_nsd(
         "warren",
+        dirs,
         &spec,
         &args.command,
-        &opts,
+        args,
+        follow_asks,
     )))
+}
+
+/// Whether something listens on nsd's run socket (the supervisor binds it before nsd starts and
+/// keeps it across nsd restarts, so a connect succeeding means warren is up).
+fn nsd_answers(dirs: &Dirs) -> bool {
+    std::os::unix::net::UnixStream::connect(warren_ns::launch::socket_path(dirs)).is_ok()
 }

@@ -21,6 +21,8 @@ use nix::fcntl::{Flock, FlockArg};
 use warren_daemon::Dirs;
 use warren_daemon::identity::Role;
 
+use crate::namespaces::NsTree;
+
 /// One daemon the supervisor runs.
 struct Daemon {
     /// Its binary, next to `warren`, and the arguments it starts with.
@@ -47,7 +49,7 @@ impl Daemon {
 }
 
 /// The daemons, in start order: receipts before anything that writes receipts, the gate before
-/// the tools it decides for.
+/// the tools it decides for, nsd before toolfs (which gets its workers from nsd).
 const DAEMONS: &[Daemon] = &[
     Daemon {
         binary: "warren-receiptd",
@@ -68,24 +70,25 @@ const DAEMONS: &[Daemon] = &[
         gate_client: false,
     },
     Daemon {
+        binary: "warren-nsd",
+        args: &["serve"],
+        name: "nsd",
+        role: None,
+        // ns.run: `warren run`'s launchers (warren_ns::launch; not 9P, so not `*.sock`).
+        // nsd-workers.ctl: toolfs asks for its tool workers there (root and toolfs's group).
+        sockets: &["ns.sock", "ns.run", "nsd-workers.ctl"],
+        caps: &[],
+        gate_client: false,
+    },
+    Daemon {
         binary: "warren-toolfs",
         args: &[],
         name: "toolfs",
         role: Some(Role::Toolfs),
         sockets: &["tool.sock", "toolfs.ctl"],
-        // Until nsd builds the workers (issue 4), toolfs starts each tool worker under the worker
-        // uid itself, which takes these two.
-        caps: &[caps::Capability::CAP_SETUID, caps::Capability::CAP_SETGID],
-        gate_client: true,
-    },
-    Daemon {
-        binary: "warren-nsd",
-        args: &["serve"],
-        name: "nsd",
-        role: None,
-        sockets: &["ns.sock"],
+        // None: nsd builds every tool worker (on nsd-workers.ctl); toolfs never starts one.
         caps: &[],
-        gate_client: false,
+        gate_client: true,
     },
 ];
 
@@ -204,6 +207,28 @@ fn running_pid(dirs: &Dirs) -> Option<i32> {
 }
 
 pub fn up(dirs: &Dirs) -> Result<ExitCode> {
+    match bring_up(dirs)? {
+        Up::Already(pid) => println!("warren is already up (supervisor pid {pid})"),
+        Up::Started(pid) => println!(
+            "warren is up: supervisor pid {pid}, sockets in {}, log {}",
+            dirs.runtime.display(),
+            log_path(dirs).display()
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What [`bring_up`] found or did.
+pub enum Up {
+    /// A supervisor already held the lock (its pid, 0 if unknown).
+    Already(i32),
+    /// This call started the supervisor (its pid), and every daemon answers.
+    Started(u32),
+}
+
+/// `warren up` without printing (also `warren run` with no daemons up): the same flock, so
+/// concurrent callers start one set.
+pub fn bring_up(dirs: &Dirs) -> Result<Up> {
     if !nix::unistd::geteuid().is_root() {
         bail!(
             "warren up needs root in this version (nsd is a system service; see docs/decisions.md)"
@@ -212,13 +237,7 @@ pub fn up(dirs: &Dirs) -> Result<ExitCode> {
     ensure_operator_group()?;
     prepare_dirs(dirs)?;
     match try_lock(dirs)? {
-        None => {
-            println!(
-                "warren is already up (supervisor pid {})",
-                running_pid(dirs).unwrap_or(0)
-            );
-            return Ok(ExitCode::SUCCESS);
-        }
+        None => return Ok(Up::Already(running_pid(dirs).unwrap_or(0))),
         Some(lock) => drop(lock),
     }
     let (mut ready_r, ready_w) = std::io::pipe()?;
@@ -259,13 +278,7 @@ pub fn up(dirs: &Dirs) -> Result<ExitCode> {
     std::io::BufReader::new(&mut ready_r).read_line(&mut said)?;
     let said = said.trim();
     if said == "ready" {
-        println!(
-            "warren is up: supervisor pid {}, sockets in {}, log {}",
-            child.id(),
-            dirs.runtime.display(),
-            log_path(dirs).display()
-        );
-        Ok(ExitCode::SUCCESS)
+        Ok(Up::Started(child.id()))
     } else if said.is_empty() {
         bail!(
             "the supervisor exited before it was ready; see {}",
@@ -276,12 +289,18 @@ pub fn up(dirs: &Dirs) -> Result<ExitCode> {
     }
 }
 
-pub fn down(dirs: &Dirs) -> Result<ExitCode> {
+/// Stops the daemons. Namespaces still running would be stranded (their mounts served by
+/// daemons about to go), so they are listed and the stop refused, unless `force`, which kills
+/// each through nsd and waits until it has ended, before the daemons stop.
+pub fn down_with(dirs: &Dirs, force: bool) -> Result<ExitCode> {
     if try_lock(dirs).ok().flatten().is_some() {
         println!("warren is not up");
         return Ok(ExitCode::SUCCESS);
     }
     let pid = running_pid(dirs).context("the lock is held but there is no pid file")?;
+    if !settle_namespaces(dirs, force)? {
+        return Ok(ExitCode::from(1));
+    }
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGTERM)
         .with_context(|| format!("signal supervisor {pid}"))?;
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -293,6 +312,54 @@ pub fn down(dirs: &Dirs) -> Result<ExitCode> {
         std::thread::sleep(Duration::from_millis(20));
     }
     bail!("supervisor {pid} did not stop within 15 s")
+}
+
+/// Whether `down` may go on: no live namespace, or (`force`) every live one killed and ended.
+fn settle_namespaces(dirs: &Dirs, force: bool) -> Result<bool> {
+    crate::namespaces::block_on(async {
+        let (tree, live) = match NsTree::connect(dirs).await {
+            Ok(tree) => {
+                let live: Vec<_> = tree
+                    .list()
+                    .await?
+                    .into_iter()
+                    .filter(|n| n.is_running())
+                    .collect();
+                (tree, live)
+            }
+            Err(e) if force => {
+                eprintln!("warren down: {e:#}; --force: stopping without asking nsd");
+                return Ok(true);
+            }
+            Err(e) => {
+                eprintln!(
+                    "warren down: refused: cannot tell whether namespaces are live ({e:#}); \
+                     `warren down --force` stops the daemons anyway"
+                );
+                return Ok(false);
+            }
+        };
+        if live.is_empty() {
+            return Ok(true);
+        }
+        if !force {
+            eprintln!(
+                "warren down: refused: {} namespace(s) still running; their mounts would be \
+                 stranded:",
+                live.len()
+            );
+            for n in &live {
+                eprintln!("  namespace {}  {}", n.id, n.status);
+            }
+            eprintln!("end them, or `warren down --force` kills them first");
+            return Ok(false);
+        }
+        for n in &live {
+            let ended = tree.kill(n.id).await?;
+            println!("killed namespace {} ({ended})", n.id);
+        }
+        Ok(true)
+    })
 }
 
 pub fn status(dirs: &Dirs, json: bool) -> Result<ExitCode> {
@@ -363,7 +430,10 @@ fn bind_sockets(dirs: &Dirs, d: &Daemon) -> Result<Vec<Bound>> {
         }
         let listener =
             UnixListener::bind(&path).with_context(|| format!("bind {}", path.display()))?;
-        let (mode, gid) = if name.ends_with(".ctl") {
+        let (mode, gid) = if name == "nsd-workers.ctl" {
+            // Its peer is toolfs (its own uid and gid; nsd checks the peer's uid too).
+            (0o660, Role::Toolfs.uid())
+        } else if name.ends_with(".ctl") {
             (0o600, 0)
         } else {
             (0o660, operator_gid())
@@ -505,6 +575,8 @@ pub fn supervise(dirs: &Dirs, ready_fd: Option<i32>) -> Result<ExitCode> {
 
 fn supervise_inner(dirs: &Dirs, ready: &mut Option<File>) -> Result<ExitCode> {
     warren_daemon::harden()?;
+    // Started by systemd rather than `up`, nothing has made the group yet.
+    ensure_operator_group()?;
     prepare_dirs(dirs)?;
     let Some(_lock) = try_lock(dirs)? else {
         bail!("another supervisor holds {}", lock_path(dirs).display())
@@ -520,7 +592,27 @@ fn supervise_inner(dirs: &Dirs, ready: &mut Option<File>) -> Result<ExitCode> {
     if let Some(mut r) = ready.take() {
         writeln!(r, "ready")?;
     }
+    notify_systemd_ready()?;
     supervise_loop(dirs, &mut running)
+}
+
+/// Under systemd's `Type=notify` (dist/systemd/warren.service): one `READY=1` datagram to
+/// `$NOTIFY_SOCKET` (a path, or `@name` in the abstract namespace), as sd_notify(3) specifies.
+fn notify_systemd_ready() -> Result<()> {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let Some(target) = std::env::var_os("NOTIFY_SOCKET") else {
+        return Ok(());
+    };
+    let target = target.to_string_lossy().into_owned();
+    let addr = match target.strip_prefix('@') {
+        Some(name) => SocketAddr::from_abstract_name(name.as_bytes())?,
+        None => SocketAddr::from_pathname(&target)?,
+    };
+    UnixDatagram::unbound()?
+        .send_to_addr(b"READY=1", &addr)
+        .with_context(|| format!("tell systemd we are ready on {target}"))?;
+    Ok(())
 }
 
 fn start_all(dirs: &Dirs, running: &mut Running<'static>) -> Result<()> {

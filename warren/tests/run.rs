@@ -2,78 +2,10 @@
 //! served by the bridge over a connection nsd-side code made and handed to toolfs with a grant.
 //! Needs root, /dev/fuse and the workspace's binaries.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
+
+use common::{Warren, fingerprint, next_ask};
 use std::time::{Duration, Instant};
-
-struct Warren {
-    base: tempfile::TempDir,
-}
-
-impl Warren {
-    fn up() -> Option<Warren> {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipped: warren run needs root (namespaces, FUSE mounts, uid changes)");
-            return None;
-        }
-        if !std::path::Path::new("/dev/fuse").exists() {
-            eprintln!("skipped: no /dev/fuse (the kernel's FUSE device) on this host");
-            return None;
-        }
-        let bin = PathBuf::from(env!("CARGO_BIN_EXE_warren"));
-        for b in ["warren-toolfs", "warren-bridge", "warren-tool-worker"] {
-            assert!(
-                bin.with_file_name(b).exists(),
-                "{b} missing: build the workspace first"
-            );
-        }
-        let base = tempfile::Builder::new()
-            .prefix("wrun")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let w = Warren { base };
-        let out = w.run(&["up"]);
-        assert!(
-            out.status.success(),
-            "warren up: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Some(w)
-    }
-
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_warren"));
-        c.args(args)
-            .env("WARREN_RUNTIME_DIR", self.base.path().join("run"))
-            .env("WARREN_DATA_DIR", self.base.path().join("data"))
-            .env("WARREN_SECRETS_DIR", self.base.path().join("secrets"))
-            .stdin(std::process::Stdio::null());
-        c
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.cmd(args).output().unwrap()
-    }
-
-    /// `warren run FLAGS -- sh -c SCRIPT`, returning (status, stdout, stderr).
-    fn sh(&self, flags: &[&str], script: &str) -> (i32, String, String) {
-        let mut args = vec!["run"];
-        args.extend_from_slice(flags);
-        args.extend_from_slice(&["--", "/bin/sh", "-c", script]);
-        let out = self.run(&args);
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    }
-}
-
-impl Drop for Warren {
-    fn drop(&mut self) {
-        let _ = self.run(&["down"]);
-    }
-}
 
 /// N1: only granted tools exist; ungranted names and host paths are ENOENT, never EACCES.
 #[test]
@@ -203,9 +135,9 @@ fn a_blocked_call_does_not_block_the_mount() {
         r#"( exec 3<>/tool/echo/call; printf '{"delay_ms":8000}' >&3; cat <&3 >/tmp/slow ) &
            sleep 0.3
            cat /tool/tools | cut -f1
-           i=0; while [ $i -lt 20 ]; do
-             ( exec 5<>/tool/echo/call; printf '{"i":%d}' $i >&5; cat <&5 >/tmp/r$i ) & i=$((i+1)); done
-           wait %2 2>/dev/null; sleep 0.1
+           i=0; pids=; while [ $i -lt 20 ]; do
+             ( exec 5<>/tool/echo/call; printf '{"i":%d}' $i >&5; cat <&5 >/tmp/r$i ) & pids="$pids $!"; i=$((i+1)); done
+           wait $pids
            for f in /tmp/r*; do grep -c '"status":"ok"' $f; done | sort | uniq -c
            if test -s /tmp/slow; then echo SLOW-DONE-EARLY; fi"#,
     );
@@ -224,33 +156,6 @@ fn a_blocked_call_does_not_block_the_mount() {
     );
     // The namespace ends with its command; the held call's reader died with it.
     assert!(started.elapsed() < Duration::from_secs(60));
-}
-
-/// Waits (bounded) for a pending ask to appear on the gate and returns (id, request text).
-fn next_ask(w: &Warren, after: i64) -> (i64, String) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let out = w.run(&["ls", "/gate/pending"]);
-        let ids: Vec<i64> = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.trim_end_matches('/').parse().ok())
-            .filter(|&id| id > after)
-            .collect();
-        if let Some(&id) = ids.iter().min() {
-            let req = w.run(&["cat", &format!("/gate/pending/{id}/request")]);
-            return (id, String::from_utf8_lossy(&req.stdout).into_owned());
-        }
-        assert!(Instant::now() < deadline, "no ask appeared on the gate");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn fingerprint(request: &str) -> &str {
-    request
-        .lines()
-        .find_map(|l| l.strip_prefix("fingerprint "))
-        .expect("the request shows a fingerprint")
-        .trim()
 }
 
 /// N8 and the gate from inside, through FUSE: an exec-tier call blocks until the operator writes
@@ -279,6 +184,8 @@ fn exec_calls_wait_for_the_operator_from_inside() {
     let agent = w
         .cmd(&[
             "run",
+            "--asks",
+            "operator",
             "--ns",
             spec.to_str().unwrap(),
             "--",
@@ -341,4 +248,217 @@ fn exec_calls_wait_for_the_operator_from_inside() {
     assert_eq!(envelopes[1]["status"], "denied", "{stdout}");
     let log = std::fs::read_to_string(work.path().join("log")).unwrap();
     assert_eq!(log, "ran\n", "the tool ran other than exactly once");
+}
+
+fn ppid_of(pid: i32) -> Option<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The ids `warren ls /ns` lists.
+fn ns_ids(w: &Warren) -> Vec<String> {
+    let out = w.run(&["ls", "/ns"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim_end_matches('/').to_string())
+        .filter(|l| l.parse::<u64>().is_ok())
+        .collect()
+}
+
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cond() {
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The front door never builds a namespace (so never needs CAP_SYS_ADMIN): the namespace's
+/// holder is nsd's child, not `warren run`'s; it is listed in /ns with its info while it runs;
+/// and killing the launcher (SIGKILL: no chance to clean up) tears the namespace down.
+#[test]
+fn nsd_builds_warren_runs_namespace_and_it_dies_with_the_launcher() {
+    let Some(w) = Warren::up() else { return };
+    let mut launcher = w.spawn_sh(&["--asks", "operator", "--tool", "echo"], "sleep 600");
+    let mut ids = Vec::new();
+    wait_until("the namespace appears in /ns", || {
+        ids = ns_ids(&w);
+        !ids.is_empty()
+    });
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    // Listed from the moment nsd accepts the request; `holder` once the command has exec'd.
+    let mut info = String::new();
+    wait_until("the command starts", || {
+        info = String::from_utf8_lossy(&w.run(&["cat", &format!("/ns/{}/info", ids[0])]).stdout)
+            .into_owned();
+        info.contains("\nholder ")
+    });
+    let field = |k: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k} ")))
+            .unwrap_or_else(|| panic!("no {k} in info:\n{info}"))
+            .to_string()
+    };
+    assert_eq!(field("launcher"), launcher.id().to_string(), "{info}");
+    assert_eq!(field("argv"), "/bin/sh -c 'sleep 600'", "{info}");
+    assert_eq!(field("tool"), "echo", "{info}");
+    assert_eq!(field("mount"), "tool /tool", "{info}");
+    let holder: i32 = field("holder").parse().unwrap();
+    // nsd: the supervisor's warren-nsd child (its namespaces' processes run the same binary).
+    let parent = ppid_of(holder).expect("the holder runs");
+    let exe = std::fs::read_link(format!("/proc/{parent}/exe")).unwrap();
+    assert_eq!(
+        exe.file_name().and_then(|n| n.to_str()),
+        Some("warren-nsd"),
+        "the namespace's holder is the child of {}, not nsd",
+        exe.display()
+    );
+    assert_eq!(
+        ppid_of(parent),
+        Some(w.supervisor_pid()),
+        "not the supervisor's nsd"
+    );
+    assert_ne!(parent, launcher.id() as i32);
+
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    wait_until("the namespace dies with its launcher", || {
+        !std::path::Path::new(&format!("/proc/{holder}")).exists()
+    });
+    wait_until("it leaves /ns", || ns_ids(&w).is_empty());
+}
+
+/// `warren run` with no daemons up starts the standard set (the same flock as `warren up`),
+/// runs the command through nsd, and leaves the daemons up.
+#[test]
+fn warren_run_starts_the_daemons_when_none_are_up() {
+    if !nix::unistd::geteuid().is_root() || !std::path::Path::new("/dev/fuse").exists() {
+        eprintln!("skipped: warren run needs root and /dev/fuse");
+        return;
+    }
+    let base = tempfile::Builder::new()
+        .prefix("wrup")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let w = Warren { base };
+    let (code, out, err) = w.sh(
+        &["--asks", "operator", "--tool", "echo"],
+        "cut -f1 /tool/tools; exit 3",
+    );
+    assert_eq!(code, 3, "{err}");
+    assert_eq!(out, "echo\n");
+    let status = w.run(&["status"]);
+    assert!(
+        status.status.success(),
+        "daemons not up after warren run: {}",
+        String::from_utf8_lossy(&status.stdout)
+    );
+    assert!(w.runtime().join("ns.run").exists());
+}
+
+/// An operator namespace (`warren sh`'s, through `warren_ns::launch` with `operator: true`):
+/// `mount gate|receipts|ns` are the launcher's own connections to the operator sockets, so the
+/// namespace sees the operator's /ns (listing itself) and /receipts. Without the flag the same
+/// `mount receipts` is refused before anything runs.
+#[test]
+fn an_operator_namespace_mounts_the_operator_sockets() {
+    use std::os::fd::AsFd;
+    use warren_ns::launch::client::{LaunchOptions, launch};
+    let Some(w) = Warren::up() else { return };
+    let dirs = warren_daemon::Dirs {
+        runtime: w.runtime(),
+        data: w.base.path().join("data"),
+        secrets: w.base.path().join("secrets"),
+    };
+    let text = "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n\
+                mount gate /n/gate\nmount receipts /n/receipts\nmount ns /n/ns\n";
+    let spec = warren_ns::parse("<test>", text).unwrap();
+    let t = tempfile::Builder::new()
+        .prefix("wopn")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let out_path = t.path().join("out");
+    let out = std::fs::File::create(&out_path).unwrap();
+    let null = std::fs::File::open("/dev/null").unwrap();
+    let argv: Vec<String> = ["/bin/sh", "-c", "ls /n/ns; ls /n/gate"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let opts = LaunchOptions {
+        operator: true,
+        ..LaunchOptions::default()
+    };
+    let launched = launch(
+        &dirs,
+        &spec,
+        &argv,
+        &opts,
+        [null.as_fd(), out.as_fd(), out.as_fd()],
+    )
+    .unwrap();
+    let id = launched.id.to_string();
+    assert_eq!(launched.wait().unwrap(), 0);
+    let listing = std::fs::read_to_string(&out_path).unwrap();
+    let lines: Vec<&str> = listing.lines().collect();
+    assert!(
+        lines.contains(&"clone") && lines.contains(&id.as_str()),
+        "the operator's /ns, listing this namespace, not seen:\n{listing}"
+    );
+    assert!(lines.contains(&"pending"), "{listing}");
+
+    let refused = launch(
+        &dirs,
+        &spec,
+        &argv,
+        &LaunchOptions::default(),
+        [null.as_fd(), out.as_fd(), out.as_fd()],
+    );
+    let err = refused
+        .err()
+        .expect("an ordinary namespace mounted the operator's sockets");
+    assert!(
+        err.to_string()
+            .contains("only an operator namespace may mount it"),
+        "{err}"
+    );
+}
+
+/// `mount gate` in an ordinary namespace: nsd hands the gate a `namespace` connection for it,
+/// so the namespace sees the gate's tree with no asks of its own descendants (it has none) —
+/// and `mount receipts` is refused there before anything runs.
+#[test]
+fn an_ordinary_namespace_gets_its_own_gate_view_and_no_receipts() {
+    let Some(w) = Warren::up() else { return };
+    let spec = w.base.path().join("gate.ns");
+    std::fs::write(&spec, "mount gate /n/gate\n").unwrap();
+    let spec = spec.to_str().unwrap();
+    let (code, out, err) = w.sh(
+        &["--asks", "operator", "--ns", spec],
+        "ls /n/gate; echo --; ls /n/gate/pending",
+    );
+    assert_eq!(code, 0, "{err}");
+    let (top, pending) = out.split_once("--\n").unwrap();
+    assert!(top.lines().any(|l| l == "pending"), "{out}");
+    assert_eq!(
+        pending, "",
+        "a namespace saw asks that are not its descendants': {out}"
+    );
+
+    let receipts = w.base.path().join("receipts.ns");
+    std::fs::write(&receipts, "mount receipts /n/receipts\n").unwrap();
+    let (code, out, err) = w.sh(
+        &["--asks", "operator", "--ns", receipts.to_str().unwrap()],
+        "echo RAN",
+    );
+    assert_eq!(code, 125, "{out}{err}");
+    assert!(!out.contains("RAN"));
+    assert!(
+        err.contains("only an operator namespace may mount it"),
+        "{err}"
+    );
 }

@@ -12,11 +12,12 @@
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use warren_bridge::{Bridge, BridgeOptions, Invalidator};
+use warren_bridge::{Bridge, BridgeOptions, Invalidator, Reconnect};
 
 #[derive(Parser)]
 #[command(
@@ -27,12 +28,18 @@ struct Args {
     /// The /dev/fuse fd, already mounted (inherited from the parent).
     #[arg(long)]
     fuse_fd: RawFd,
-    /// A connected stream socket speaking 9P2000.L (inherited from the parent).
+    /// A connected stream socket speaking 9P2000.L (inherited from the parent): a Unix socket
+    /// (an nsd-made socketpair, a `unix!` server) or a TCP connection (`tcp!host!port`).
     #[arg(long = "9p-fd")]
     p9_fd: RawFd,
     /// A connected stream socket for invalidations (inherited from the parent).
     #[arg(long)]
     ctl_fd: Option<RawFd>,
+    /// A connected Unix socket to nsd: when the server goes away (a daemon restarted), the
+    /// bridge asks there for a new connection — made by nsd with the same grant — and
+    /// re-attaches (inherited from the parent).
+    #[arg(long)]
+    reconnect_fd: Option<RawFd>,
     /// The owner shown for every file, UID:GID.
     #[arg(long, default_value = "0:0", value_parser = uid_gid)]
     owner: (u32, u32),
@@ -99,16 +106,17 @@ fn main() -> std::process::ExitCode {
 fn run(args: Args) -> io::Result<()> {
     let mut fds = vec![args.fuse_fd, args.p9_fd];
     fds.extend(args.ctl_fd);
+    fds.extend(args.reconnect_fd);
     fds.sort_unstable();
     if fds.windows(2).any(|w| w[0] == w[1]) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            "--fuse-fd, --9p-fd and --ctl-fd must be different fds",
+            "--fuse-fd, --9p-fd, --ctl-fd and --reconnect-fd must be different fds",
         ));
     }
     warren_daemon::harden()?;
     let fuse = take_inherited(args.fuse_fd)?;
-    let p9 = UnixStream::from(take_inherited(args.p9_fd)?);
+    let p9 = take_inherited(args.p9_fd)?;
     let ctl = args
         .ctl_fd
         .map(take_inherited)
@@ -117,11 +125,19 @@ fn run(args: Args) -> io::Result<()> {
     if let Some(ctl) = &ctl {
         ctl.set_nonblocking(true)?;
     }
+    let reconnect_sock = args
+        .reconnect_fd
+        .map(take_inherited)
+        .transpose()?
+        .map(UnixStream::from);
+    if let Some(r) = &reconnect_sock {
+        r.set_nonblocking(true)?;
+    }
     if let Some((uid, gid)) = args.runas {
         warren_daemon::privilege::drop_to(uid, gid, &[])?;
     }
-    p9.set_nonblocking(true)?;
-    let opts = BridgeOptions {
+    let p9 = NinePStream::new(p9)?;
+    let mut opts = BridgeOptions {
         direct_io_all: !args.sized_files,
         entry_timeout: Duration::from_millis(args.entry_timeout_ms),
         uid: args.owner.0,
@@ -134,7 +150,10 @@ fn run(args: Args) -> io::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let client = warren_9p::Client::new(tokio::net::UnixStream::from_std(p9)?, 1 << 20).await?;
+        if let Some(sock) = reconnect_sock {
+            opts.reconnect = Some(reconnect_hook(tokio::net::UnixStream::from_std(sock)?));
+        }
+        let client = p9.client().await?;
         let bridge = Bridge::new(fuse, client, opts).await?;
         if let Some(ctl) = ctl {
             tokio::spawn(serve_control(
@@ -143,6 +162,73 @@ fn run(args: Args) -> io::Result<()> {
             ));
         }
         bridge.run().await
+    })
+}
+
+/// The 9P connection, by the socket's address family.
+enum NinePStream {
+    Unix(UnixStream),
+    Tcp(std::net::TcpStream),
+}
+
+impl NinePStream {
+    /// A 9P client on the connection.
+    async fn client(self) -> io::Result<warren_9p::Client> {
+        match self {
+            NinePStream::Unix(s) => {
+                warren_9p::Client::new(tokio::net::UnixStream::from_std(s)?, 1 << 20).await
+            }
+            NinePStream::Tcp(s) => {
+                warren_9p::Client::new(tokio::net::TcpStream::from_std(s)?, 1 << 20).await
+            }
+        }
+    }
+
+    fn new(fd: OwnedFd) -> io::Result<NinePStream> {
+        use nix::sys::socket::SockaddrLike;
+        let addr: nix::sys::socket::SockaddrStorage =
+            nix::sys::socket::getsockname(std::os::fd::AsRawFd::as_raw_fd(&fd))?;
+        let stream = match addr.family() {
+            Some(nix::sys::socket::AddressFamily::Unix) => NinePStream::Unix(UnixStream::from(fd)),
+            Some(
+                nix::sys::socket::AddressFamily::Inet | nix::sys::socket::AddressFamily::Inet6,
+            ) => NinePStream::Tcp(std::net::TcpStream::from(fd)),
+            other => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("--9p-fd is a socket of family {other:?}, not Unix or TCP"),
+                ));
+            }
+        };
+        match &stream {
+            NinePStream::Unix(s) => s.set_nonblocking(true)?,
+            NinePStream::Tcp(s) => {
+                s.set_nonblocking(true)?;
+                s.set_nodelay(true)?;
+            }
+        }
+        Ok(stream)
+    }
+}
+
+/// Asks nsd for a new connection on `sock` (`reconnect` → `ok` plus the fd, or `error: <why>`).
+/// The bridge calls it once per lost connection, one at a time.
+fn reconnect_hook(sock: tokio::net::UnixStream) -> Reconnect {
+    let sock = Arc::new(tokio::sync::Mutex::new(sock));
+    Box::new(move || {
+        let sock = sock.clone();
+        Box::pin(async move {
+            let sock = sock.lock().await;
+            warren_daemon::handoff::send_async(&sock, b"reconnect", &[]).await?;
+            let (reply, mut fds) = warren_daemon::handoff::recv_async(&sock).await?;
+            match (reply.as_slice(), fds.pop(), fds.is_empty()) {
+                (b"ok", Some(fd), true) => NinePStream::new(fd)?.client().await,
+                _ => Err(io::Error::new(
+                    io::ErrorKind::NotConnected,
+                    format!("nsd: {}", String::from_utf8_lossy(&reply)),
+                )),
+            }
+        })
     })
 }
 

@@ -1,6 +1,7 @@
-//! warren-nsd: `serve` serves `/ns` to the operator over 9P on `<runtime>/ns.sock`; `run`
-//! builds one namespace from a spec and the convenience flags, runs a command in it and exits
-//! with its status (what `warren run` does).
+//! warren-nsd: `serve` serves `/ns` to the operator over 9P on `<runtime>/ns.sock` and builds
+//! `warren run`'s namespaces for launchers on `<runtime>/ns.run` (`warren_ns::launch`); `run`
+//! builds one namespace in this process from a spec and the convenience flags, runs a command in
+//! it and exits with its status (standalone, for ns's own tests and benchmarks).
 
 use std::process::ExitCode;
 
@@ -22,7 +23,8 @@ enum Command {
         #[arg(long = "weaker-landlock")]
         weaker_landlock: bool,
     },
-    /// Run CMD confined (what `warren run` does).
+    /// Run CMD confined, building the namespace in this process (standalone; `warren run`
+    /// asks a serving nsd instead).
     Run(warren_ns::cli::RunArgs),
 }
 
@@ -75,7 +77,33 @@ fn serve(weaker_landlock: bool) -> ExitCode {
                 return ExitCode::from(1);
             }
         };
-        tracing::info!("serving /ns on {}", path.display());
+        // Tool workers for toolfs (issue 4): without this socket no worker tool can run.
+        match warren_ns::worker::spawn_server(&dirs, weaker_landlock) {
+            Ok(p) => tracing::info!("building tool workers on {}", p.display()),
+            Err(e) => {
+                eprintln!("warren-nsd: tool worker socket: {e}");
+                return ExitCode::from(1);
+            }
+        }
+        let run_path = warren_ns::launch::socket_path(&dirs);
+        let run_listener = match warren_daemon::operator::listen(&run_path) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("warren-nsd: listen {}: {e}", run_path.display());
+                return ExitCode::from(1);
+            }
+        };
+        tracing::info!(
+            "serving /ns on {}, runs on {}",
+            path.display(),
+            run_path.display()
+        );
+        tokio::spawn(warren_ns::launch::server::accept_loop(
+            run_listener,
+            warren_daemon::operator::OperatorPolicy::from_host(),
+            nsd.for_operator(0),
+            bridge_binary(),
+        ));
         warren_daemon::operator::accept_loop(
             listener,
             warren_daemon::operator::OperatorPolicy::from_host(),
@@ -85,6 +113,19 @@ fn serve(weaker_landlock: bool) -> ExitCode {
         .await;
         ExitCode::SUCCESS
     })
+}
+
+/// `warren-bridge`: in WARREN_LIBEXEC_DIR, else next to this executable.
+fn bridge_binary() -> std::path::PathBuf {
+    let dir = std::env::var_os("WARREN_LIBEXEC_DIR")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::current_exe()
+                .ok()
+                .and_then(|e| e.parent().map(std::path::Path::to_path_buf))
+        })
+        .unwrap_or_default();
+    dir.join("warren-bridge")
 }
 
 fn run_once(args: warren_ns::cli::RunArgs) -> ExitCode {

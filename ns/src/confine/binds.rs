@@ -114,10 +114,21 @@ fn check_submounts(source: &str, shown_as: &str) -> Result<(), String> {
 pub fn prepare(bind: &Bind, guard: &Guard) -> Result<PreparedBind, String> {
     let shown = bind.host.as_str();
     let fd = open_path(Path::new(shown)).map_err(|e| format!("bind source `{shown}`: {e}"))?;
-    guard.check(fd.as_fd(), shown)?;
+    prepare_handle(fd.as_fd(), bind, guard)
+}
+
+/// Checks and clones a bind source that is already open (`bind.host` only names it in
+/// messages): what is checked is what gets bound, never re-resolved by name.
+pub fn prepare_handle(
+    fd: std::os::fd::BorrowedFd<'_>,
+    bind: &Bind,
+    guard: &Guard,
+) -> Result<PreparedBind, String> {
+    let shown = bind.host.as_str();
+    guard.check(fd, shown)?;
     // A kernel interface is never bound, as a source any more than as a submount: the host's
     // proc or sys would show the host's processes and knobs.
-    let mnt_id = ident(fd.as_fd())
+    let mnt_id = ident(fd)
         .map_err(|e| format!("bind source `{shown}`: {e}"))?
         .mnt_id;
     let fstype = mount_fstype(mnt_id)?;
@@ -144,7 +155,7 @@ pub fn prepare(bind: &Bind, guard: &Guard) -> Result<PreparedBind, String> {
             .map_err(|e| format!("bind source `{shown}`: {e}"))?;
         check_submounts(&real.to_string_lossy(), shown)?;
     }
-    let tree = sys::open_tree_clone(Dir::Fd(fd.as_fd()), "", bind.recursive)
+    let tree = sys::open_tree_clone(Dir::Fd(fd), "", bind.recursive)
         .map_err(|e| format!("cloning bind source `{shown}`: {e}"))?;
     let mut attrs = libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
     if bind.access == Access::Read {

@@ -4,7 +4,7 @@
 //! target before pivot_root and Landlock, and hands the fd to the launcher over a socketpair
 //! (SCM_RIGHTS), which gives it to a [`MountServer`] (the bridge: `warren_bridge::serve_fuse`).
 
-use std::io;
+use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
@@ -54,15 +54,37 @@ pub fn mount_and_send(
         .map_err(|e| format!("attaching fuse at {}: {e}", mount.path))?;
     send_fd(sock, index, dev.as_fd()).map_err(|e| format!("handing off fuse fd: {e}"))?;
     // The FUSE root itself, for its Landlock rule.
+    open_mount_root(root.as_fd(), &mount.path)
+}
+
+/// An O_PATH fd of the 9P mount at `path` beneath `root`, for its Landlock rule (an O_PATH open
+/// of a FUSE root sends no request).
+pub fn open_mount_root(root: BorrowedFd<'_>, path: &str) -> Result<OwnedFd, String> {
     sys::openat2(
-        Dir::Fd(root.as_fd()),
-        mount.path.trim_start_matches('/'),
+        Dir::Fd(root),
+        path.trim_start_matches('/'),
         libc::O_PATH | libc::O_DIRECTORY,
         0,
         libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_BENEATH,
     )
-    .map_err(|e| format!("reopening the mount at {}: {e}", mount.path))
+    .map_err(|e| format!("reopening the mount at {path}: {e}"))
 }
+
+/// After the last FUSE fd: tells the launcher there are no more (EOF) and waits for its word
+/// that every mount is served. Anything else — the launcher could not hand a connection over,
+/// refused a mount, died — fails the setup, so the command never starts with a mount unserved.
+pub fn await_served(sock: &UnixStream) -> Result<(), String> {
+    sock.shutdown(std::net::Shutdown::Write)
+        .map_err(|e| format!("fuse handoff: {e}"))?;
+    let mut ack = [0u8; 1];
+    match (&mut &*sock).read(&mut ack) {
+        Ok(1) if ack == SERVED => Ok(()),
+        _ => Err("the launcher did not serve this namespace's 9P mounts".into()),
+    }
+}
+
+/// The launcher's word that every FUSE mount is served.
+pub const SERVED: [u8; 1] = [1];
 
 /// One fd and its index (which mount, or 0 for the pty) over a handoff socket
 /// (`warren_daemon::handoff`: length-prefixed record, fds as SCM_RIGHTS).

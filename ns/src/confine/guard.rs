@@ -69,12 +69,22 @@ impl Guard {
 
     /// Refuses a bind source (already opened, so what is checked is what gets bound).
     pub fn check(&self, source: BorrowedFd<'_>, shown_as: &str) -> Result<(), String> {
+        self.check_as("bind", source, shown_as)
+    }
+
+    /// [`Guard::check`] for anything else a namespace could reach (`what`: "mount", …).
+    pub fn check_as(
+        &self,
+        what: &str,
+        source: BorrowedFd<'_>,
+        shown_as: &str,
+    ) -> Result<(), String> {
         let chain = ancestry(source).map_err(|e| format!("resolving `{shown_as}`: {e}"))?;
         let me = chain[0];
         for p in &self.protected {
             if p.chain.iter().any(|a| a.same_file(&me)) {
                 return Err(format!(
-                    "bind of `{shown_as}` refused: it contains warren's {} dir {}",
+                    "{what} of `{shown_as}` refused: it contains warren's {} dir {}",
                     p.name,
                     p.path.display()
                 ));
@@ -83,7 +93,7 @@ impl Guard {
                 && chain.iter().any(|a| a.same_file(&it))
             {
                 return Err(format!(
-                    "bind of `{shown_as}` refused: it lies inside warren's {} dir {}",
+                    "{what} of `{shown_as}` refused: it lies inside warren's {} dir {}",
                     p.name,
                     p.path.display()
                 ));

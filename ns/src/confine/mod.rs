@@ -66,7 +66,7 @@ pub const NAMESPACES: CloneFlags = CloneFlags::CLONE_NEWNS
 /// Exit code of a process that failed before exec (the message is on the error pipe).
 pub const SETUP_FAILED: i32 = 125;
 
-fn fail(err_pipe: &Option<OwnedFd>, message: &str, code: i32) -> ! {
+pub(crate) fn fail(err_pipe: &Option<OwnedFd>, message: &str, code: i32) -> ! {
     if let Some(pipe) = err_pipe {
         let _ = nix::unistd::write(pipe, message.as_bytes());
     }
@@ -173,6 +173,7 @@ fn build(plan: &mut Plan, uid: u32) -> Result<nix::unistd::Pid, String> {
         for (i, m) in plan.spec.mounts.iter().enumerate() {
             mount_points.push(fuse::mount_and_send(&root, i as u32, m, &sock)?);
         }
+        fuse::await_served(&sock)?;
     }
     plan.fuse_sock = None;
     mounts::pivot(&root)?;
@@ -185,25 +186,36 @@ fn build(plan: &mut Plan, uid: u32) -> Result<nix::unistd::Pid, String> {
         sys::interface_up(c"lo").map_err(|e| format!("bringing lo up: {e}"))?;
     }
     nix::unistd::sethostname(crate::HOSTNAME).map_err(|e| format!("sethostname: {e}"))?;
-    creds::drop_to(uid)?;
-    // A credential change clears these; set them for the namespace's init itself.
-    let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
-    nix::sys::prctl::set_dumpable(false).map_err(|e| format!("non-dumpable: {e}"))?;
-    nix::sys::prctl::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
-    landlock::restrict(
-        &landlock_view(&plan.spec, mount_points),
-        plan.weaker_landlock,
-    )?;
-    seccomp::install()?;
+    lock_down(&plan.spec, uid, mount_points, plan.weaker_landlock)?;
     match sys::fork_process().map_err(|e| format!("fork payload: {e}"))? {
         ForkResult::Child => payload(plan),
         ForkResult::Parent { child } => Ok(child),
     }
 }
 
+/// Steps 5 and 6, the namespace's own confinement of the calling process: capabilities and the
+/// bounding set dropped, `uid`/`uid` with no supplementary groups, non-dumpable, no_new_privs,
+/// the Landlock ruleset of `spec` (`mount_points`: O_PATH fds of its 9P mounts' roots, in spec
+/// order), the seccomp filters. The namespace's pid 1 calls it before forking the payload; a
+/// process attached later (`launch::attach`) calls it with the same arguments.
+pub(crate) fn lock_down(
+    spec: &Spec,
+    uid: u32,
+    mount_points: Vec<OwnedFd>,
+    weaker_landlock: bool,
+) -> Result<(), String> {
+    creds::drop_to(uid)?;
+    // A credential change clears these; set them again.
+    let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
+    nix::sys::prctl::set_dumpable(false).map_err(|e| format!("non-dumpable: {e}"))?;
+    nix::sys::prctl::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
+    landlock::restrict(&landlock_view(spec, mount_points), weaker_landlock)?;
+    seccomp::install()
+}
+
 /// Step 7 (terminal): a pty on the namespace's own devpts, its slave owned by the payload's uid;
 /// the master goes to the launcher, which relays it to its terminal.
-fn open_pty(sock: &UnixStream, uid: u32, winsize: [u16; 4]) -> Result<OwnedFd, String> {
+pub(crate) fn open_pty(sock: &UnixStream, uid: u32, winsize: [u16; 4]) -> Result<OwnedFd, String> {
     let (master, slave) = sys::open_pty(c"/dev/pts/ptmx").map_err(|e| format!("pty: {e}"))?;
     sys::set_winsize(master.as_fd(), winsize).map_err(|e| format!("pty size: {e}"))?;
     nix::unistd::fchown(
@@ -256,7 +268,7 @@ fn resolve_command(argv0: &CString) -> Result<CString, String> {
 }
 
 /// Step 7 in the payload: signals, rlimits, cwd, fds, exec.
-fn payload(plan: &Plan) -> ! {
+pub(crate) fn payload(plan: &Plan) -> ! {
     let run = || -> Result<std::convert::Infallible, String> {
         init::unblock_all()?;
         if let Some(tty) = &plan.pty_slave {

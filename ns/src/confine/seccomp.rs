@@ -108,13 +108,16 @@ fn cond(arg: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, Strin
     SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value).map_err(|e| e.to_string())
 }
 
-fn eperm_filter() -> Result<BpfProgram, String> {
+fn eperm_filter(allowed_clone_flags: u64) -> Result<BpfProgram, String> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     for (_, nr) in eperm_syscalls() {
         rules.insert(nr, vec![]);
     }
     let mut clone_rules = Vec::new();
-    for &flag in CLONE_NEW_FLAGS {
+    for &flag in CLONE_NEW_FLAGS
+        .iter()
+        .filter(|&&f| f & allowed_clone_flags == 0)
+    {
         clone_rules.push(
             SeccompRule::new(vec![cond(0, SeccompCmpOp::MaskedEq(flag), flag)?])
                 .map_err(|e| e.to_string())?,
@@ -150,9 +153,10 @@ fn eperm_filter() -> Result<BpfProgram, String> {
     .map_err(|e| format!("seccomp deny-list: {e}"))
 }
 
-fn enosys_filter() -> Result<BpfProgram, String> {
+fn enosys_filter(openat2_allowed: bool) -> Result<BpfProgram, String> {
     let rules = enosys_syscalls()
         .into_iter()
+        .filter(|&(_, nr)| !(openat2_allowed && nr == libc::SYS_openat2))
         .map(|(_, nr)| (nr, vec![]))
         .collect();
     SeccompFilter::new(
@@ -203,8 +207,25 @@ pub fn x32_kill_program() -> Vec<libc::sock_filter> {
 
 /// Installs all three. Needs no_new_privs (Landlock has set it; seccompiler sets it again).
 pub fn install() -> Result<(), String> {
-    let eperm = eperm_filter()?;
-    let enosys = enosys_filter()?;
+    install_relaxed(Relaxed::default())
+}
+
+/// What a tool worker needs beyond a namespace's payload (see ns/src/worker.rs).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Relaxed {
+    /// CLONE_NEW* flags `clone` may use (the shell's worker: CLONE_NEWUSER | CLONE_NEWPID, a pid
+    /// namespace per command). Every other namespace flag, unshare and setns stay denied.
+    pub clone_flags: u64,
+    /// openat2 is allowed: the workers resolve every tool path with RESOLVE_IN_ROOT. Its mode
+    /// is then unfiltered (docs/gaps.md).
+    pub openat2: bool,
+}
+
+/// [`install`] with a worker's relaxations.
+pub fn install_relaxed(relaxed: Relaxed) -> Result<(), String> {
+    let allowed = relaxed.clone_flags;
+    let eperm = eperm_filter(allowed)?;
+    let enosys = enosys_filter(relaxed.openat2)?;
     sys::seccomp_install(&x32_kill_program()).map_err(|e| format!("seccomp x32 filter: {e}"))?;
     seccompiler::apply_filter(&eperm).map_err(|e| format!("seccomp deny-list: {e}"))?;
     seccompiler::apply_filter(&enosys).map_err(|e| format!("seccomp enosys filter: {e}"))?;

@@ -289,6 +289,39 @@ pub fn pidfd_signal(pidfd: BorrowedFd<'_>, signal: i32) -> io::Result<()> {
     Ok(())
 }
 
+/// `PIDFD_GET_PID_FOR_CHILDREN_NAMESPACE` (Linux 6.11): `_IO(PIDFS_IOCTL_MAGIC = 0xFF, 6)`.
+pub const PIDFD_GET_PID_FOR_CHILDREN_NAMESPACE: libc::c_ulong = 0xFF06;
+/// `PIDFD_GET_USER_NAMESPACE`: `_IO(0xFF, 9)`.
+pub const PIDFD_GET_USER_NAMESPACE: libc::c_ulong = 0xFF09;
+
+/// A namespace fd of the process `pidfd` names (`PIDFD_GET_*_NAMESPACE`): no path, no pid.
+pub fn pidfd_namespace(pidfd: BorrowedFd<'_>, which: libc::c_ulong) -> io::Result<OwnedFd> {
+    // SAFETY: an argument-less ioctl on a valid pidfd; returns a new fd.
+    owned(unsafe { libc::ioctl(pidfd.as_raw_fd(), which as _, 0) } as libc::c_long)
+}
+
+/// Closes every descriptor except those in `keep` (close_range over the gaps).
+pub fn close_all_but(keep: &[RawFd]) -> io::Result<()> {
+    let mut keep: Vec<u32> = keep
+        .iter()
+        .filter_map(|&fd| u32::try_from(fd).ok())
+        .collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let mut first = 0u32;
+    for fd in keep.into_iter().chain(std::iter::once(u32::MAX)) {
+        if fd > first {
+            // SAFETY: close_range takes plain integers; nothing in [first, fd - 1] is kept.
+            let r = unsafe { libc::close_range(first, fd - 1, 0) };
+            if r < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        first = fd.saturating_add(1);
+    }
+    Ok(())
+}
+
 /// Opens the namespace's own pty pair: the master from `ptmx` (a path in the current root),
 /// unlocked, and the slave straight from it with TIOCGPTPEER (no path lookup, no race).
 pub fn open_pty(ptmx: &CStr) -> io::Result<(OwnedFd, OwnedFd)> {

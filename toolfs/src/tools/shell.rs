@@ -1,23 +1,23 @@
-//! `shell {command, timeout_s?, cwd?}`: `/bin/sh -c command` as the worker's uid, in a new session
-//! (so a new process group), with the environment reduced to [`ENV_KEPT`], stdin from /dev/null,
-//! and stdout and stderr interleaved on one pipe. Output beyond [`OUTPUT_CAP`] keeps its head and
-//! tail with a marker between. The call ends when the pipe closes and the shell has exited, or at
-//! the deadline; either way the whole process group is then killed (SIGKILL), so background jobs
-//! of the same group never outlive their call. A process that calls setsid itself leaves the
-//! group and escapes that kill: a pid namespace per command (issue 4) closes that gap.
+//! `shell {command, timeout_s?, cwd?}`: `/bin/sh -c command` as the worker's uid, as pid 1 of a
+//! fresh pid namespace of its own (in a fresh user namespace, which is what lets the
+//! unprivileged worker make one), in a new session, with the environment reduced to
+//! [`ENV_KEPT`], stdin from /dev/null, and stdout and stderr interleaved on one pipe. Output
+//! beyond [`OUTPUT_CAP`] keeps its head and tail with a marker between. The call ends when the
+//! pipe closes and the shell has exited, or at the deadline; either way the shell is then killed
+//! (SIGKILL), and with its pid 1 the kernel kills every process of the namespace: background
+//! jobs, `setsid` children and their children never outlive their call.
 
 use std::collections::VecDeque;
+use std::ffi::CString;
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{Signal, killpg};
-use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid, waitpid};
 use nix::unistd::{Pid, pipe2};
 use serde::Deserialize;
 
@@ -84,8 +84,7 @@ fn execute(
     scope: &mut CallScope<'_>,
 ) -> std::io::Result<ToolOutput> {
     let started = Instant::now();
-    let (mut child, reader) = spawn_shell(command, cwd)?;
-    let group = Pid::from_raw(child.id() as i32);
+    let (group, reader) = spawn_shell(command, cwd)?;
     (scope.on_started)(group.as_raw());
     let caller = scope.caller;
 
@@ -135,13 +134,18 @@ fn execute(
             end = End::CallerGone;
         }
     }
-    // Whatever happened, nothing of this call's process group outlives it. The shell is not
-    // reaped yet, so its pid — the group id — cannot have been reused by anyone else.
-    match killpg(group, Signal::SIGKILL) {
+    // Whatever happened, nothing of this call outlives it: killing the shell, pid 1 of the
+    // command's pid namespace, kills the whole namespace; the group kill covers a planted run
+    // without one. The shell is not reaped yet, so its pid cannot have been reused.
+    match nix::sys::signal::kill(group, Signal::SIGKILL) {
         Ok(()) | Err(Errno::ESRCH) => {}
         Err(e) => return Err(e.into()),
     }
-    let status = child.wait()?;
+    match killpg(group, Signal::SIGKILL) {
+        Ok(()) | Err(Errno::ESRCH) | Err(Errno::EPERM) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let status = reap(group)?;
     let mut content = output.finish();
     if !content.is_empty() && !content.ends_with('\n') {
         content.push('\n');
@@ -160,19 +164,19 @@ fn execute(
             return Ok(ToolOutput { ok: false, content });
         }
     }
-    match (status.code(), status.signal()) {
-        (Some(code), _) => {
+    match status {
+        WaitStatus::Exited(_, code) => {
             content.push_str(&format!("[exit status {code}]"));
             Ok(ToolOutput {
                 ok: code == 0,
                 content,
             })
         }
-        (None, Some(signal)) => {
-            content.push_str(&format!("[killed by signal {signal}]"));
+        WaitStatus::Signaled(_, signal, _) => {
+            content.push_str(&format!("[killed by signal {}]", signal as i32));
             Ok(ToolOutput { ok: false, content })
         }
-        (None, None) => {
+        _ => {
             content.push_str("[ended without a status]");
             Ok(ToolOutput { ok: false, content })
         }
@@ -190,50 +194,108 @@ fn has_exited(pid: Pid) -> std::io::Result<bool> {
     }
 }
 
-/// Starts `/bin/sh -c command` in its own session with the reduced environment, `cwd` as its
-/// working directory and one pipe for stdout and stderr; returns it and the pipe's read end.
-fn spawn_shell(command: &str, cwd: &OwnedFd) -> std::io::Result<(Child, OwnedFd)> {
+/// Debug builds only: with this set in the worker's environment, commands get no pid namespace
+/// (a planted violation, so a test can show that `setsid` then escapes the kill). nsd starts
+/// workers with a fixed environment, so no confined worker ever sees it.
+pub const PLANT_NO_PID_NAMESPACE: &str = "WARREN_PLANT_SHELL_WITHOUT_PIDNS";
+
+fn pid_namespace_flags() -> libc::c_int {
+    if cfg!(debug_assertions) && std::env::var_os(PLANT_NO_PID_NAMESPACE).is_some() {
+        0
+    } else {
+        libc::CLONE_NEWUSER | libc::CLONE_NEWPID
+    }
+}
+
+fn cstring(s: &str) -> std::io::Result<CString> {
+    CString::new(s).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the command or its environment holds a NUL byte",
+        )
+    })
+}
+
+/// Starts `/bin/sh -c command` as pid 1 of a fresh pid namespace (inside a user namespace of its
+/// own: the unprivileged worker may make one, and nothing else), in its own session, with the
+/// reduced environment, `cwd` as its working directory and one pipe for stdout and stderr.
+/// When that pid 1 dies — it exits, or the worker kills it — the kernel kills every process of
+/// the namespace, `setsid` children included. Returns its pid and the pipe's read end.
+fn spawn_shell(command: &str, cwd: &OwnedFd) -> std::io::Result<(Pid, OwnedFd)> {
     let (reader, writer) = pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
     // The write end must block for the command (a non-blocking stdout surprises programs).
     nix::fcntl::fcntl(&writer, nix::fcntl::FcntlArg::F_SETFL(OFlag::empty()))?;
-    let mut cmd = Command::new("/bin/sh");
-    cmd.arg("-c").arg(command).env_clear();
+    let null = nix::fcntl::open(
+        "/dev/null",
+        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    let argv = [cstring("/bin/sh")?, cstring("-c")?, cstring(command)?];
+    let mut env = Vec::new();
     for name in ENV_KEPT {
-        if let Some(value) = std::env::var_os(name) {
-            cmd.env(name, value);
+        if let Some(value) = std::env::var(name).ok().filter(|v| !v.contains('\0')) {
+            env.push(cstring(&format!("{name}={value}"))?);
         }
     }
     if std::env::var_os("PATH").is_none() {
-        cmd.env("PATH", DEFAULT_PATH);
+        env.push(cstring(&format!("PATH={DEFAULT_PATH}"))?);
     }
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::from(writer.try_clone()?))
-        .stderr(Stdio::from(writer));
-    let cwd_fd = cwd.as_raw_fd();
-    // SAFETY: runs in the forked child before exec and calls only async-signal-safe syscalls
-    // (setsid, fchdir, prctl) on values computed before the fork; it allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setsid() < 0 || libc::fchdir(cwd_fd) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) != 0
+    let argv_ptrs: Vec<*const libc::c_char> = argv
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    let env_ptrs: Vec<*const libc::c_char> = env
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    let (null_fd, out_fd, cwd_fd) = (null.as_raw_fd(), writer.as_raw_fd(), cwd.as_raw_fd());
+    let flags = (pid_namespace_flags() | libc::SIGCHLD) as libc::c_ulong;
+    // SAFETY: clone without CLONE_VM and with a null stack is fork(): the child gets a copy of
+    // this (single-threaded) worker's memory. The child only makes async-signal-safe syscalls
+    // (dup2, fchdir, setsid, prctl, execve, _exit) on values computed before the clone — the
+    // argv and env pointer arrays stay alive in the parent's copy too — and allocates nothing.
+    let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // SAFETY: see above; every call here is a plain syscall wrapper, and the process ends
+        // in execve or _exit.
+        unsafe {
+            if libc::dup2(null_fd, 0) < 0
+                || libc::dup2(out_fd, 1) < 0
+                || libc::dup2(out_fd, 2) < 0
+                || libc::fchdir(cwd_fd) != 0
+                || libc::setsid() < 0
+                || libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGKILL as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                ) != 0
             {
-                return Err(std::io::Error::last_os_error());
+                libc::_exit(126);
             }
-            Ok(())
-        });
+            libc::execve(argv_ptrs[0], argv_ptrs.as_ptr(), env_ptrs.as_ptr());
+            libc::_exit(127);
+        }
     }
-    let child = cmd.spawn()?;
-    // Our copies of the pipe's write end go with `cmd`, so EOF means every writer is gone.
-    drop(cmd);
-    Ok((child, reader))
+    // Our copy of the pipe's write end goes now, so EOF means every writer is gone.
+    drop(writer);
+    Ok((Pid::from_raw(pid as i32), reader))
+}
+
+/// Reaps the command's pid 1; its wait status.
+fn reap(pid: Pid) -> std::io::Result<WaitStatus> {
+    loop {
+        match waitpid(pid, None) {
+            Err(Errno::EINTR) => continue,
+            other => return other.map_err(Into::into),
+        }
+    }
 }
 
 /// How a command's call ended.

@@ -1,26 +1,29 @@
-//! Tool workers, toolfs's side: one process per (connection, tool), holding only that tool's
-//! authority (its root directory fds), running as an unprivileged uid/gid, serving calls one at
-//! a time over a socketpair. The wire format is in `protocol` (specs/worker-protocol.md); the
-//! worker's own side is `serve`, run by the `warren-tool-worker` binary.
+//! Tool workers, toolfs's side: one process per (connection, tool), built by nsd in namespaces
+//! of its own from that tool's authority alone (`nsd`), running as an unprivileged uid/gid,
+//! serving calls one at a time over a socketpair. The wire format is in `protocol`
+//! (specs/worker-protocol.md); the worker's own side is `serve`, run by the `warren-tool-worker`
+//! binary; `unconfined` starts that binary as a plain child, for its own tests.
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+pub mod nsd;
 pub mod privilege;
 pub mod protocol;
 pub mod serve;
+mod unconfined;
 
 use protocol::{FromWorker, Incoming, PROTOCOL_VERSION, RootConfig, ToWorker};
 
@@ -33,6 +36,8 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long toolfs waits past a call's timeout for the worker's own timeout answer before it
 /// kills the worker.
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
+/// How long ending an nsd-built worker waits for nsd's holder to report it dead.
+const TEARDOWN_WAIT: Duration = Duration::from_secs(10);
 
 /// One host directory a tool may use.
 pub struct Root {
@@ -62,7 +67,7 @@ pub struct Worker {
     tool: String,
     pid: i32,
     uid: u32,
-    child: Mutex<Option<Child>>,
+    teardown: Mutex<Option<Teardown>>,
     channel: tokio::sync::Mutex<Channel>,
     /// The call whose command's process group is running, from the worker's last `started`
     /// (cleared by its `done`); killed with the worker.
@@ -92,95 +97,78 @@ impl Channel {
     }
 }
 
+/// A worker process that has been started but not yet greeted: its channel, how to end it, and
+/// who it must say it runs as.
+pub struct Launched {
+    pub channel: UnixStream,
+    pub teardown: Teardown,
+    pub uid: u32,
+    pub gid: u32,
+    /// The pid the worker must report in `ready` (in its own pid namespace).
+    pub pid: i32,
+}
+
+/// How a worker is ended.
+pub enum Teardown {
+    /// Built by nsd: closing `lifeline` makes nsd's holder SIGKILL the worker, the pid 1 of its
+    /// own pid namespace, and with it every process of that namespace; `holder` (a pidfd) turns
+    /// readable once the holder has seen it die. toolfs holds no right to signal the worker.
+    Nsd {
+        lifeline: OwnedFd,
+        holder: OwnedFd,
+        holder_pid: i32,
+    },
+    /// A child of this process, started unconfined by [`Worker::spawn_unconfined`] (the worker
+    /// binary's own tests; the daemon never does this).
+    Child(Child),
+}
+
+impl ToolAuthority {
+    /// The roots as `hello` and nsd's build request name them.
+    pub fn root_configs(&self) -> Vec<RootConfig> {
+        self.roots
+            .iter()
+            .map(|r| RootConfig {
+                path: r.path.clone(),
+                writable: r.writable,
+            })
+            .collect()
+    }
+}
+
 impl Worker {
-    /// Spawns the worker process for one tool with that tool's authority, running as uid/gid
-    /// (never 0: uid 0 and gid 0 are refused). Returns once the worker has dropped privileges.
-    pub fn spawn(tool: &str, authority: &ToolAuthority, uid: u32, gid: u32) -> io::Result<Worker> {
-        if uid == 0 || gid == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!(
-                    "refusing to run the {tool} worker as uid {uid} gid {gid}: tool workers never run as 0"
-                ),
-            ));
-        }
-        if !crate::tools::WORKER_TOOLS.contains(&tool) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("no tool named {tool:?} runs in a worker"),
-            ));
-        }
-        for root in &authority.roots {
-            check_root_path(&root.path)?;
-        }
-        let program = worker_program()?;
-        let (mut ours, theirs) = UnixStream::pair()?;
-        let mut sources: Vec<RawFd> = vec![theirs.as_raw_fd()];
-        // The worker finds them by the numbers on its argv: socket first, then root i.
-        sources.extend(authority.roots.iter().map(|r| r.dir.as_raw_fd()));
-        let mut command = Command::new(&program);
-        command.arg(tool);
-        for fd in &sources {
-            command.arg(fd.to_string());
-        }
-        command
-            .env_clear()
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            // Its own process group: a terminal's ^C to toolfs's group does not reach workers;
-            // toolfs ends them itself (Drop).
-            .process_group(0);
-        for name in crate::tools::shell::ENV_KEPT {
-            if let Some(value) = std::env::var_os(name) {
-                command.env(name, value);
-            }
-        }
-        // SAFETY: runs in the forked child before exec and only calls fcntl(F_SETFD), which is
-        // async-signal-safe, on fds open in the parent (borrowed for the whole spawn), reading a
-        // vector allocated before the fork. Clearing close-on-exec in the child's own fd table
-        // lets exactly these fds (at the numbers argv names) reach the worker; the parent's
-        // flags are untouched, and no fd is moved, so nothing std holds in the child is clobbered.
-        unsafe {
-            command.pre_exec(move || {
-                for &fd in &sources {
-                    if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
-        }
-        let child = command.spawn().map_err(|e| {
-            io::Error::new(e.kind(), format!("cannot start {}: {e}", program.display()))
-        })?;
-        drop(theirs);
-        let pid = child.id() as i32;
+    /// Greets a started worker (`hello` → `ready`) and checks it runs as `launched` says.
+    /// On any failure the worker is ended (dropping the half-made `Worker` does it).
+    pub fn start(tool: &str, authority: &ToolAuthority, launched: Launched) -> io::Result<Worker> {
+        check_tool(tool)?;
+        let Launched {
+            channel: mut ours,
+            teardown,
+            uid,
+            gid,
+            pid,
+        } = launched;
+        let host_pid = match &teardown {
+            Teardown::Child(child) => child.id() as i32,
+            Teardown::Nsd { holder_pid, .. } => *holder_pid,
+        };
         let mut worker = Worker {
             tool: tool.to_string(),
-            pid,
+            pid: host_pid,
             uid,
-            child: Mutex::new(Some(child)),
+            teardown: Mutex::new(Some(teardown)),
             channel: tokio::sync::Mutex::new(Channel::new()),
             running: Mutex::new(None),
             dead: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
         };
-        // On any failure below, dropping `worker` kills and reaps the process.
         let hello = ToWorker::Hello {
             version: PROTOCOL_VERSION,
             tool: tool.to_string(),
             uid,
             gid,
             network: authority.network,
-            roots: authority
-                .roots
-                .iter()
-                .map(|r| RootConfig {
-                    path: r.path.clone(),
-                    writable: r.writable,
-                })
-                .collect(),
+            roots: authority.root_configs(),
         };
         ours.set_read_timeout(Some(HELLO_TIMEOUT))?;
         protocol::write_message_blocking(&mut ours, &hello)?;
@@ -211,12 +199,12 @@ impl Worker {
                 gid: got_gid,
             } if ready_pid == pid && got_uid == uid && got_gid == gid => {}
             FromWorker::Ready {
+                pid: got_pid,
                 uid: got_uid,
                 gid: got_gid,
-                ..
             } => {
                 return Err(io::Error::other(format!(
-                    "the worker reports uid {got_uid} gid {got_gid}, not {uid} {gid}"
+                    "the worker reports pid {got_pid} uid {got_uid} gid {got_gid}, not {pid} {uid} {gid}"
                 )));
             }
             FromWorker::Fatal { message } => {
@@ -356,7 +344,7 @@ impl Worker {
         }
     }
 
-    /// The worker's process id.
+    /// The host pid of the worker (a child of ours) or of its holder (built by nsd).
     pub fn pid(&self) -> i32 {
         self.pid
     }
@@ -406,7 +394,9 @@ impl Worker {
         }
     }
 
-    /// Kills the running call's process group and the worker, and reaps the worker.
+    /// Ends the worker: an nsd-built one by closing its lifeline (nsd kills its whole pid
+    /// namespace, the running command's included) and waiting for its holder to see it die; a
+    /// child of ours by killing the running call's process group and the child, and reaping it.
     fn kill(&self, channel: &mut Channel) {
         self.dead.store(true, Ordering::SeqCst);
         self.absorb_pending(channel);
@@ -415,17 +405,47 @@ impl Worker {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
-        if let Some((_, group)) = running {
-            match killpg(Pid::from_raw(group), Signal::SIGKILL) {
-                Ok(()) | Err(Errno::ESRCH) => {}
-                Err(e) => tracing::warn!(tool = %self.tool, "killpg({group}): {e}"),
+        let teardown = self
+            .teardown
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        match teardown {
+            None => {}
+            Some(Teardown::Nsd {
+                lifeline, holder, ..
+            }) => {
+                drop(lifeline);
+                // The holder kills and reaps the worker as soon as it sees the lifeline close.
+                let mut fds = [PollFd::new(holder.as_fd(), PollFlags::POLLIN)];
+                let deadline = std::time::Instant::now() + TEARDOWN_WAIT;
+                while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+                    let ms = left.as_millis().min(i32::MAX as u128) as i32;
+                    match poll(
+                        &mut fds,
+                        PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+                    ) {
+                        Ok(0) => {}
+                        Ok(_) => break,
+                        Err(Errno::EINTR) => continue,
+                        Err(e) => {
+                            tracing::warn!(tool = %self.tool, "waiting for the worker's end: {e}");
+                            break;
+                        }
+                    }
+                }
             }
-        }
-        let mut child = self.child.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(mut child) = child.take() {
-            // kill then wait: SIGKILL cannot be caught, so the wait is short.
-            let _ = child.kill();
-            let _ = child.wait();
+            Some(Teardown::Child(mut child)) => {
+                if let Some((_, group)) = running {
+                    match killpg(Pid::from_raw(group), Signal::SIGKILL) {
+                        Ok(()) | Err(Errno::ESRCH) => {}
+                        Err(e) => tracing::warn!(tool = %self.tool, "killpg({group}): {e}"),
+                    }
+                }
+                // kill then wait: SIGKILL cannot be caught, so the wait is short.
+                let _ = child.kill();
+                let _ = child.wait();
+            }
         }
     }
 }
@@ -438,9 +458,20 @@ impl Drop for Worker {
     }
 }
 
+fn check_tool(tool: &str) -> io::Result<()> {
+    if crate::tools::WORKER_TOOLS.contains(&tool) {
+        Ok(())
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("no tool named {tool:?} runs in a worker"),
+        ))
+    }
+}
+
 /// A root path must be absolute and plain (no `.`/`..`/empty components), or the longest-prefix
 /// match in the worker would be ambiguous.
-fn check_root_path(path: &str) -> io::Result<()> {
+pub fn check_root_path(path: &str) -> io::Result<()> {
     let plain = path.starts_with('/')
         && !path.contains('\0')
         && (path == "/"

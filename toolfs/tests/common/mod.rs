@@ -16,8 +16,14 @@ use std::time::Duration;
 use warren_9p::{Client, Fid, oflags};
 use warren_toolfs::{Envelope, GrantRecord, ToolGrant};
 
+/// What grant records name as the worker ids (nsd chooses the real ones: [`nsd_worker_uid`]).
 pub const WORKER_UID: u32 = 65534;
 pub const WORKER_GID: u32 = 65534;
+
+/// The uid (and gid) nsd runs every tool worker as.
+pub fn nsd_worker_uid() -> u32 {
+    warren_daemon::identity::Role::Worker.uid()
+}
 
 pub struct Daemon {
     child: Child,
@@ -144,24 +150,14 @@ impl Daemon {
         self.child.id()
     }
 
-    /// Pids of the daemon's live children (its workers).
-    pub fn children(&self) -> Vec<u32> {
-        let ppid = self.pid();
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|pid| {
-                let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                    return false;
-                };
-                // pid (comm) state ppid …: comm may hold spaces, so split after the last ')'.
-                let rest = &stat[stat.rfind(')').map_or(0, |i| i + 1)..];
-                let mut fields = rest.split_whitespace();
-                let state = fields.next();
-                state != Some("Z")
-                    && fields.next().and_then(|p| p.parse::<u32>().ok()) == Some(ppid)
-            })
-            .collect()
+    /// Host pids of this toolfs's live workers: nsd builds each as the child of a holder of its
+    /// own (nsd → holder → worker), so they are nsd's live grandchildren.
+    pub fn workers(&self) -> Vec<u32> {
+        let Some(nsd) = self.stack.as_ref().and_then(Stack::nsd_pid) else {
+            return Vec::new();
+        };
+        let holders = live_children(nsd);
+        holders.into_iter().flat_map(live_children).collect()
     }
 
     pub fn is_running(&mut self) -> bool {
@@ -203,6 +199,24 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Pids of `ppid`'s live (not zombie) children.
+pub fn live_children(ppid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                return false;
+            };
+            // pid (comm) state ppid …: comm may hold spaces, so split after the last ')'.
+            let rest = &stat[stat.rfind(')').map_or(0, |i| i + 1)..];
+            let mut fields = rest.split_whitespace();
+            let state = fields.next();
+            state != Some("Z") && fields.next().and_then(|p| p.parse::<u32>().ok()) == Some(ppid)
+        })
+        .collect()
 }
 
 /// A short temp dir with `run/` in it.

@@ -21,21 +21,26 @@ pub fn gate_uid() -> u32 {
     warren_daemon::identity::Role::Gate.uid()
 }
 
-/// `warren-gate` and `warren-receiptd`, next to our binary in the target dir. They are built
+/// `warren-gate`, `warren-receiptd` and `warren-nsd`, next to our binary in the target dir. They are built
 /// (in our profile) once per build of this test binary: a marker newer than the test binary
 /// says it was done, so the many test processes of one run do not each take cargo's lock.
-fn sibling_bins() -> (PathBuf, PathBuf) {
-    static BUILT: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+fn sibling_bins() -> (PathBuf, PathBuf, PathBuf) {
+    static BUILT: OnceLock<(PathBuf, PathBuf, PathBuf)> = OnceLock::new();
     BUILT
         .get_or_init(|| {
             let ours = PathBuf::from(env!("CARGO_BIN_EXE_warren-toolfs"));
             let dir = ours.parent().unwrap().to_path_buf();
-            let (gate, receiptd) = (dir.join("warren-gate"), dir.join("warren-receiptd"));
+            let (gate, receiptd, nsd) = (
+                dir.join("warren-gate"),
+                dir.join("warren-receiptd"),
+                dir.join("warren-nsd"),
+            );
             let marker = dir.join(".toolfs-tests-stack-built");
             let test_bin = std::env::current_exe().unwrap();
             let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
             let fresh = gate.exists()
                 && receiptd.exists()
+                && nsd.exists()
                 && mtime(&marker).is_some_and(|m| Some(m) >= mtime(&test_bin));
             if !fresh {
                 let mut args = vec![
@@ -48,6 +53,10 @@ fn sibling_bins() -> (PathBuf, PathBuf) {
                     "warren-receiptd",
                     "--bin",
                     "warren-receiptd",
+                    "-p",
+                    "warren-ns",
+                    "--bin",
+                    "warren-nsd",
                 ];
                 if dir.file_name().is_some_and(|n| n == "release") {
                     args.push("--release");
@@ -56,11 +65,11 @@ fn sibling_bins() -> (PathBuf, PathBuf) {
                     .args(&args)
                     .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
                     .status()
-                    .expect("run cargo to build warren-gate and warren-receiptd");
+                    .expect("run cargo to build warren-gate, warren-receiptd and warren-nsd");
                 assert!(status.success(), "cargo {args:?} failed");
                 std::fs::write(&marker, b"").unwrap();
             }
-            (gate, receiptd)
+            (gate, receiptd, nsd)
         })
         .clone()
 }
@@ -70,6 +79,9 @@ pub struct Stack {
     base: PathBuf,
     receiptd: Option<Child>,
     gate: Option<Child>,
+    /// nsd serving only what these tests need of it: the worker socket (it builds every tool
+    /// worker; toolfs has no other way to get one).
+    nsd: Option<Child>,
 }
 
 fn wait_for_socket(path: &Path, child: &mut Child, what: &str) {
@@ -83,6 +95,74 @@ fn wait_for_socket(path: &Path, child: &mut Child, what: &str) {
             "{what} did not listen within 30 s"
         );
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Starts `warren-nsd serve` for `runtime` (logging to `<base>/nsd.log`) and waits for its
+/// worker socket.
+fn spawn_nsd(base: &Path, runtime: &Path) -> Child {
+    let log = std::fs::File::create(base.join("nsd.log")).unwrap();
+    let mut child = Command::new(sibling_bins().2)
+        .arg("serve")
+        .env("WARREN_RUNTIME_DIR", runtime)
+        .env("WARREN_DATA_DIR", base.join("rdata"))
+        .env("WARREN_SECRETS_DIR", base.join("secrets"))
+        .env(
+            "WARREN_TOOL_WORKER",
+            env!("CARGO_BIN_EXE_warren-tool-worker"),
+        )
+        .env("WARREN_LOG", "info")
+        .stdin(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start warren-nsd");
+    wait_for_socket(&runtime.join("nsd-workers.ctl"), &mut child, "warren-nsd");
+    child
+}
+
+/// nsd alone in a temp dir of its own: for tests that play toolfs's part on its worker socket.
+pub struct Nsd {
+    child: Child,
+    pub dir: tempfile::TempDir,
+}
+
+impl Nsd {
+    pub fn start() -> Nsd {
+        let dir = tempfile::Builder::new()
+            .prefix("nsd")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let runtime = dir.path().join("run");
+        std::fs::create_dir(&runtime).unwrap();
+        let child = spawn_nsd(dir.path(), &runtime);
+        Nsd { child, dir }
+    }
+
+    pub fn control(&self) -> PathBuf {
+        self.dir.path().join("run/nsd-workers.ctl")
+    }
+
+    /// A confined worker for `tool` built by this nsd, greeted and ready.
+    pub fn worker(
+        &self,
+        tool: &str,
+        authority: &warren_toolfs::worker::ToolAuthority,
+    ) -> std::io::Result<warren_toolfs::worker::Worker> {
+        let session = format!("{:032x}", std::process::id());
+        let launched = warren_toolfs::worker::nsd::WorkerBuilder::new(self.control())
+            .build(&session, "test-ns", tool, authority)?;
+        warren_toolfs::worker::Worker::start(tool, authority, launched)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("nsd.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Nsd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -112,9 +192,11 @@ impl Stack {
             base: base.to_path_buf(),
             receiptd: None,
             gate: None,
+            nsd: None,
         };
         stack.start_receiptd(receiptd_args);
         stack.start_gate();
+        stack.start_nsd();
         stack
     }
 
@@ -157,6 +239,27 @@ impl Stack {
             wait_for_socket(&self.runtime.join(sock), &mut child, "warren-gate");
         }
         self.gate = Some(child);
+    }
+
+    /// The real `warren-nsd serve` (root, as the supervisor runs it) in this runtime dir, with
+    /// this base's data and secrets dirs as the directories no worker may see.
+    pub fn start_nsd(&mut self) {
+        self.nsd = Some(spawn_nsd(&self.base, &self.runtime));
+    }
+
+    pub fn kill_nsd(&mut self) {
+        if let Some(mut c) = self.nsd.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn nsd_pid(&self) -> Option<u32> {
+        self.nsd.as_ref().map(Child::id)
+    }
+
+    pub fn nsd_log(&self) -> String {
+        std::fs::read_to_string(self.base.join("nsd.log")).unwrap_or_default()
     }
 
     /// Hands `conn` to the gate as toolfs's connection, the way the supervisor does.
@@ -255,6 +358,7 @@ impl Drop for Stack {
     fn drop(&mut self) {
         self.kill_gate();
         self.kill_receiptd();
+        self.kill_nsd();
     }
 }
 

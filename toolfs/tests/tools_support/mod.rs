@@ -75,7 +75,7 @@ pub fn authority(roots: &[(&str, &Path, bool)]) -> ToolAuthority {
 }
 
 pub fn spawn(tool: &str, roots: &[(&str, &Path, bool)]) -> Worker {
-    Worker::spawn(tool, &authority(roots), WORKER_UID, WORKER_GID).expect("spawn worker")
+    Worker::spawn_unconfined(tool, &authority(roots), WORKER_UID, WORKER_GID).expect("spawn worker")
 }
 
 /// One call with JSON arguments.
@@ -142,4 +142,44 @@ pub fn wait_pid_file(path: &Path) -> i32 {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Host pids of live (not zombie) processes whose command line has `arg` as an argument.
+pub fn pids_with_arg(arg: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|a| a == arg.as_bytes()))
+                && !is_dead(*pid)
+        })
+        .collect()
+}
+
+/// A `sleep` argument no other process has: the test finds its sleeper by it.
+pub fn unique_sleep() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(1);
+    format!(
+        "1000.{}{:04}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Waits (at most 20 s) until no process has `arg` on its command line.
+pub fn wait_no_process_with_arg(arg: &str) -> bool {
+    wait_no_process_with_arg_for(arg, Duration::from_secs(20))
+}
+
+/// Waits (at most `limit`) until no process has `arg` on its command line.
+pub fn wait_no_process_with_arg_for(arg: &str, limit: Duration) -> bool {
+    for _ in 0..limit.as_millis() / 10 {
+        if pids_with_arg(arg).is_empty() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
 }

@@ -1,0 +1,225 @@
+//! The launcher's side of nsd's run socket (`warren run`): make the connections that are the
+//! operator's to make, send the request with the payload's stdio, then forward signals and wait.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+use warren_daemon::Dirs;
+
+use super::{AttachRequest, Control, Reply, Request, VERSION, recv, send, socket_path};
+use crate::confine::guard::Guard;
+use crate::inode::open_path;
+use crate::mount_server::ServedMounts;
+use crate::spec::{Mount, Server, Spec};
+
+/// How to launch (the request's fields other than the spec and the command).
+#[derive(Clone, Debug, Default)]
+pub struct LaunchOptions {
+    /// A pty with this window size instead of the launcher's stdio.
+    pub pty: Option<[u16; 4]>,
+    pub weaker_landlock: bool,
+    pub uid: Option<u32>,
+    pub bare: bool,
+    /// An operator namespace (see `Request::operator`).
+    pub operator: bool,
+}
+
+/// A command nsd has started for us.
+pub struct Launched {
+    sock: UnixStream,
+    /// The namespace's id in nsd's `/ns` tree.
+    pub id: u64,
+    /// The namespace's session id.
+    pub session: String,
+    /// The pty's master (with `LaunchOptions::pty`), for the launcher to relay.
+    pub pty_master: Option<OwnedFd>,
+}
+
+impl Launched {
+    /// Forwards `signal` (SIGINT, SIGTERM, SIGHUP or SIGQUIT) to the command.
+    pub fn signal(&self, signal: i32) -> io::Result<()> {
+        send(&self.sock, &Control::Signal { number: signal }, &[])
+    }
+
+    /// Waits for the command's exit status (128+N for signal N). Call once.
+    pub fn wait(&self) -> io::Result<i32> {
+        match recv::<Reply>(&self.sock)? {
+            (Reply::Exited { code }, _) => Ok(code),
+            (Reply::Failed { message }, _) => Err(io::Error::other(message)),
+            (other, _) => Err(io::Error::other(format!("nsd said {other:?}"))),
+        }
+    }
+}
+
+/// Values for TERM, LANG and the spec's `env` names, from this process's environment.
+fn env_values(spec: &Spec) -> io::Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for name in ["TERM", "LANG"]
+        .into_iter()
+        .chain(spec.env.iter().map(String::as_str))
+    {
+        if let Some(v) = std::env::var_os(name) {
+            let v = v.into_string().map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("env {name} is not UTF-8"),
+                )
+            })?;
+            out.insert(name.to_string(), v);
+        }
+    }
+    Ok(out)
+}
+
+/// Refuses a `unix!` socket inside (or containing) warren's runtime, data or secrets dir, by
+/// inode, and returns it opened O_PATH (what was checked is what gets connected).
+pub fn checked_unix_path(guard: &Guard, path: &str) -> io::Result<OwnedFd> {
+    let fd = open_path(Path::new(path))
+        .map_err(|e| io::Error::new(e.kind(), format!("mount of unix!{path}: {e}")))?;
+    guard
+        .check_as("mount", fd.as_fd(), &format!("unix!{path}"))
+        .map_err(|m| io::Error::new(io::ErrorKind::PermissionDenied, m))?;
+    Ok(fd)
+}
+
+/// Connects a mount the launcher makes, with this process's own credentials.
+fn connect(mount: &Mount, dirs: &Dirs, guard: &Guard) -> io::Result<OwnedFd> {
+    let fail = |e: io::Error| {
+        io::Error::new(
+            e.kind(),
+            format!("mount of {} at {}: connect: {e}", mount.server, mount.path),
+        )
+    };
+    match &mount.server {
+        Server::Unix(path) => {
+            let fd = checked_unix_path(guard, path)?;
+            // Through the checked handle, never the name again.
+            let sock =
+                UnixStream::connect(format!("/proc/self/fd/{}", fd.as_raw_fd())).map_err(fail)?;
+            Ok(sock.into())
+        }
+        Server::Tcp { host, port } => Ok(std::net::TcpStream::connect((host.as_str(), *port))
+            .map_err(fail)?
+            .into()),
+        Server::Local(local) => Ok(UnixStream::connect(dirs.socket(local.name()))
+            .map_err(fail)?
+            .into()),
+    }
+}
+
+/// Asks nsd (on `<runtime>/ns.run`) to run `argv` confined by `spec`; returns once the command
+/// has exec'd. `stdio`: the payload's stdin, stdout, stderr (ignored with a pty).
+pub fn launch(
+    dirs: &Dirs,
+    spec: &Spec,
+    argv: &[String],
+    opts: &LaunchOptions,
+    stdio: [BorrowedFd<'_>; 3],
+) -> io::Result<Launched> {
+    let mut guard = None;
+    let mut connections = Vec::new();
+    let mut conn_fds = Vec::new();
+    for m in &spec.mounts {
+        if ServedMounts::launcher_connects(m, opts.operator) {
+            let guard = match &guard {
+                Some(g) => g,
+                None => guard.insert(Guard::new(dirs)?),
+            };
+            conn_fds.push(connect(m, dirs, guard)?);
+            connections.push(m.path.clone());
+        }
+    }
+    let request = Request {
+        version: VERSION,
+        spec: spec.to_text(),
+        argv: argv.to_vec(),
+        env: env_values(spec)?,
+        pty: opts.pty,
+        weaker_landlock: opts.weaker_landlock,
+        uid: opts.uid,
+        bare: opts.bare,
+        operator: opts.operator,
+        connections,
+    };
+    let mut fds: Vec<BorrowedFd<'_>> = Vec::new();
+    if opts.pty.is_none() {
+        fds.extend(stdio);
+    }
+    fds.extend(conn_fds.iter().map(|f| f.as_fd()));
+    open(dirs, &request, &fds, opts.pty.is_some())
+}
+
+/// Asks nsd to run `argv` inside the live namespace `id` (`warren attach`), confined as its
+/// payload; returns once the command has exec'd. `pty`: a pty with this window size instead of
+/// `stdio`.
+pub fn attach(
+    dirs: &Dirs,
+    id: u64,
+    argv: &[String],
+    pty: Option<[u16; 4]>,
+    stdio: [BorrowedFd<'_>; 3],
+) -> io::Result<Launched> {
+    let request = AttachRequest {
+        version: VERSION,
+        attach: id,
+        argv: argv.to_vec(),
+        // TERM and LANG: the namespace's `env` values were its own launcher's (docs/gaps.md).
+        env: env_values(&Spec::default())?,
+        pty,
+    };
+    let fds: &[BorrowedFd<'_>] = if pty.is_none() { &stdio } else { &[] };
+    open(dirs, &request, fds, pty.is_some())
+}
+
+/// Connects to the run socket, sends the opening message with `fds`, and reads `started`.
+fn open<T: serde::Serialize>(
+    dirs: &Dirs,
+    opening: &T,
+    fds: &[BorrowedFd<'_>],
+    pty: bool,
+) -> io::Result<Launched> {
+    let path = socket_path(dirs);
+    let sock = UnixStream::connect(&path).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("nsd's run socket {}: {e}", path.display()),
+        )
+    })?;
+    // nsd drops a peer that is no operator without a word: a closed or reset connection.
+    let refused = |e: io::Error| match e.kind() {
+        io::ErrorKind::UnexpectedEof
+        | io::ErrorKind::ConnectionReset
+        | io::ErrorKind::BrokenPipe => io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "nsd closed the connection without an answer ({e}): only an operator may use \
+                 it (root or the warren group, in nsd's pid namespace)"
+            ),
+        ),
+        _ => e,
+    };
+    send(&sock, opening, fds).map_err(refused)?;
+    let (reply, mut got) = recv::<Reply>(&sock).map_err(refused)?;
+    match reply {
+        Reply::Started { id, session } => {
+            let pty_master = match (pty, got.len()) {
+                (false, 0) => None,
+                (true, 1) => got.pop(),
+                _ => return Err(io::Error::other("nsd's reply carried the wrong fds")),
+            };
+            Ok(Launched {
+                sock,
+                id,
+                session,
+                pty_master,
+            })
+        }
+        Reply::Failed { message } => Err(io::Error::other(message)),
+        Reply::Exited { code } => Err(io::Error::other(format!(
+            "nsd said the command exited ({code}) before it started"
+        ))),
+    }
+}

@@ -1,0 +1,468 @@
+//! nsd's side of the run socket: build the namespace a launcher asks for, hand back the pty,
+//! forward its signals, tell it the exit status, and kill the namespace if it goes away.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::net::UnixListener;
+use warren_daemon::operator::OperatorPolicy;
+use warren_daemon::peer::{PeerCred, peer_cred};
+
+use nix::sys::signal::Signal;
+
+use super::attach::{AttachPlan, Attached, attach};
+use super::{AttachRequest, Control, FORWARDED, Opening, Reply, Request, VERSION, recv, send};
+use crate::confine::guard::Guard;
+use crate::mount_server::{ServedMounts, new_session_id};
+use crate::nsd::{Info, Nsd, ScopedView, Status, now_secs};
+use crate::run::{PayloadStdio, Running, spawn};
+use crate::spec::{self, Server, Spec};
+
+/// Accepts launchers forever (operators only: same pid namespace, root or the operator group),
+/// each served on a thread of its own. `bridge`: the `warren-bridge` executable.
+pub async fn accept_loop(
+    listener: UnixListener,
+    policy: OperatorPolicy,
+    nsd: Nsd,
+    bridge: PathBuf,
+) {
+    nsd.set_bridge(bridge.clone());
+    let nsd = Arc::new(nsd);
+    loop {
+        let sock = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                tracing::warn!("run socket: accept: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        if let Some(why) = policy.refusal(&sock) {
+            tracing::warn!("run socket: refused a peer: {why}");
+            continue;
+        }
+        let Ok(cred) = peer_cred(sock.as_fd()) else {
+            continue;
+        };
+        let sock = match sock.into_std().and_then(|s| {
+            s.set_nonblocking(false)?;
+            Ok(s)
+        }) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("run socket: {e}");
+                continue;
+            }
+        };
+        let nsd = nsd.clone();
+        let bridge = bridge.clone();
+        std::thread::spawn(move || {
+            serve_launcher(&sock, cred, &nsd.for_operator(cred.uid), bridge)
+        });
+    }
+}
+
+/// A namespace started for a launcher.
+struct Started {
+    id: u64,
+    space: Arc<crate::nsd::Space>,
+    running: Arc<Running>,
+    /// Its bridges, reaped when it ends.
+    served: Option<Arc<ServedMounts>>,
+}
+
+/// What a connection follows once it has started: a namespace's command, or an attached one.
+trait Job: Send + Sync + 'static {
+    fn signal(&self, signal: Signal) -> io::Result<()>;
+    fn kill(&self) -> io::Result<()>;
+    fn wait(&self) -> io::Result<i32>;
+}
+
+impl Job for Running {
+    fn signal(&self, signal: Signal) -> io::Result<()> {
+        Running::signal(self, signal)
+    }
+    fn kill(&self) -> io::Result<()> {
+        Running::kill(self)
+    }
+    fn wait(&self) -> io::Result<i32> {
+        Running::wait(self)
+    }
+}
+
+impl Job for Attached {
+    fn signal(&self, signal: Signal) -> io::Result<()> {
+        Attached::signal(self, signal)
+    }
+    fn kill(&self) -> io::Result<()> {
+        Attached::kill(self)
+    }
+    fn wait(&self) -> io::Result<i32> {
+        Attached::wait(self)
+    }
+}
+
+fn serve_launcher(sock: &UnixStream, cred: PeerCred, nsd: &Nsd, bridge: PathBuf) {
+    let opening = match recv::<Opening>(sock) {
+        Ok(o) => o,
+        // A connect-and-close (`warren run` checking that nsd is up) is no request.
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return,
+        Err(e) => return refuse(sock, cred, &e),
+    };
+    match opening {
+        (Opening::Run(request), fds) => match start(nsd, cred, bridge, request, fds) {
+            Ok((started, pty_master)) => {
+                let session = started.space.info().session.clone().unwrap_or_default();
+                let (space, served) = (started.space.clone(), started.served.clone());
+                follow(
+                    sock,
+                    started.id,
+                    session,
+                    started.running,
+                    pty_master,
+                    move |end| {
+                        space.set_ended(end);
+                        drop(served);
+                    },
+                );
+                nsd.remove_space(started.id);
+            }
+            Err(e) => refuse(sock, cred, &e),
+        },
+        (Opening::Attach(request), fds) => match start_attach(nsd, cred, request, fds) {
+            Ok((id, session, mut attached)) => {
+                let pty_master = attached.take_pty_master();
+                tracing::info!("namespace {id}: pid {} uid {} attached", cred.pid, cred.uid);
+                follow(sock, id, session, Arc::new(attached), pty_master, |_| {});
+            }
+            Err(e) => refuse(sock, cred, &e),
+        },
+    }
+}
+
+/// Step 2's `failed`: nothing runs.
+fn refuse(sock: &UnixStream, cred: PeerCred, e: &io::Error) {
+    tracing::info!("run socket: pid {} uid {}: {e}", cred.pid, cred.uid);
+    let _ = send(
+        sock,
+        &Reply::Failed {
+            message: e.to_string(),
+        },
+        &[],
+    );
+}
+
+/// Steps 2–4 once `job` has started: `started` (with the pty master), the launcher's signals
+/// forwarded, `exited` at the end (after `on_end`); the job is killed if the launcher goes first.
+fn follow(
+    sock: &UnixStream,
+    id: u64,
+    session: String,
+    job: Arc<dyn Job>,
+    pty_master: Option<OwnedFd>,
+    on_end: impl FnOnce(Status) + Send + 'static,
+) {
+    let fds: Vec<BorrowedFd<'_>> = pty_master.iter().map(|f| f.as_fd()).collect();
+    if send(sock, &Reply::Started { id, session }, &fds).is_err() {
+        let _ = job.kill();
+    }
+    drop(pty_master);
+    let waiter = {
+        let job = job.clone();
+        let sock = sock.try_clone();
+        std::thread::spawn(move || {
+            let end = match job.wait() {
+                Ok(code) => Status::Exited(code),
+                Err(e) => Status::Failed(e.to_string()),
+            };
+            on_end(end.clone());
+            if let Ok(sock) = sock {
+                let reply = match end {
+                    Status::Exited(code) => Reply::Exited { code },
+                    other => Reply::Failed {
+                        message: format!("{other:?}"),
+                    },
+                };
+                let _ = send(&sock, &reply, &[]);
+                // Wakes the control loop below even if the launcher keeps the socket open.
+                let _ = sock.shutdown(std::net::Shutdown::Both);
+            }
+        })
+    };
+    loop {
+        match recv::<Control>(sock) {
+            Ok((Control::Signal { number }, _)) if FORWARDED.contains(&number) => {
+                if let Ok(sig) = Signal::try_from(number) {
+                    let _ = job.signal(sig);
+                }
+            }
+            Ok((Control::Signal { number }, _)) => {
+                tracing::warn!("run socket: namespace {id}: signal {number} is not forwarded");
+            }
+            Err(_) => {
+                // The launcher is gone (or the command ended): the job goes with it.
+                let _ = job.kill();
+                break;
+            }
+        }
+    }
+    let _ = waiter.join();
+}
+
+/// The payload's stdin, stdout and stderr from the request's fds (none when a pty is asked for).
+fn take_stdio(pty: bool, fds: &mut Vec<OwnedFd>) -> io::Result<Option<PayloadStdio>> {
+    if pty {
+        return Ok(None);
+    }
+    if fds.len() < 3 {
+        return Err(invalid(
+            "a run without a pty needs stdin, stdout and stderr".into(),
+        ));
+    }
+    let mut stdio = fds.drain(..3);
+    match (stdio.next(), stdio.next(), stdio.next()) {
+        (Some(stdin), Some(stdout), Some(stderr)) => Ok(Some(PayloadStdio {
+            stdin,
+            stdout,
+            stderr,
+        })),
+        _ => Err(invalid("stdio fds missing".into())),
+    }
+}
+
+/// Checks an attach request: the namespace exists and runs, and it is this operator's (root may
+/// attach to any); then starts the command in it. Returns the id, the session and the command.
+fn start_attach(
+    nsd: &Nsd,
+    cred: PeerCred,
+    request: AttachRequest,
+    mut fds: Vec<OwnedFd>,
+) -> io::Result<(u64, String, Attached)> {
+    if request.version != VERSION {
+        return Err(invalid(format!(
+            "attach request version {} (this nsd speaks {VERSION})",
+            request.version
+        )));
+    }
+    let id = request.attach;
+    let stdio = take_stdio(request.pty.is_some(), &mut fds)?;
+    if !fds.is_empty() {
+        return Err(invalid(format!(
+            "{} fds more than stdio handed over",
+            fds.len()
+        )));
+    }
+    let gone = || {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no running namespace {id} (see `warren ps`)"),
+        )
+    };
+    let space = nsd.find_space(id).ok_or_else(gone)?;
+    let (owner, session) = {
+        let info = space.info();
+        (info.operator_uid, info.session.clone().unwrap_or_default())
+    };
+    if cred.uid != 0 && owner != cred.uid {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("namespace {id} is another operator's"),
+        ));
+    }
+    let running = space.running().ok_or_else(gone)?;
+    let attached = attach(
+        &running,
+        space.spec(),
+        AttachPlan {
+            argv: &request.argv,
+            env: &request.env,
+            stdio,
+            pty: request.pty,
+        },
+    )?;
+    Ok((id, session, attached))
+}
+
+fn invalid(message: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, message)
+}
+
+/// Checks the request against the spec nsd parsed itself, builds the namespace, starts the
+/// command. Returns the started namespace and the pty master to hand back.
+fn start(
+    nsd: &Nsd,
+    cred: PeerCred,
+    bridge: PathBuf,
+    request: Request,
+    mut fds: Vec<OwnedFd>,
+) -> io::Result<(Started, Option<OwnedFd>)> {
+    if request.version != VERSION {
+        return Err(invalid(format!(
+            "run request version {} (this nsd speaks {VERSION})",
+            request.version
+        )));
+    }
+    let spec = spec::parse("<run request>", &request.spec).map_err(|e| invalid(e.to_string()))?;
+    let mut opts = nsd.base_options();
+    if let Some(stdio) = take_stdio(request.pty.is_some(), &mut fds)? {
+        opts.stdio = Some(Arc::new(stdio));
+    }
+    let connections = check_connections(&spec, &request, fds, &opts.protected)?;
+    opts.uid = payload_uid(cred.uid, request.uid)?;
+    if request.weaker_landlock && !opts.weaker_landlock {
+        tracing::warn!("run socket: uid {} asked for --weaker-landlock", cred.uid);
+    }
+    opts.weaker_landlock |= request.weaker_landlock;
+    opts.bare = request.bare;
+    opts.pty = request.pty.is_some();
+    opts.pty_winsize = request.pty;
+    opts.env = Some(request.env.clone());
+
+    let (id, space) = nsd.add_space(
+        spec.clone(),
+        Info {
+            origin: "run",
+            operator_uid: cred.uid,
+            launcher_pid: Some(cred.pid),
+            ..Info::default()
+        },
+    );
+    let built = (|| {
+        let served = if spec.mounts.is_empty() {
+            None
+        } else {
+            let served = ServedMounts::new(opts.protected.clone(), &spec, &id.to_string(), bridge)?
+                .with_connections(connections)
+                .operator(request.operator)
+                .attach_as(
+                    nix::unistd::User::from_uid(cred.uid.into())
+                        .ok()
+                        .flatten()
+                        .map(|u| u.name),
+                )
+                // `mount ns` outside an operator namespace: its own view, narrowing.
+                .ns_view(Arc::new(ScopedView {
+                    nsd: nsd.for_operator(cred.uid),
+                    id,
+                }));
+            Some(Arc::new(served))
+        };
+        let session = match &served {
+            Some(s) => s.session().to_string(),
+            None => new_session_id()?,
+        };
+        opts.mount_server = served.clone().map(|s| s as Arc<dyn crate::MountServer>);
+        let mut running = spawn(&spec, &request.argv, &opts)?;
+        let pty_master = running.take_pty_master();
+        Ok::<_, io::Error>((served, session, Arc::new(running), pty_master))
+    })();
+    let (served, session, running, pty_master) = match built {
+        Ok(b) => b,
+        Err(e) => {
+            nsd.remove_space(id);
+            return Err(e);
+        }
+    };
+    {
+        let mut info = space.info();
+        info.argv = request.argv.clone();
+        info.started = Some(now_secs());
+        info.session = Some(session);
+    }
+    space.set_running(&running);
+    tracing::info!(
+        "namespace {id} started for pid {} uid {}: holder {}",
+        cred.pid,
+        cred.uid,
+        running.holder_pid()
+    );
+    Ok((
+        Started {
+            id,
+            space,
+            running,
+            served,
+        },
+        pty_master,
+    ))
+}
+
+/// The payload's uid: a non-root operator's own (asking for another is refused); root's choice,
+/// or `None` for a per-namespace uid (uid 0 is refused later, by the confinement itself).
+fn payload_uid(operator: u32, requested: Option<u32>) -> io::Result<Option<u32>> {
+    if operator == 0 {
+        return Ok(requested);
+    }
+    match requested {
+        Some(u) if u != operator => Err(invalid(format!(
+            "uid {u}: a non-root operator's namespaces run under their own uid {operator}"
+        ))),
+        _ => Ok(Some(operator)),
+    }
+}
+
+/// The launcher's connections: one per `connections` name, each a mount the launcher must make
+/// (`ServedMounts::launcher_connects`), none missing, none twice; a `unix!` path inside
+/// warren's dirs refused here too.
+fn check_connections(
+    spec: &Spec,
+    request: &Request,
+    fds: Vec<OwnedFd>,
+    protected: &warren_daemon::Dirs,
+) -> io::Result<Vec<(String, OwnedFd)>> {
+    if fds.len() != request.connections.len() {
+        return Err(invalid(format!(
+            "{} connections named, {} handed over",
+            request.connections.len(),
+            fds.len()
+        )));
+    }
+    let guard = Guard::new(protected)?;
+    let wanted: Vec<&crate::spec::Mount> = spec
+        .mounts
+        .iter()
+        .filter(|m| ServedMounts::launcher_connects(m, request.operator))
+        .collect();
+    for m in &wanted {
+        if !request.connections.contains(&m.path) {
+            return Err(invalid(format!(
+                "mount of {} at {}: the launcher must make its connection",
+                m.server, m.path
+            )));
+        }
+        if let Server::Unix(path) = &m.server {
+            super::client::checked_unix_path(&guard, path)?;
+        }
+    }
+    let mut out: Vec<(String, OwnedFd)> = Vec::new();
+    for (path, fd) in request.connections.iter().zip(fds) {
+        if !wanted.iter().any(|m| &m.path == path) {
+            return Err(invalid(format!(
+                "a connection for {path}, which is no mount the launcher makes"
+            )));
+        }
+        if out.iter().any(|(p, _)| p == path) {
+            return Err(invalid(format!("two connections for {path}")));
+        }
+        out.push((path.clone(), fd));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_non_root_operator_runs_as_themselves_only() {
+        assert_eq!(payload_uid(0, None).unwrap(), None);
+        assert_eq!(payload_uid(0, Some(1234)).unwrap(), Some(1234));
+        assert_eq!(payload_uid(1000, None).unwrap(), Some(1000));
+        assert_eq!(payload_uid(1000, Some(1000)).unwrap(), Some(1000));
+        assert!(payload_uid(1000, Some(0)).is_err());
+        assert!(payload_uid(1000, Some(1001)).is_err());
+    }
+}

@@ -1,0 +1,565 @@
+//! Narrowing from inside a namespace (issue 4): a child spec written to a namespace's own `/ns`
+//! names paths in the PARENT's view. nsd resolves each of them from the parent's own bind sources
+//! (or, for a tool authority, from the parent's authority for the same tool) with
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)` — `RESOLVE_NO_XDEV`
+//! too under a non-recursive parent bind — so neither `..` nor a symlink planted in the parent's
+//! bind can reach outside it. The resolved handles, not strings, are what the child is built
+//! from; `covers(parent, child)` then checks the result (design.md, "Namespace specs").
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::Path;
+
+use crate::confine::sys::{self, Dir};
+use crate::covers::{Widened, Widening, covers};
+use crate::inode::open_path;
+use crate::spec::Spec;
+
+/// A child spec made buildable: `build` names every bind source by a handle nsd holds
+/// (`/proc/self/fd/N` of an fd in `held`, valid in nsd for as long as `held` lives), and every
+/// tool authority by the real path it resolved to.
+#[derive(Debug)]
+pub struct Narrowed {
+    pub build: Spec,
+    pub held: Vec<OwnedFd>,
+}
+
+const BENEATH: u64 =
+    libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
+
+fn components(path: &str) -> Vec<&str> {
+    path.split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect()
+}
+
+/// `path` as (root, rest) where root is one of `roots` (by whole components; the last of the
+/// longest wins, as a later bind shadows an earlier one) and rest the components after it.
+fn split_under<'a, T>(roots: &'a [(String, T)], path: &str) -> Option<(&'a T, String)> {
+    let want = components(path);
+    let mut best: Option<(usize, &T)> = None;
+    for (root, item) in roots {
+        let have = components(root);
+        if want.len() >= have.len()
+            && want[..have.len()] == have[..]
+            && best.is_none_or(|(n, _)| have.len() >= n)
+        {
+            best = Some((have.len(), item));
+        }
+    }
+    best.map(|(n, item)| (item, want[n..].join("/")))
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Planted violation: resolve child paths like host paths and skip `covers`, so the
+    /// property test can be shown to fail.
+    static UNCHECKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+#[cfg(test)]
+fn unchecked() -> bool {
+    UNCHECKED.with(|u| u.get())
+}
+#[cfg(not(test))]
+fn unchecked() -> bool {
+    false
+}
+
+/// Opens `rest` beneath `root` without following any symlink or leaving it.
+fn open_beneath(root: &OwnedFd, rest: &str, same_mount: bool) -> std::io::Result<OwnedFd> {
+    let path = if rest.is_empty() { "." } else { rest };
+    if unchecked() {
+        return sys::openat2(Dir::Fd(root.as_fd()), path, libc::O_PATH, 0, 0);
+    }
+    let mut resolve = BENEATH;
+    if same_mount {
+        resolve |= libc::RESOLVE_NO_XDEV;
+    }
+    sys::openat2(Dir::Fd(root.as_fd()), path, libc::O_PATH, 0, resolve)
+}
+
+fn fd_path(fd: &OwnedFd) -> String {
+    format!("/proc/self/fd/{}", fd.as_raw_fd())
+}
+
+/// Resolves `child` (paths in the parent's view) against `parent` (paths as nsd built it) and
+/// checks that it widens nothing. Refused whole: every widening is named, in the child's words.
+pub fn narrow(parent: &Spec, child: &Spec) -> Result<Narrowed, Widening> {
+    let mut out = Vec::new();
+    let mut held = Vec::new();
+    let mut build = child.clone();
+    // What each build name was called in the child spec, to name widenings in its words.
+    let mut words: Vec<(String, String)> = Vec::new();
+
+    // The parent's view: each bind target with the source nsd built it from.
+    let parent_binds: Vec<(String, (Option<OwnedFd>, bool))> = parent
+        .binds
+        .iter()
+        .map(|b| {
+            (
+                b.path.clone(),
+                (open_path(Path::new(&b.host)).ok(), b.recursive),
+            )
+        })
+        .collect();
+    for b in &mut build.binds {
+        let asked = b.host.clone();
+        let resolved = match split_under(&parent_binds, &asked) {
+            None => Err(Widened::PathNotUnderParent {
+                what: "bind".into(),
+                host: asked.clone(),
+            }),
+            Some(((None, _), _)) => Err(Widened::Unresolvable {
+                what: "bind".into(),
+                host: asked.clone(),
+                error: "the parent's own bind source is gone".into(),
+            }),
+            Some(((Some(root), recursive), rest)) => {
+                open_beneath(root, &rest, !recursive).map_err(|e| Widened::Unresolvable {
+                    what: "bind".into(),
+                    host: asked.clone(),
+                    error: beneath_error(&e),
+                })
+            }
+        };
+        match resolved {
+            Ok(fd) => {
+                b.host = fd_path(&fd);
+                words.push((b.host.clone(), asked));
+                held.push(fd);
+            }
+            Err(w) => out.push(w),
+        }
+    }
+
+    for t in &mut build.tools {
+        let roots: Vec<(String, String)> = parent
+            .tools
+            .iter()
+            .filter(|p| p.name == t.name)
+            .flat_map(|p| p.host_paths.iter().map(|h| (h.clone(), h.clone())))
+            .collect();
+        let what = format!("tool {} authority", t.name);
+        for h in &mut t.host_paths {
+            let asked = h.clone();
+            let resolved = match split_under(&roots, &asked) {
+                None => Err(Widened::PathNotUnderParent {
+                    what: what.clone(),
+                    host: asked.clone(),
+                }),
+                Some((root, rest)) => open_path(Path::new(root))
+                    .and_then(|r| open_beneath(&r, &rest, true))
+                    .and_then(|fd| std::fs::read_link(fd_path(&fd)))
+                    .map_err(|e| Widened::Unresolvable {
+                        what: what.clone(),
+                        host: asked.clone(),
+                        error: beneath_error(&e),
+                    }),
+            };
+            match resolved {
+                // The authority goes to toolfs as a path its worker binds at: the real one,
+                // which has no symlink in it (it was reached without following any).
+                Ok(real) => {
+                    *h = real.to_string_lossy().into_owned();
+                    words.push((h.clone(), asked));
+                }
+                Err(w) => out.push(w),
+            }
+        }
+    }
+
+    if !out.is_empty() {
+        // Unresolved paths are already named; the rest of the spec is checked too.
+        build.binds.retain(|b| b.host.starts_with("/proc/self/fd/"));
+        for t in &mut build.tools {
+            t.host_paths.retain(|h| words.iter().any(|(b, _)| b == h));
+        }
+    }
+    if let Err(Widening(more)) = covers(parent, &build)
+        && !unchecked()
+    {
+        out.extend(more.into_iter().map(|w| in_child_words(w, &words)));
+    }
+    if out.is_empty() {
+        Ok(Narrowed { build, held })
+    } else {
+        Err(Widening(out))
+    }
+}
+
+fn beneath_error(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::EXDEV) => "it leaves the parent's bind (`..` or a submount)".into(),
+        Some(libc::ELOOP) => "it goes through a symlink (never followed in a child spec)".into(),
+        _ => e.to_string(),
+    }
+}
+
+fn in_child_words(w: Widened, words: &[(String, String)]) -> Widened {
+    let word = |host: String| {
+        words
+            .iter()
+            .find(|(b, _)| *b == host)
+            .map_or(host, |(_, a)| a.clone())
+    };
+    match w {
+        Widened::PathNotUnderParent { what, host } => Widened::PathNotUnderParent {
+            what,
+            host: word(host),
+        },
+        Widened::WriteWhereParentReads { what, host } => Widened::WriteWhereParentReads {
+            what,
+            host: word(host),
+        },
+        Widened::CrossesSubmount { what, host } => Widened::CrossesSubmount {
+            what,
+            host: word(host),
+        },
+        Widened::Unresolvable { what, host, error } => Widened::Unresolvable {
+            what,
+            host: word(host),
+            error,
+        },
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inode::{ancestry, ident};
+    use crate::spec::{Access, Bind, parse};
+    use std::os::unix::fs::symlink;
+
+    fn spec(text: &str) -> Spec {
+        parse("t.ns", text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+    }
+
+    /// data/{a/b,c}, etc, tools/w/x, outside; data/out -> outside, data/in -> data/c.
+    fn tree() -> (tempfile::TempDir, impl Fn(&str) -> String) {
+        let t = tempfile::Builder::new()
+            .prefix("wnar")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let base = t.path().to_path_buf();
+        for d in ["data/a/b", "data/c", "etc", "tools/w/x", "outside"] {
+            std::fs::create_dir_all(base.join(d)).unwrap();
+        }
+        symlink(base.join("outside"), base.join("data/out")).unwrap();
+        symlink(base.join("data/c"), base.join("data/in")).unwrap();
+        (t, move |rel: &str| {
+            base.join(rel).to_str().unwrap().to_string()
+        })
+    }
+
+    fn refused(parent: &Spec, child: &Spec) -> Vec<Widened> {
+        match narrow(parent, child) {
+            Ok(n) => panic!("not refused: {:?}", n.build),
+            Err(e) => e.0,
+        }
+    }
+
+    #[test]
+    fn a_child_names_paths_in_the_parents_view_and_is_built_from_handles() {
+        let (_t, p) = tree();
+        let parent = spec(&format!("bind -w {} /data\nnet loopback", p("data")));
+        let child = spec("bind -r /data/a /a\nbind -w /data/c /c\nnet none");
+        let n = narrow(&parent, &child).unwrap();
+        assert_eq!(n.held.len(), 2);
+        let want = ident(open_path(Path::new(&p("data/a"))).unwrap().as_fd()).unwrap();
+        assert!(ident(n.held[0].as_fd()).unwrap().same_file(&want));
+        assert_eq!(n.build.binds[0].host, fd_path(&n.held[0]));
+        assert_eq!(n.build.binds[0].path, "/a");
+        // The same spec is refused when the parent's bind sits elsewhere: a view path is not a
+        // host path.
+        let elsewhere = spec(&format!("bind -w {} /data", p("etc")));
+        let got = refused(&elsewhere, &child);
+        assert!(
+            matches!(&got[0], Widened::Unresolvable { host, .. } if host == "/data/a"),
+            "{got:?}"
+        );
+    }
+
+    /// InferNode's escape: `..` inside a bind never reaches past the parent's view. The parser
+    /// refuses a `..` component already; nsd's resolution refuses it again (built by hand here).
+    #[test]
+    fn dotdot_never_leaves_the_parents_bind() {
+        let (_t, p) = tree();
+        let parent = spec(&format!("bind -r {} /data", p("data")));
+        assert!(parse("t", "bind -r /data/../etc /e").is_err());
+        let mut child = Spec::default();
+        for host in ["/data/../etc", "/data/a/../../etc", "/data/a/../../../../"] {
+            child.binds = vec![Bind {
+                access: Access::Read,
+                recursive: false,
+                host: host.into(),
+                path: "/e".into(),
+            }];
+            let got = refused(&parent, &child);
+            assert!(
+                matches!(&got[..], [Widened::Unresolvable { error, .. }] if error.contains("leaves")),
+                "{host}: {got:?}"
+            );
+        }
+        // `..` that stays beneath is the same directory as its plain spelling.
+        child.binds[0].host = "/data/a/../c".into();
+        narrow(&parent, &child).unwrap();
+    }
+
+    /// A symlink planted in the parent's bind is never followed, whether it points out or in.
+    #[test]
+    fn symlinks_in_the_parents_bind_are_never_followed() {
+        let (_t, p) = tree();
+        let parent = spec(&format!("bind -w {} /data", p("data")));
+        for link in ["/data/out", "/data/in"] {
+            let got = refused(&parent, &spec(&format!("bind -r {link} /x")));
+            assert!(
+                matches!(&got[..], [Widened::Unresolvable { error, host, .. }] if error.contains("symlink") && host == link),
+                "{link}: {got:?}"
+            );
+        }
+    }
+
+    /// InferNode's other escape: a parent holding 2 tools cannot create a child holding 3.
+    #[test]
+    fn a_parent_with_two_tools_cannot_make_a_child_with_three() {
+        let parent = spec("mount tool /tool echo fs_read");
+        narrow(&parent, &spec("mount tool /tool echo")).unwrap();
+        narrow(&parent, &spec("mount tool /t fs_read echo")).unwrap();
+        let got = refused(&parent, &spec("mount tool /tool echo fs_read shell"));
+        assert!(got.contains(&Widened::ToolNotGranted {
+            name: "shell".into()
+        }));
+        // Two mount lines adding up to three tools are refused the same way.
+        let got = refused(
+            &parent,
+            &spec("mount tool /tool echo fs_read\nmount tool /more shell"),
+        );
+        assert!(got.contains(&Widened::ToolNotGranted {
+            name: "shell".into()
+        }));
+    }
+
+    #[test]
+    fn tool_authority_is_resolved_beneath_the_parents_authority_for_that_tool() {
+        let (_t, p) = tree();
+        let parent = spec(&format!(
+            "mount tool /tool fs_read fs_write\ntool fs_read -w {w}\ntool fs_write -r {w}",
+            w = p("tools/w")
+        ));
+        let ok = narrow(
+            &parent,
+            &spec(&format!(
+                "mount tool /tool fs_read\ntool fs_read -r {}",
+                p("tools/w/x")
+            )),
+        )
+        .unwrap();
+        assert_eq!(ok.build.tools[0].host_paths, vec![p("tools/w/x")]);
+        let asks = [
+            // a path the tool lacks
+            (format!("tool fs_read -r {}", p("outside")), "not under"),
+            // -w where the parent's authority for that tool is -r
+            (format!("tool fs_write -w {}", p("tools/w")), "-w where"),
+        ];
+        for (line, says) in asks {
+            let text = format!("mount tool /tool fs_read fs_write\n{line}");
+            let e = narrow(&parent, &spec(&text)).unwrap_err();
+            assert!(e.to_string().contains(says), "{line}: {e}");
+        }
+        // Another tool's authority is not this one's.
+        let e = narrow(
+            &parent,
+            &spec(&format!(
+                "mount tool /tool fs_read fs_write\ntool fs_read -r {}\ntool fs_write -r {}",
+                p("tools/w"),
+                p("outside")
+            )),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("tool fs_write authority"), "{e}");
+    }
+
+    /// Each kind of widening the issue names is refused whole, and named.
+    #[test]
+    fn every_widening_is_refused_by_name() {
+        let (_t, p) = tree();
+        let parent = spec(&format!(
+            "bind -r {d} /data\nmount tool /tool echo\nmount ns /ns\nmount -k k1 unix!{d} /srv\nnet none\nlimit pids=64 mem=1G",
+            d = p("data")
+        ));
+        let base = "mount tool /tool echo\nlimit pids=64 mem=1G";
+        let cases = [
+            ("mount tool /more shell", "tool `shell`"),
+            ("bind -r /etc /e", "not under any"),
+            ("bind -w /data/a /a", "-w where"),
+            ("net loopback", "net Loopback"),
+            ("mount tcp!127.0.0.1!564 /t", "tcp!127.0.0.1!564"),
+            ("mount unix!/run/x.sock /u", "unix!/run/x.sock"),
+            ("mount gate /gate", "mount of `gate`"),
+            (
+                &*format!("mount -k k2 unix!{} /srv", p("data")),
+                "mount of `unix!",
+            ),
+            ("mount receipts /r", "mount of `receipts`"),
+            ("limit pids=65 mem=1G", "pids=65"),
+            ("env SECRET", "env SECRET"),
+        ];
+        for (line, says) in cases {
+            let text = match line.strip_prefix("limit ") {
+                Some(_) => format!("mount tool /tool echo\n{line}"),
+                None => format!("{base}\n{line}"),
+            };
+            let e = narrow(&parent, &spec(&text)).unwrap_err();
+            assert!(e.to_string().contains(says), "{line}: {e}");
+        }
+        // The same base with the parent's own key and mounts is fine.
+        narrow(
+            &parent,
+            &spec(&format!(
+                "{base}\nmount ns /ns\nmount -k k1 unix!{} /srv",
+                p("data")
+            )),
+        )
+        .unwrap();
+    }
+
+    /// Is every bind and authority of `child` (built) under one of `ancestor`'s (built), with no
+    /// more access? Checked independently of `covers`: by the inode chain of each handle.
+    fn within(ancestor: &Spec, child: &Spec) -> Result<(), String> {
+        let chain = |host: &str| {
+            let fd = open_path(Path::new(host)).map_err(|e| format!("{host}: {e}"))?;
+            ancestry(fd.as_fd()).map_err(|e| format!("{host}: {e}"))
+        };
+        for b in &child.binds {
+            let c = chain(&b.host)?;
+            let ok = ancestor.binds.iter().any(|a| {
+                (b.access <= a.access)
+                    && chain(&a.host)
+                        .ok()
+                        .and_then(|ac| ac.first().cloned())
+                        .is_some_and(|top| c.iter().any(|x| x.same_file(&top)))
+            });
+            if !ok {
+                return Err(format!("bind {} → {} exceeds its ancestor", b.host, b.path));
+            }
+        }
+        let granted = ancestor.tool_grants();
+        if let Some(t) = child.tool_grants().iter().find(|t| !granted.contains(t)) {
+            return Err(format!("tool {t} exceeds its ancestor"));
+        }
+        if child.net() > ancestor.net() {
+            return Err("net exceeds its ancestor".into());
+        }
+        Ok(())
+    }
+
+    mod property {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// A child spec's words, drawn from names that exist, names that are planted symlinks
+        /// (out of the tree and within it), `..` spellings and paths outside the parent's view.
+        fn view_path() -> impl Strategy<Value = String> {
+            prop::sample::select(vec![
+                "/data",
+                "/data/a",
+                "/data/a/b",
+                "/data/c",
+                "/data/out",
+                "/data/in",
+                "/data/../etc",
+                "/data/a/../../outside",
+                "/data/a/..",
+                "/etc",
+                "/outside",
+                "/a",
+                "/a/b",
+                "/a/../c",
+                "/c",
+                "/x",
+                "/x/a",
+                "/x/out",
+            ])
+            .prop_map(str::to_string)
+        }
+
+        fn target() -> impl Strategy<Value = String> {
+            prop::sample::select(vec!["/data", "/a", "/c", "/x"]).prop_map(str::to_string)
+        }
+
+        fn child_spec() -> impl Strategy<Value = Spec> {
+            let bind = (any::<bool>(), view_path(), target()).prop_map(|(w, host, path)| Bind {
+                access: if w { Access::Write } else { Access::Read },
+                recursive: false,
+                host,
+                path,
+            });
+            let tools = prop::sample::subsequence(vec!["echo", "fs_read", "shell"], 0..=3);
+            (prop::collection::vec(bind, 0..4), tools, any::<bool>()).prop_map(
+                |(binds, tools, loopback)| {
+                    let mut text = String::new();
+                    if !tools.is_empty() {
+                        text.push_str(&format!("mount tool /tool {}\n", tools.join(" ")));
+                    }
+                    if loopback {
+                        text.push_str("net loopback\n");
+                    }
+                    let mut s = parse("<prop>", &text).unwrap();
+                    // Built by hand: the parser would refuse `..` before nsd ever saw it.
+                    let mut seen = std::collections::BTreeSet::new();
+                    s.binds = binds
+                        .into_iter()
+                        .filter(|b| seen.insert(b.path.clone()))
+                        .collect();
+                    s
+                },
+            )
+        }
+
+        /// The checker catches a descendant that exceeds: with the resolution and `covers`
+        /// switched off (planted), a symlink out of the parent's bind gets through and
+        /// `within` says so.
+        #[test]
+        fn the_checker_catches_a_planted_escape() {
+            let (_t, p) = tree();
+            let root = spec(&format!("bind -w {} /data", p("data")));
+            let child = spec("bind -r /data/out /o");
+            UNCHECKED.with(|u| u.set(true));
+            let n = narrow(&root, &child);
+            UNCHECKED.with(|u| u.set(false));
+            let n = n.unwrap();
+            assert!(within(&root, &n.build).is_err());
+            assert!(narrow(&root, &child).is_err());
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+            /// Random spec trees three deep: whatever each level asks, no accepted descendant
+            /// exceeds ANY of its ancestors (checked by inode, not by `covers`).
+            #[test]
+            fn no_descendant_exceeds_an_ancestor(levels in prop::collection::vec(child_spec(), 1..4)) {
+                let (_t, p) = tree();
+                let root = spec(&format!(
+                    "bind -w {d} /data\nbind -r {d}/a /a\nmount tool /tool echo fs_read\nnet none",
+                    d = p("data")
+                ));
+                // Every accepted level stays alive (its handles name its binds).
+                let mut chain: Vec<(Spec, Vec<OwnedFd>)> = vec![(root, Vec::new())];
+                for asked in levels {
+                    let parent = &chain.last().unwrap().0;
+                    match narrow(parent, &asked) {
+                        Ok(n) => {
+                            for (ancestor, _) in &chain {
+                                prop_assert_eq!(within(ancestor, &n.build), Ok(()));
+                            }
+                            chain.push((n.build, n.held));
+                        }
+                        Err(e) => prop_assert!(!e.0.is_empty()),
+                    }
+                }
+            }
+        }
+    }
+}

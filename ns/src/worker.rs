@@ -1,0 +1,623 @@
+//! Tool workers, built by nsd from a tool's own authority (design.md "Authority and identity";
+//! specs/worker-protocol.md §1). toolfs asks on `<runtime>/nsd-workers.ctl` with a
+//! [`BuildRequest`] and the root fds it got with the namespace's grant; nsd answers with the
+//! worker's channel, a lifeline and a pidfd of the worker's holder.
+//!
+//! Processes: nsd forks a *holder* (root, host pid namespace) that unshares mount, pid, net, ipc,
+//! uts and cgroup namespaces and forks the worker, pid 1 of the new pid namespace. The worker
+//! builds its tree — a tmpfs root; each root bound at its path from the fd toolfs passed (never
+//! re-resolved from a host string), read-only unless writable; `/lib`, `/lib64` read-only (its
+//! binary is dynamically linked), plus `/usr`, `/bin`, `/proc`, `/tmp`, a home and `/etc`
+//! entries for `shell`, which execs; a `/dev`; no `/tool` — pivots, brings `lo` up, drops to the
+//! worker uid with no capabilities, restricts itself with Landlock and seccomp, and execs
+//! `warren-tool-worker`, bound read-only at [`WORKER_PATH`]. The holder waits: when toolfs closes
+//! the lifeline it SIGKILLs the worker, and with its pid 1 the kernel kills the whole pid
+//! namespace.
+
+use std::ffi::CString;
+use std::io::{self, Read};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::unistd::{ForkResult, Pid};
+use warren_daemon::Dirs;
+use warren_daemon::identity::Role;
+use warren_daemon::peer::{peer_cred, peer_in_own_pidns};
+use warren_toolfs::worker::nsd::{BUILD_VERSION, BuildReply, BuildRequest};
+use warren_toolfs::worker::protocol::RootConfig;
+
+use crate::confine::binds::{self, PreparedBind};
+use crate::confine::guard::Guard;
+use crate::confine::sys::{self, Dir};
+use crate::confine::{NAMESPACES, creds, landlock, mounts, seccomp};
+use crate::spec::{Access, Bind, Net};
+
+/// Where the worker binary is bound (read-only) in every worker's root.
+pub const WORKER_PATH: &str = "/warren-tool-worker";
+/// Host directories every worker gets read-only: its binary's loader and libraries.
+const LIB_DIRS: &[&str] = &["/lib", "/lib64"];
+/// And those a worker whose tool execs programs (`shell`) gets too.
+const EXEC_DIRS: &[&str] = &["/usr", "/bin"];
+/// The tools that exec programs.
+const EXEC_TOOLS: &[&str] = &["shell"];
+/// A root may not be at or under these: they are the worker's own tree.
+const RESERVED: &[&str] = &[
+    WORKER_PATH,
+    "/usr",
+    "/bin",
+    "/lib",
+    "/lib64",
+    "/dev",
+    "/proc",
+];
+/// `shell` forks each command with these (a user and a pid namespace of its own, so the command
+/// is pid 1 of a namespace the worker kills whole): see docs/decisions.md.
+const SHELL_CLONE_FLAGS: u64 = (libc::CLONE_NEWUSER | libc::CLONE_NEWPID) as u64;
+
+/// Builds workers. One per nsd.
+pub struct WorkerFactory {
+    protected: Dirs,
+    weaker_landlock: bool,
+    uid: u32,
+    binary: PathBuf,
+}
+
+/// A running worker, as nsd hands it to toolfs.
+pub struct Built {
+    /// toolfs's end of the worker's channel.
+    pub channel: OwnedFd,
+    /// Closing it ends the worker (the holder SIGKILLs it).
+    pub lifeline: OwnedFd,
+    /// A pidfd of the holder: readable once the worker is gone.
+    pub holder: OwnedFd,
+    pub holder_pid: i32,
+    pub uid: u32,
+}
+
+/// Everything the holder and the worker need, prepared in nsd before the fork.
+struct Plan {
+    binds: Vec<PreparedBind>,
+    worker_end: OwnedFd,
+    lifeline: OwnedFd,
+    err_write: OwnedFd,
+    tool: String,
+    roots: Vec<RootConfig>,
+    uid: u32,
+    execs: bool,
+    weaker_landlock: bool,
+}
+
+impl WorkerFactory {
+    /// `binary`: the `warren-tool-worker` executable (see
+    /// [`warren_toolfs::worker::worker_program`]).
+    pub fn new(protected: Dirs, weaker_landlock: bool, binary: PathBuf) -> WorkerFactory {
+        WorkerFactory {
+            protected,
+            weaker_landlock,
+            uid: Role::Worker.uid(),
+            binary,
+        }
+    }
+
+    /// The uid (and gid) every worker runs as.
+    pub fn uid(&self) -> u32 {
+        self.uid
+    }
+
+    /// Builds one worker from `request` and its root fds. Every problem refuses the whole build.
+    pub fn build(&self, request: &BuildRequest, root_fds: Vec<OwnedFd>) -> Result<Built, String> {
+        check_request(request, root_fds.len())?;
+        let execs = EXEC_TOOLS.contains(&request.tool.as_str());
+        let guard = Guard::new(&self.protected).map_err(|e| e.to_string())?;
+        let mut prepared = Vec::new();
+        for (root, fd) in request.roots.iter().zip(&root_fds) {
+            let bind = Bind {
+                access: if root.writable {
+                    Access::Write
+                } else {
+                    Access::Read
+                },
+                recursive: false,
+                host: format!("root {}", root.path),
+                path: root.path.clone(),
+            };
+            let b = binds::prepare_handle(fd.as_fd(), &bind, &guard)?;
+            if !b.is_dir {
+                return Err(format!("root {} is not a directory", root.path));
+            }
+            prepared.push(b);
+        }
+        let system: Vec<&str> = if execs {
+            LIB_DIRS.iter().chain(EXEC_DIRS).copied().collect()
+        } else {
+            LIB_DIRS.to_vec()
+        };
+        for dir in system {
+            if std::fs::metadata(dir).is_err() {
+                continue;
+            }
+            prepared.push(binds::prepare(
+                &Bind {
+                    access: Access::Read,
+                    recursive: false,
+                    host: dir.into(),
+                    path: dir.into(),
+                },
+                &guard,
+            )?);
+        }
+        prepared.push(binds::prepare(
+            &Bind {
+                access: Access::Read,
+                recursive: false,
+                host: self.binary.to_string_lossy().into_owned(),
+                path: WORKER_PATH.into(),
+            },
+            &guard,
+        )?);
+        let (channel, worker_end) = UnixStream::pair().map_err(io("channel"))?;
+        let (lifeline, holder_end) = UnixStream::pair().map_err(io("lifeline"))?;
+        let (err_read, err_write) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+        let plan = Plan {
+            binds: prepared,
+            worker_end: worker_end.into(),
+            lifeline: holder_end.into(),
+            err_write,
+            tool: request.tool.clone(),
+            roots: request.roots.clone(),
+            uid: self.uid,
+            execs,
+            weaker_landlock: self.weaker_landlock,
+        };
+        let holder = match sys::fork_process().map_err(io("fork"))? {
+            ForkResult::Child => {
+                drop(err_read);
+                drop(channel);
+                drop(lifeline);
+                holder(plan)
+            }
+            ForkResult::Parent { child } => child,
+        };
+        drop(plan);
+        drop(root_fds);
+        let holder_fd = sys::pidfd_open(holder.as_raw());
+        // The holder is our child: reap it whenever it ends (the worker's end).
+        std::thread::spawn(move || {
+            let _ = nix::sys::wait::waitpid(holder, None);
+        });
+        let mut message = String::new();
+        std::fs::File::from(err_read)
+            .read_to_string(&mut message)
+            .map_err(io("reading the worker's setup errors"))?;
+        if !message.is_empty() {
+            return Err(message);
+        }
+        Ok(Built {
+            channel: channel.into(),
+            lifeline: lifeline.into(),
+            holder: holder_fd.map_err(io("pidfd_open"))?,
+            holder_pid: holder.as_raw(),
+            uid: self.uid,
+        })
+    }
+
+    /// Serves the worker socket forever: toolfs (its uid, or root) in our own pid namespace only;
+    /// each connection on a blocking thread, one request after another, each answered in turn.
+    pub async fn serve(self: Arc<Self>, listener: tokio::net::UnixListener) {
+        loop {
+            let sock = match listener.accept().await {
+                Ok((sock, _)) => sock,
+                Err(e) => {
+                    tracing::warn!("worker socket accept: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            if let Some(why) = refusal(sock.as_fd()) {
+                tracing::warn!("worker socket: refused a peer: {why}");
+                continue;
+            }
+            let sock = match sock
+                .into_std()
+                .and_then(|s| s.set_nonblocking(false).map(|()| s))
+            {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!("worker socket: {e}");
+                    continue;
+                }
+            };
+            let factory = self.clone();
+            tokio::task::spawn_blocking(move || factory.connection(sock));
+        }
+    }
+
+    fn connection(&self, sock: UnixStream) {
+        loop {
+            let (record, fds) = match warren_daemon::handoff::recv(&sock) {
+                Ok(got) => got,
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return,
+                Err(e) => {
+                    tracing::warn!("worker socket: {e}; closing the connection");
+                    return;
+                }
+            };
+            let built = serde_json::from_slice::<BuildRequest>(&record)
+                .map_err(|e| format!("bad build request: {e}"))
+                .and_then(|request| {
+                    let built = self.build(&request, fds);
+                    match &built {
+                        Ok(b) => tracing::info!(
+                            session = %request.session,
+                            namespace = %request.namespace,
+                            tool = %request.tool,
+                            holder = b.holder_pid,
+                            "worker built"
+                        ),
+                        Err(e) => tracing::warn!(
+                            session = %request.session,
+                            namespace = %request.namespace,
+                            tool = %request.tool,
+                            "worker refused: {e}"
+                        ),
+                    }
+                    built
+                });
+            let sent = match built {
+                Ok(b) => {
+                    let reply = BuildReply {
+                        ok: true,
+                        error: String::new(),
+                        uid: b.uid,
+                        gid: b.uid,
+                        pid: 1,
+                        holder_pid: b.holder_pid,
+                    };
+                    send_reply(
+                        &sock,
+                        &reply,
+                        &[b.channel.as_fd(), b.lifeline.as_fd(), b.holder.as_fd()],
+                    )
+                }
+                Err(error) => {
+                    let reply = BuildReply {
+                        ok: false,
+                        error,
+                        uid: 0,
+                        gid: 0,
+                        pid: 0,
+                        holder_pid: 0,
+                    };
+                    send_reply(&sock, &reply, &[])
+                }
+            };
+            if let Err(e) = sent {
+                tracing::warn!("worker socket: cannot answer: {e}");
+                return;
+            }
+        }
+    }
+}
+
+/// Listens on `<runtime>/nsd-workers.ctl` (or the socket the supervisor bound for it) and serves
+/// worker builds there until the runtime stops.
+pub fn spawn_server(dirs: &Dirs, weaker_landlock: bool) -> io::Result<PathBuf> {
+    let binary = warren_toolfs::worker::worker_program()?;
+    let path = dirs.control(warren_toolfs::worker::nsd::NSD_WORKER_CONTROL);
+    let listener = warren_daemon::operator::listen(&path)?;
+    let factory = Arc::new(WorkerFactory::new(dirs.clone(), weaker_landlock, binary));
+    tokio::spawn(factory.serve(listener));
+    Ok(path)
+}
+
+/// An io error as a message naming what failed.
+fn io(what: &'static str) -> impl Fn(io::Error) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+fn send_reply(sock: &UnixStream, reply: &BuildReply, fds: &[BorrowedFd<'_>]) -> io::Result<()> {
+    let bytes = serde_json::to_vec(reply).map_err(io::Error::other)?;
+    warren_daemon::handoff::send(sock, &bytes, fds)
+}
+
+/// Why a peer of the worker socket is refused: only toolfs's uid or root, in our pid namespace.
+fn refusal(fd: BorrowedFd<'_>) -> Option<String> {
+    match peer_in_own_pidns(fd) {
+        Ok(true) => {}
+        Ok(false) => return Some("peer is in another pid namespace".into()),
+        Err(e) => return Some(format!("cannot read the peer's pid namespace: {e}")),
+    }
+    match peer_cred(fd) {
+        Ok(c) if c.uid == 0 || c.uid == Role::Toolfs.uid() => None,
+        Ok(c) => Some(format!("uid {} is neither toolfs nor root", c.uid)),
+        Err(e) => Some(format!("no peer credentials: {e}")),
+    }
+}
+
+/// The request must name a worker tool, roots that fit the fds and do not overlap each other or
+/// the worker's own tree, and no network (no tool is network-tier yet: see docs/tools.md).
+fn check_request(request: &BuildRequest, fds: usize) -> Result<(), String> {
+    if request.version != BUILD_VERSION {
+        return Err(format!(
+            "build request version {} is not {BUILD_VERSION}",
+            request.version
+        ));
+    }
+    if !warren_toolfs::tools::WORKER_TOOLS.contains(&request.tool.as_str()) {
+        return Err(format!("no tool named {:?} runs in a worker", request.tool));
+    }
+    if request.roots.len() != fds {
+        return Err(format!(
+            "the request names {} root(s) but {fds} fd(s) came with it",
+            request.roots.len()
+        ));
+    }
+    if request.network {
+        return Err(format!(
+            "{}: no worker gets the network (no tool is network-tier in this version)",
+            request.tool
+        ));
+    }
+    let under = |path: &str, dir: &str| path == dir || path.starts_with(&format!("{dir}/"));
+    for (i, root) in request.roots.iter().enumerate() {
+        warren_toolfs::worker::check_root_path(&root.path).map_err(|e| e.to_string())?;
+        if root.path == "/" {
+            return Err("a root at / would hide the worker's own tree".into());
+        }
+        if let Some(r) = RESERVED.iter().find(|r| under(&root.path, r)) {
+            return Err(format!(
+                "root {} lies in the worker's own {r}; bind it elsewhere",
+                root.path
+            ));
+        }
+        for other in &request.roots[i + 1..] {
+            if under(&root.path, &other.path) || under(&other.path, &root.path) {
+                return Err(format!(
+                    "roots {} and {} overlap: a worker's roots must be disjoint",
+                    root.path, other.path
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn fail(err_write: &OwnedFd, message: &str) -> ! {
+    let _ = nix::unistd::write(err_write, message.as_bytes());
+    sys::exit_now(crate::confine::SETUP_FAILED)
+}
+
+/// The holder: drops every fd but the plan's, unshares, forks the worker and waits for it or for
+/// the lifeline to close, whichever comes first. Never returns.
+fn holder(mut plan: Plan) -> ! {
+    // Out of nsd's session: a terminal's signals never reach workers.
+    let _ = nix::unistd::setsid();
+    if let Err(m) = close_all_but(&plan) {
+        fail(&plan.err_write, &m);
+    }
+    if let Err(e) = nix::sched::unshare(NAMESPACES) {
+        fail(&plan.err_write, &format!("unshare namespaces: {e}"));
+    }
+    if let Err(m) = mounts::make_root_private() {
+        fail(&plan.err_write, &m);
+    }
+    let worker = match sys::fork_process() {
+        Ok(ForkResult::Child) => worker_pid1(&mut plan),
+        Ok(ForkResult::Parent { child }) => child,
+        Err(e) => fail(&plan.err_write, &format!("fork the worker: {e}")),
+    };
+    let Plan {
+        lifeline,
+        binds,
+        worker_end,
+        err_write,
+        ..
+    } = plan;
+    drop((binds, worker_end, err_write));
+    let pidfd = match sys::pidfd_open(worker.as_raw()) {
+        Ok(fd) => fd,
+        Err(_) => end_worker(worker, None),
+    };
+    loop {
+        let mut fds = [
+            PollFd::new(lifeline.as_fd(), PollFlags::POLLIN),
+            PollFd::new(pidfd.as_fd(), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds, PollTimeout::NONE) {
+            Ok(_) => {
+                if fds
+                    .iter()
+                    .any(|f| f.revents().is_some_and(|r| !r.is_empty()))
+                {
+                    end_worker(worker, Some(&pidfd));
+                }
+            }
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => end_worker(worker, Some(&pidfd)),
+        }
+    }
+}
+
+/// SIGKILLs the worker (through its pidfd when there is one), reaps it, exits.
+fn end_worker(worker: Pid, pidfd: Option<&OwnedFd>) -> ! {
+    match pidfd {
+        Some(fd) => {
+            let _ = sys::pidfd_signal(fd.as_fd(), libc::SIGKILL);
+        }
+        None => {
+            let _ = nix::sys::signal::kill(worker, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+    let _ = nix::sys::wait::waitpid(worker, None);
+    sys::exit_now(0)
+}
+
+fn close_all_but(plan: &Plan) -> Result<(), String> {
+    let mut keep: Vec<RawFd> = vec![0, 1, 2];
+    keep.extend([
+        plan.worker_end.as_raw_fd(),
+        plan.lifeline.as_raw_fd(),
+        plan.err_write.as_raw_fd(),
+    ]);
+    keep.extend(plan.binds.iter().map(|b| b.tree.as_raw_fd()));
+    let open: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
+        .map_err(|e| format!("listing fds: {e}"))?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    for fd in open.into_iter().filter(|fd| !keep.contains(fd)) {
+        let _ = nix::unistd::close(fd);
+    }
+    Ok(())
+}
+
+/// The worker, pid 1 of its own pid namespace: builds its tree, confines itself, execs.
+fn worker_pid1(plan: &mut Plan) -> ! {
+    let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
+    match confine_worker(plan) {
+        Ok(never) => match never {},
+        Err(m) => fail(&plan.err_write, &m),
+    }
+}
+
+fn confine_worker(plan: &mut Plan) -> Result<std::convert::Infallible, String> {
+    let uid = plan.uid;
+    let root = mounts::tmpfs_root()?;
+    if plan.execs {
+        mounts::mount_tmp_and_home(&root, uid, None)?;
+        mounts::write_etc(&root, uid)?;
+    }
+    binds::attach_all(&root, &mut plan.binds)?;
+    mounts::mount_dev(&root)?;
+    if plan.execs {
+        mounts::mount_proc(&root)?;
+    }
+    mounts::pivot(&root)?;
+    drop(root);
+    plan.binds.clear();
+    sys::interface_up(c"lo").map_err(|e| format!("bringing lo up: {e}"))?;
+    nix::unistd::sethostname(crate::HOSTNAME).map_err(|e| format!("sethostname: {e}"))?;
+    // Each root, opened at the mount nsd just made from toolfs's fd: the worker resolves every
+    // tool path beneath these.
+    let mut root_fds = Vec::with_capacity(plan.roots.len());
+    for r in &plan.roots {
+        let fd = sys::openat2(
+            Dir::Cwd,
+            &r.path,
+            libc::O_PATH | libc::O_DIRECTORY,
+            0,
+            libc::RESOLVE_NO_SYMLINKS,
+        )
+        .map_err(|e| format!("opening root {}: {e}", r.path))?;
+        root_fds.push(fd);
+    }
+    creds::drop_to(uid)?;
+    // A credential change clears these.
+    let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
+    nix::sys::prctl::set_dumpable(false).map_err(|e| format!("non-dumpable: {e}"))?;
+    nix::sys::prctl::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
+    landlock::restrict(&landlock_view(plan), plan.weaker_landlock)?;
+    seccomp::install_relaxed(seccomp::Relaxed {
+        clone_flags: if plan.execs { SHELL_CLONE_FLAGS } else { 0 },
+        openat2: true,
+    })?;
+    // Nothing but the channel and the roots crosses the exec (the error pipe closes at it).
+    sys::cloexec_from(3).map_err(|e| format!("close_range: {e}"))?;
+    let passed: Vec<RawFd> = std::iter::once(plan.worker_end.as_raw_fd())
+        .chain(root_fds.iter().map(|f| f.as_raw_fd()))
+        .collect();
+    for &fd in &passed {
+        // SAFETY: fcntl(F_SETFD) on fds this process owns (the channel and the root fds above).
+        if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 {
+            return Err(format!("keeping fd {fd}: {}", io::Error::last_os_error()));
+        }
+    }
+    let cstr = |s: String| CString::new(s).map_err(|_| "NUL in an argument".to_string());
+    let mut argv = vec![cstr("warren-tool-worker".into())?, cstr(plan.tool.clone())?];
+    for fd in passed {
+        argv.push(cstr(fd.to_string())?);
+    }
+    let home = if plan.execs { crate::HOME } else { "/" };
+    let env = [
+        format!("PATH={}", crate::PAYLOAD_PATH),
+        format!("HOME={home}"),
+        "LANG=C.UTF-8".into(),
+        "TMPDIR=/tmp".into(),
+        "USER=agent".into(),
+    ]
+    .into_iter()
+    .map(cstr)
+    .collect::<Result<Vec<_>, _>>()?;
+    let path = cstr(WORKER_PATH.into())?;
+    nix::unistd::execve(&path, &argv, &env).map_err(|e| format!("exec {WORKER_PATH}: {e}"))
+}
+
+fn landlock_view(plan: &Plan) -> landlock::View {
+    let mut write: Vec<String> = plan
+        .roots
+        .iter()
+        .filter(|r| r.writable)
+        .map(|r| r.path.clone())
+        .collect();
+    if plan.execs {
+        write.extend(["/tmp".into(), crate::HOME.into(), "/dev/shm".into()]);
+    }
+    landlock::View {
+        read: vec!["/".into()],
+        write,
+        devices: [
+            "null", "zero", "full", "random", "urandom", "tty", "ptmx", "pts",
+        ]
+        .iter()
+        .map(|d| format!("/dev/{d}"))
+        .collect(),
+        ninep: Vec::new(),
+        net: Net::Loopback,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(roots: &[(&str, bool)]) -> BuildRequest {
+        BuildRequest {
+            version: BUILD_VERSION,
+            session: "0".repeat(32),
+            namespace: "t".into(),
+            tool: "fs_read".into(),
+            roots: roots
+                .iter()
+                .map(|(p, w)| RootConfig {
+                    path: p.to_string(),
+                    writable: *w,
+                })
+                .collect(),
+            network: false,
+        }
+    }
+
+    #[test]
+    fn requests_are_checked_whole() {
+        assert!(check_request(&request(&[("/home/me/repo", false)]), 1).is_ok());
+        assert!(check_request(&request(&[("/home/me/repo", false)]), 2).is_err());
+        for bad in ["/", "/usr/x", "/proc", "/a/../b", "relative", WORKER_PATH] {
+            assert!(
+                check_request(&request(&[(bad, false)]), 1).is_err(),
+                "{bad} accepted"
+            );
+        }
+        let overlap = check_request(&request(&[("/a", false), ("/a/b", true)]), 2).unwrap_err();
+        assert!(overlap.contains("overlap"), "{overlap}");
+        assert!(check_request(&request(&[("/a", false), ("/ab", true)]), 2).is_ok());
+        let mut net = request(&[]);
+        net.network = true;
+        assert!(check_request(&net, 0).unwrap_err().contains("network"));
+        let mut echo = request(&[]);
+        echo.tool = "echo".into();
+        assert!(check_request(&echo, 0).is_err());
+    }
+}

@@ -1,0 +1,331 @@
+//! `warren run` answers its own command's asks, sudo-style.
+//!
+//! While the command runs, a thread follows the gate's live event stream (blocking reads of
+//! `/gate/events`, never a poll) for this namespace's session only. On a terminal, each ask is
+//! shown as the gate's `request` file shows it (every non-printing and bidi code point escaped,
+//! the argument bytes' length, a fingerprint prefix), the terminal's input is taken from the
+//! namespace for the prompt (`warren_ns::pty::divert_input`), and the typed `once`, `session` or
+//! `deny` is written to `/gate/pending/<id>/ctl` on a confirmed-tty operator connection. With no
+//! terminal nobody can answer, so each ask is denied at once and stderr says how to answer asks
+//! from `warren approvals` instead (`--asks operator`).
+
+use std::collections::{HashSet, VecDeque};
+use std::io::{IsTerminal, Write};
+
+use anyhow::{Context, Result};
+use nix::sys::signal::{SigSet, SigmaskHow};
+use tokio::sync::mpsc;
+use warren_9p::Fid;
+use warren_daemon::Dirs;
+use warren_gate::approvals::{Event, Shown};
+
+use crate::approvals::{operator_connection, request_field, verb};
+
+/// Who answers the asks of `warren run`'s command.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AsksMode {
+    /// This terminal, sudo-style (once, session or deny); with no terminal, denied at once.
+    #[default]
+    Terminal,
+    /// Nobody here: asks wait for `warren approvals` (or a write to the ask's ctl) until they
+    /// expire.
+    Operator,
+}
+
+/// Who answered, as the gate's receipts show it.
+const NAME_ON_TTY: &str = "warren run";
+const NAME_NO_TTY: &str = "warren run (no terminal)";
+
+/// Starts answering the asks of `session` per `mode`; returns once the gate has handed over the
+/// connection (an error if it would not). The thread is left to end with the process.
+pub fn follow(dirs: &Dirs, session: &str, mode: AsksMode) -> Result<()> {
+    if mode == AsksMode::Operator {
+        return Ok(());
+    }
+    let tty = std::io::stdin().is_terminal();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();
+    let dirs = dirs.clone();
+    let session = session.to_owned();
+    spawn_with_signals_blocked(move || {
+        let rt = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => {
+                let _ = ready_tx.send(Err(e.into()));
+                return;
+            }
+        };
+        rt.block_on(async move {
+            let connected = async {
+                let (client, confirmed) = connect(&dirs, tty).await?;
+                let root = client.attach("warren-run", "").await?;
+                Ok::<_, anyhow::Error>((client, root, confirmed))
+            }
+            .await;
+            let (client, root, confirmed) = match connected {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let _ = ready_tx.send(Ok(()));
+            let answering = if tty {
+                Answering::Terminal { confirmed }
+            } else {
+                Answering::DenyAtOnce
+            };
+            if let Err(e) = answer_asks(&client, &root, &session, answering).await {
+                eprintln!("warren run: no longer following the gate's asks: {e:#}");
+            }
+        });
+    })?;
+    ready_rx
+        .recv()
+        .context("the asks thread ended before it was ready")?
+        .context("follow the gate's asks for this namespace")
+}
+
+/// The gate connection: as root, one the gate hands out on its control socket, named so
+/// receipts say `warren run` answered, and confirmed-tty on a terminal (so `session` may be
+/// answered); otherwise the operator socket (`once` and `deny` only). Returns whether confirmed.
+async fn connect(dirs: &Dirs, tty: bool) -> Result<(warren_9p::Client, bool)> {
+    if nix::unistd::geteuid().is_root() {
+        let name = if tty { NAME_ON_TTY } else { NAME_NO_TTY };
+        return Ok((operator_connection(dirs, tty, Some(name)).await?, tty));
+    }
+    let client = warren_9p::Client::connect_unix(dirs.socket("gate"))
+        .await
+        .with_context(|| format!("connect {}", dirs.socket("gate").display()))?;
+    Ok((client, false))
+}
+
+/// How this launcher answers its command's asks.
+#[derive(Clone, Copy)]
+enum Answering {
+    /// Prompt on the terminal; `session` only on a confirmed-tty connection.
+    Terminal { confirmed: bool },
+    /// No terminal: deny each at once.
+    DenyAtOnce,
+}
+
+/// `warren run` blocks the signals it forwards before it starts the namespace, so that one
+/// thread takes them; this thread must never take one, whenever it starts.
+fn spawn_with_signals_blocked(f: impl FnOnce() + Send + 'static) -> Result<()> {
+    let old = SigSet::all().thread_swap_mask(SigmaskHow::SIG_BLOCK)?;
+    let spawned = std::thread::Builder::new().name("asks".into()).spawn(f);
+    old.thread_set_mask()?;
+    spawned?;
+    Ok(())
+}
+
+/// What the event stream tells the answering loop.
+enum Note {
+    Shown(Shown),
+    Closed { id: i64, line: String },
+}
+
+async fn answer_asks(
+    client: &warren_9p::Client,
+    root: &Fid,
+    session: &str,
+    answering: Answering,
+) -> Result<()> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<Note>();
+    let closed_tx = tx.clone();
+    let view = warren_gate::approvals::approvals(
+        client,
+        move |s| {
+            if request_field(&s.request, "session") == Some(session) {
+                let _ = tx.send(Note::Shown(s.clone()));
+            }
+        },
+        move |ev| {
+            if let Event::Closed { id, line } = ev {
+                let _ = closed_tx.send(Note::Closed {
+                    id: *id,
+                    line: line.clone(),
+                });
+            }
+            true
+        },
+    );
+    let answering = async {
+        // Asks already answered or closed, and notes that arrived during a prompt.
+        let mut done: HashSet<i64> = HashSet::new();
+        let mut backlog: VecDeque<Note> = VecDeque::new();
+        loop {
+            let note = match backlog.pop_front() {
+                Some(n) => n,
+                None => match rx.recv().await {
+                    Some(n) => n,
+                    None => return,
+                },
+            };
+            match note {
+                Note::Closed { id, .. } => {
+                    done.insert(id);
+                }
+                // Shown twice when it appeared between the listing and the first event.
+                Note::Shown(s) if done.contains(&s.id) => {}
+                Note::Shown(s) => {
+                    done.insert(s.id);
+                    match answering {
+                        Answering::Terminal { confirmed } => {
+                            prompt(root, &s, confirmed, &mut rx, &mut backlog).await;
+                        }
+                        Answering::DenyAtOnce => deny_untended(root, &s).await,
+                    }
+                }
+            }
+        }
+    };
+    tokio::select! {
+        r = view => r.context("the gate's event stream")?,
+        () = answering => {}
+    }
+    Ok(())
+}
+
+/// No terminal: nobody here can answer, so the ask is denied now rather than left to expire.
+async fn deny_untended(root: &Fid, ask: &Shown) {
+    let tool = request_field(&ask.request, "tool").unwrap_or("?");
+    match warren_gate::approvals::answer(root, ask.id, "deny").await {
+        Ok(_) => eprintln!(
+            "warren run: denied ask {} (tool {tool}): no terminal to ask on. To answer asks \
+             from `warren approvals` instead, run with `--asks operator`.",
+            ask.id
+        ),
+        Err(e) => eprintln!(
+            "warren run: ask {} (tool {tool}): could not deny it: {e}",
+            ask.id
+        ),
+    }
+}
+
+/// The terminal the prompt is written to: the controlling terminal, else stderr.
+fn terminal() -> Box<dyn Write + Send> {
+    match std::fs::OpenOptions::new().write(true).open("/dev/tty") {
+        Ok(f) => Box::new(f),
+        Err(_) => Box::new(std::io::stderr()),
+    }
+}
+
+/// What a typed line ends with.
+enum Typed {
+    Line(String),
+    /// ^C or ^D: the person declines.
+    Cancel,
+}
+
+/// Reads one line from the diverted input, echoing it (the launcher's terminal is raw).
+async fn read_line(input: &mut mpsc::UnboundedReceiver<Vec<u8>>, out: &mut dyn Write) -> Typed {
+    let mut line = String::new();
+    while let Some(bytes) = input.recv().await {
+        for b in bytes {
+            match b {
+                b'\r' | b'\n' => {
+                    let _ = out.write_all(b"\r\n");
+                    return Typed::Line(line);
+                }
+                0x03 | 0x04 => {
+                    let _ = out.write_all(b"^C\r\n");
+                    return Typed::Cancel;
+                }
+                0x7f | 0x08 if line.pop().is_some() => {
+                    let _ = out.write_all(b"\x08 \x08");
+                }
+                0x20..=0x7e => {
+                    line.push(b as char);
+                    let _ = out.write_all(&[b]);
+                }
+                _ => {} // escape sequences and the like: not part of an answer
+            }
+        }
+        let _ = out.flush();
+    }
+    Typed::Cancel
+}
+
+/// Waits until ask `id` closes; other notes go to `backlog`. Returns the closing line.
+async fn closed(
+    rx: &mut mpsc::UnboundedReceiver<Note>,
+    id: i64,
+    backlog: &mut VecDeque<Note>,
+) -> String {
+    while let Some(note) = rx.recv().await {
+        match note {
+            Note::Closed { id: c, line } if c == id => return line,
+            other => backlog.push_back(other),
+        }
+    }
+    std::future::pending().await
+}
+
+/// Shows the ask on the terminal and answers it with what the person types.
+async fn prompt(
+    root: &Fid,
+    ask: &Shown,
+    confirmed: bool,
+    rx: &mut mpsc::UnboundedReceiver<Note>,
+    backlog: &mut VecDeque<Note>,
+) {
+    let (typed_tx, mut typed) = mpsc::unbounded_channel::<Vec<u8>>();
+    let _divert = warren_ns::pty::divert_input(move |bytes| {
+        let _ = typed_tx.send(bytes.to_vec());
+    });
+    let mut out = terminal();
+    let shown: String = ask.request.lines().map(|l| format!("  {l}\r\n")).collect();
+    let _ = write!(
+        out,
+        "\r\n\x1b[1mwarren run: the command asks (ask {}):\x1b[0m\r\n{shown}",
+        ask.id
+    );
+    let choices = if confirmed {
+        "once, session or deny"
+    } else {
+        "once or deny"
+    };
+    let verb_line = loop {
+        let _ = write!(out, "allow? {choices}: ");
+        let _ = out.flush();
+        let typed = tokio::select! {
+            t = read_line(&mut typed, &mut *out) => t,
+            line = closed(rx, ask.id, backlog) => {
+                let _ = write!(out, "\r\nwarren run: ask {} closed before an answer: {line}\r\n", ask.id);
+                return;
+            }
+        };
+        let word = match typed {
+            Typed::Cancel => "deny".to_owned(),
+            Typed::Line(l) => l.trim().to_ascii_lowercase(),
+        };
+        let word = match word.as_str() {
+            "o" => "once",
+            "s" => "session",
+            "d" | "n" | "no" => "deny",
+            w => w,
+        };
+        match word {
+            "once" | "deny" => match verb(word, Some(&ask.request)) {
+                Ok(v) => break v,
+                Err(e) => {
+                    let _ = write!(out, "{e}\r\n");
+                }
+            },
+            "session" if confirmed => break "allow session".to_owned(),
+            "" => {}
+            other => {
+                let _ = write!(out, "{other:?}: answer {choices}\r\n");
+            }
+        }
+    };
+    let said = match warren_gate::approvals::answer(root, ask.id, &verb_line).await {
+        Ok(reply) => format!("{}\r\n", reply.trim()),
+        Err(e) => format!("ask {}: {verb_line}: refused: {e}\r\n", ask.id),
+    };
+    let _ = write!(out, "warren run: {said}");
+    let _ = out.flush();
+}

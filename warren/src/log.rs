@@ -1,0 +1,372 @@
+//! `warren log [SCOPE] [-f] [--json]`: receipts in plain words, read through receiptd's tree.
+//!
+//! One line per receipt: time, scope (a session's first 8 hex digits), seq, kind, tool, what was
+//! decided or done and why, and the arguments' digest prefix. `--json` prints one object per
+//! receipt instead. This is a viewer: it decodes, it does not verify (`warren verify` does).
+//!
+//! `-f` follows: receiptd's tree has nothing a reader can block on (its files are snapshots taken
+//! at open), so the wake-up comes from the kernel instead — an inotify watch on receiptd's data
+//! directory fires when a commit writes its WAL — and each wake re-reads only the bytes past what
+//! was printed, through the tree. Nothing polls (docs/decisions.md, "warren log -f").
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use base64::Engine;
+use serde_json::{Value, json};
+use sha2::Digest;
+use warren_9p::{Client, Fid, oflags};
+use warren_daemon::Dirs;
+
+/// Names in `/receipts` that are not scopes.
+const NOT_SCOPES: &[&str] = &["append", "keys", "ctl"];
+
+/// One receipt, decoded from its DSSE envelope.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub scope: String,
+    pub seq: u64,
+    pub kind: String,
+    pub wall_ms: i64,
+    pub counter: i64,
+    pub body: Value,
+    /// The entry hash (`specs/receipts.md` §1): lowercase hex SHA-256 of the entry bytes.
+    pub hash: String,
+}
+
+impl Entry {
+    /// Decodes one line of `<scope>/log`.
+    pub fn parse(line: &[u8]) -> Result<Entry> {
+        let envelope: Value = serde_json::from_slice(line).context("entry is not JSON")?;
+        let payload = envelope["payload"]
+            .as_str()
+            .context("entry has no payload")?;
+        let body_bytes = base64::engine::general_purpose::STANDARD
+            .decode(payload)
+            .context("payload is not base64")?;
+        let body: Value = serde_json::from_slice(&body_bytes).context("body is not JSON")?;
+        Ok(Entry {
+            scope: body["scope"].as_str().unwrap_or_default().to_owned(),
+            seq: body["seq"].as_u64().context("body has no seq")?,
+            kind: body["kind"].as_str().unwrap_or_default().to_owned(),
+            wall_ms: body["hlc"]["wall_ms"].as_i64().unwrap_or_default(),
+            counter: body["hlc"]["counter"].as_i64().unwrap_or_default(),
+            hash: hex::encode(sha2::Sha256::digest(line)),
+            body,
+        })
+    }
+
+    fn subject(&self) -> &Value {
+        &self.body["subject"]
+    }
+
+    fn tool(&self) -> &str {
+        self.subject()["tool"].as_str().unwrap_or("-")
+    }
+
+    /// What happened, in words: the verdict and its basis, the effect's status, why a call was
+    /// withdrawn, receiptd's own event.
+    fn what(&self) -> String {
+        let s = self.subject();
+        let text = |k: &str| s[k].as_str().unwrap_or("").to_owned();
+        match self.kind.as_str() {
+            "decision" => {
+                let mut w = format!("{} ({})", text("verdict"), text("basis"));
+                if let Some(by) = s["answered_by"].as_str() {
+                    w.push_str(&format!(" answered by {by}"));
+                }
+                if let Some(p) = s["pending"].as_i64() {
+                    w.push_str(&format!(" ask {p}"));
+                }
+                w
+            }
+            "effect" => {
+                let mut w = format!("ran: {}", text("status"));
+                if let Some(seq) = s["decision"]["seq"].as_u64() {
+                    w.push_str(&format!(" (decision #{seq})"));
+                }
+                w
+            }
+            "withdrawn" => format!("withdrawn: {}", text("why")),
+            "boot" => format!("receiptd {}", text("event")),
+            _ => serde_json::to_string(s).unwrap_or_default(),
+        }
+    }
+
+    /// The arguments' digest (`sha256:<hex>` or bare hex), shortened to 12 hex digits, as
+    /// `  args <prefix>`; empty for a receipt with no digest.
+    fn digest_prefix(&self) -> String {
+        let d = &self.body["digests"];
+        let full = d["args"]
+            .as_str()
+            .or_else(|| self.subject()["args_sha256"].as_str())
+            .or_else(|| d["result"].as_str());
+        match full {
+            Some(v) => {
+                let hex = v.strip_prefix("sha256:").unwrap_or(v);
+                format!("  args {}", hex.chars().take(12).collect::<String>())
+            }
+            None => String::new(),
+        }
+    }
+
+    /// The plain-words line.
+    pub fn line(&self) -> String {
+        let scope: String = self.scope.chars().take(8).collect();
+        format!(
+            "{}  {scope:<8}  #{:<5} {:<9} {:<12} {}{}",
+            utc(self.wall_ms),
+            self.seq,
+            self.kind,
+            self.tool(),
+            self.what(),
+            self.digest_prefix()
+        )
+    }
+
+    /// The `--json` object.
+    pub fn json(&self) -> Value {
+        let s = self.subject();
+        json!({
+            "time": utc(self.wall_ms),
+            "wall_ms": self.wall_ms,
+            "scope": self.scope,
+            "seq": self.seq,
+            "kind": self.kind,
+            "tool": s["tool"],
+            "verdict": s["verdict"],
+            "basis": s["basis"],
+            "status": s["status"],
+            "appender": self.body["appender"],
+            "digests": self.body["digests"],
+            "subject": s,
+            "hash": self.hash,
+        })
+    }
+}
+
+/// Unix ms as `YYYY-MM-DDTHH:MM:SS.mmmZ`.
+fn utc(ms: i64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// A long-lived operator connection to receiptd.
+struct Receipts {
+    root: Fid,
+    _client: Client,
+}
+
+impl Receipts {
+    async fn connect(socket: &Path) -> Result<Receipts> {
+        let client = Client::connect_unix(socket).await.with_context(|| {
+            format!(
+                "no receiptd answers at {} (is warren up?)",
+                socket.display()
+            )
+        })?;
+        let root = client
+            .attach("operator", "")
+            .await
+            .context("attach to receiptd")?;
+        Ok(Receipts {
+            root,
+            _client: client,
+        })
+    }
+
+    /// The scopes whose name starts with `filter` (every scope without one), sorted.
+    async fn scopes(&self, filter: Option<&str>) -> Result<Vec<String>> {
+        let dir = self.root.walk(&[]).await?;
+        dir.open(oflags::RDONLY).await?;
+        let mut names: Vec<String> = dir
+            .readdir_all()
+            .await?
+            .into_iter()
+            .map(|e| e.name)
+            .filter(|n| n != "." && n != ".." && !NOT_SCOPES.contains(&n.as_str()))
+            .filter(|n| filter.is_none_or(|f| n.starts_with(f)))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// The bytes of `<scope>/log` from `offset` (a fresh open is a fresh snapshot).
+    async fn log_from(&self, scope: &str, offset: u64) -> Result<Vec<u8>> {
+        let fid = self.root.walk(&[scope, "log"]).await?;
+        fid.open(oflags::RDONLY).await?;
+        Ok(fid.read_to_end(offset).await?)
+    }
+}
+
+/// What has been printed: per scope, the bytes of its log consumed (whole lines only).
+#[derive(Default)]
+struct Cursor {
+    consumed: BTreeMap<String, u64>,
+}
+
+impl Cursor {
+    /// Reads every matching scope past what was consumed; returns the new entries in clock order.
+    async fn advance(&mut self, receipts: &Receipts, filter: Option<&str>) -> Result<Vec<Entry>> {
+        let mut entries = Vec::new();
+        for scope in receipts.scopes(filter).await? {
+            let offset = self.consumed.get(&scope).copied().unwrap_or(0);
+            let bytes = receipts
+                .log_from(&scope, offset)
+                .await
+                .with_context(|| format!("{scope}/log"))?;
+            // Only whole lines: a partial last line is read again next time.
+            let whole = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            for line in bytes[..whole]
+                .split(|&b| b == b'\n')
+                .filter(|l| !l.is_empty())
+            {
+                entries.push(Entry::parse(line).with_context(|| format!("{scope}/log: an entry"))?);
+            }
+            self.consumed.insert(scope, offset + whole as u64);
+        }
+        entries.sort_by(|a, b| {
+            (a.wall_ms, a.counter, &a.scope, a.seq).cmp(&(b.wall_ms, b.counter, &b.scope, b.seq))
+        });
+        Ok(entries)
+    }
+}
+
+fn print(entries: &[Entry], json: bool) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    for e in entries {
+        if json {
+            writeln!(out, "{}", e.json())?;
+        } else {
+            writeln!(out, "{}", e.line())?;
+        }
+    }
+    out.flush()?;
+    Ok(())
+}
+
+pub fn log(dirs: &Dirs, scope: Option<&str>, follow: bool, json: bool) -> Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let socket = dirs.socket("receipts");
+    if follow {
+        return follow_log(dirs, &rt, &socket, scope, json);
+    }
+    let entries = rt.block_on(async {
+        let receipts = Receipts::connect(&socket).await?;
+        if let Some(f) = scope
+            && receipts.scopes(Some(f)).await?.is_empty()
+        {
+            bail!("no scope starting with {f:?} in /receipts");
+        }
+        Cursor::default().advance(&receipts, scope).await
+    })?;
+    print(&entries, json)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// receiptd's data directory, as the supervisor lays it out.
+fn receiptd_data(dirs: &Dirs) -> PathBuf {
+    dirs.data.join("receiptd")
+}
+
+fn follow_log(
+    dirs: &Dirs,
+    rt: &tokio::runtime::Runtime,
+    socket: &Path,
+    scope: Option<&str>,
+    json: bool,
+) -> Result<ExitCode> {
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    let data = receiptd_data(dirs);
+    let inotify = Inotify::init(InitFlags::IN_CLOEXEC)?;
+    // Watched before the first read, so a receipt landing in between still wakes us.
+    inotify
+        .add_watch(
+            &data,
+            AddWatchFlags::IN_MODIFY | AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO,
+        )
+        .with_context(|| {
+            format!(
+                "watch {} for new receipts (following needs read access to receiptd's data \
+                 directory, which in this version only root has)",
+                data.display()
+            )
+        })?;
+    let mut cursor = Cursor::default();
+    let mut receipts = None;
+    loop {
+        // (Re)connect when needed: a restarted receiptd is a new connection on the same socket.
+        let batch = rt.block_on(async {
+            if receipts.is_none() {
+                receipts = Some(Receipts::connect(socket).await?);
+            }
+            let r = receipts.as_ref().expect("connected above");
+            cursor.advance(r, scope).await
+        });
+        match batch {
+            Ok(entries) => print(&entries, json)?,
+            // The connection died (receiptd restarted): try a fresh one at once.
+            Err(_) if receipts.take().is_some() => continue,
+            Err(e) => {
+                // receiptd is not back yet: its restart writes a boot receipt, which wakes us.
+                eprintln!("warren log: {e:#}; waiting for receiptd");
+            }
+        }
+        // Block until receiptd's database changes; only its files' changes count.
+        loop {
+            let events = inotify.read_events()?;
+            if events.iter().any(|ev| {
+                ev.name
+                    .as_ref()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(warren_receiptd::store::DB_FILE))
+            }) {
+                break;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn envelope(body: Value) -> Vec<u8> {
+        let payload =
+            base64::engine::general_purpose::STANDARD.encode(serde_json::to_vec(&body).unwrap());
+        serde_json::to_vec(&json!({"payload": payload, "payloadType": "x", "signatures": []}))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_decision_reads_as_words() {
+        let line = envelope(json!({
+            "scope": "0123456789abcdef0123456789abcdef", "seq": 4, "kind": "decision",
+            "hlc": {"wall_ms": 1_764_796_800_123_i64, "counter": 0, "node": "n"},
+            "subject": {"tool": "shell", "verdict": "deny", "basis": "rule:3"},
+            "digests": {"args": "sha256:9f86d081884c7d659a2feaa0c55ad015"},
+        }));
+        let e = Entry::parse(&line).unwrap();
+        let text = e.line();
+        assert!(
+            text.starts_with("2025-12-03T21:20:00.123Z  01234567  #4 "),
+            "{text}"
+        );
+        for part in ["decision", "shell", "deny (rule:3)", "args 9f86d081884c"] {
+            assert!(text.contains(part), "{part} missing: {text}");
+        }
+        assert_eq!(e.json()["verdict"], "deny");
+        assert_eq!(e.hash.len(), 64);
+    }
+
+    #[test]
+    fn a_line_that_is_not_a_receipt_is_an_error() {
+        assert!(Entry::parse(b"not json").is_err());
+        assert!(Entry::parse(br#"{"payload":"!!"}"#).is_err());
+    }
+}

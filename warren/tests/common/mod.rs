@@ -1,0 +1,200 @@
+//! Shared by the front door's integration tests: `warren up` in a temp dir of its own, `warren
+//! run` against it, the gate's asks as an operator sees them, and the daemons' processes.
+//! Needs root, /dev/fuse and the workspace's binaries.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+pub struct Warren {
+    pub base: tempfile::TempDir,
+}
+
+impl Warren {
+    /// `warren up` in a fresh temp dir, or `None` (with the reason printed) on a host that
+    /// cannot run namespaces.
+    pub fn up() -> Option<Warren> {
+        Warren::up_with(&[])
+    }
+
+    /// As `up`, with `env` set for `warren up` (the supervisor and its daemons inherit it).
+    pub fn up_with(env: &[(&str, &str)]) -> Option<Warren> {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: warren run needs root (namespaces, FUSE mounts, uid changes)");
+            return None;
+        }
+        if !Path::new("/dev/fuse").exists() {
+            eprintln!("skipped: no /dev/fuse (the kernel's FUSE device) on this host");
+            return None;
+        }
+        let bin = PathBuf::from(env!("CARGO_BIN_EXE_warren"));
+        for b in ["warren-toolfs", "warren-bridge", "warren-tool-worker"] {
+            assert!(
+                bin.with_file_name(b).exists(),
+                "{b} missing: build the workspace first"
+            );
+        }
+        let base = tempfile::Builder::new()
+            .prefix("wrun")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let w = Warren { base };
+        let mut up = w.cmd(&["up"]);
+        for (k, v) in env {
+            up.env(k, v);
+        }
+        let out = up.output().unwrap();
+        assert!(
+            out.status.success(),
+            "warren up: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Some(w)
+    }
+
+    pub fn runtime(&self) -> PathBuf {
+        self.base.path().join("run")
+    }
+
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_warren"));
+        c.args(args)
+            .env("WARREN_RUNTIME_DIR", self.runtime())
+            .env("WARREN_DATA_DIR", self.base.path().join("data"))
+            .env("WARREN_SECRETS_DIR", self.base.path().join("secrets"))
+            .stdin(std::process::Stdio::null());
+        c
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().unwrap()
+    }
+
+    /// `warren run FLAGS -- sh -c SCRIPT`, returning (status, stdout, stderr).
+    pub fn sh(&self, flags: &[&str], script: &str) -> (i32, String, String) {
+        let out = self.run(&sh_args(flags, script));
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// `warren run FLAGS -- sh -c SCRIPT` started in the background, stdout and stderr piped.
+    pub fn spawn_sh(&self, flags: &[&str], script: &str) -> std::process::Child {
+        self.cmd(&sh_args(flags, script))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    /// The supervisor's pid (it writes it in the runtime dir).
+    pub fn supervisor_pid(&self) -> i32 {
+        std::fs::read_to_string(self.runtime().join("warren.pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    /// The pid of this warren's running `binary` (e.g. `warren-gate`): the process whose
+    /// executable has that name and whose environment names this runtime dir.
+    pub fn daemon_pid(&self, binary: &str) -> i32 {
+        let wanted = format!("WARREN_RUNTIME_DIR={}", self.runtime().display());
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let exe = std::fs::read_link(entry.path().join("exe")).unwrap_or_default();
+            if exe.file_name().is_none_or(|n| n != binary) {
+                continue;
+            }
+            let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+            if environ.split(|b| *b == 0).any(|v| v == wanted.as_bytes()) {
+                found.push(pid);
+            }
+        }
+        assert_eq!(
+            found.len(),
+            1,
+            "{binary} processes of this warren: {found:?}"
+        );
+        found[0]
+    }
+
+    /// A session's receipt bodies, oldest first (`/receipts/<session>/log`, each DSSE payload).
+    pub fn receipts(&self, session: &str) -> Vec<serde_json::Value> {
+        let out = self.run(&["cat", &format!("/receipts/{session}/log")]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| {
+                let env: warren_receiptd::dsse::Envelope = serde_json::from_slice(l).unwrap();
+                serde_json::from_slice(&env.payload_bytes().unwrap()).unwrap()
+            })
+            .collect()
+    }
+}
+
+impl Drop for Warren {
+    fn drop(&mut self) {
+        let _ = self.run(&["down", "--force"]);
+    }
+}
+
+fn sh_args<'a>(flags: &[&'a str], script: &'a str) -> Vec<&'a str> {
+    let mut args = vec!["run"];
+    args.extend_from_slice(flags);
+    args.extend_from_slice(&["--", "/bin/sh", "-c", script]);
+    args
+}
+
+/// Waits (bounded) for a pending ask with an id above `after` to appear on the gate and returns
+/// (id, request text).
+pub fn next_ask(w: &Warren, after: i64) -> (i64, String) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = w.run(&["ls", "/gate/pending"]);
+        let ids: Vec<i64> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.trim_end_matches('/').parse().ok())
+            .filter(|&id| id > after)
+            .collect();
+        if let Some(&id) = ids.iter().min() {
+            let req = w.run(&["cat", &format!("/gate/pending/{id}/request")]);
+            return (id, String::from_utf8_lossy(&req.stdout).into_owned());
+        }
+        assert!(Instant::now() < deadline, "no ask appeared on the gate");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A field of a `request` file (`fingerprint`, `session`, `args`, …).
+pub fn field<'a>(request: &'a str, name: &str) -> &'a str {
+    request
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("the request shows no {name}: {request}"))
+        .trim()
+}
+
+pub fn fingerprint(request: &str) -> &str {
+    field(request, "fingerprint")
+}
+
+/// The JSON lines (result envelopes) of a command's output.
+pub fn envelopes(stdout: &str) -> Vec<serde_json::Value> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}

@@ -1,0 +1,219 @@
+//! Tool workers built by nsd, seen from inside `warren run` (issue 4): the agent holds no tool
+//! authority (a directory granted to `fs_write` is not in its view unless it binds it), and the
+//! symlink-swap race of issue 2 runs through the whole path — the agent's FUSE mount, the bridge,
+//! toolfs, the gate, receiptd and a confined worker nsd built — writing nothing outside the root.
+//! Needs root, /dev/fuse and the workspace's binaries.
+
+mod common;
+#[path = "../../toolfs/tests/race_support/mod.rs"]
+mod race_support;
+
+use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use common::Warren;
+use warren_daemon::identity::Role;
+
+/// The operator lets every fs_write call run without an ask (the race makes thousands).
+fn allow_fs_write(w: &Warren) {
+    let out = w.run(&["write", "/gate/rules", "allow fs_write"]);
+    assert!(
+        out.status.success(),
+        "writing the rule: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_agent_does_not_see_a_dir_granted_to_fs_write_unless_it_binds_it() {
+    let Some(w) = Warren::up() else { return };
+    allow_fs_write(&w);
+    let dir = tempfile::Builder::new()
+        .prefix("wfsw")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let uid = Role::Worker.uid();
+    nix::unistd::chown(dir.path(), Some(uid.into()), Some(uid.into())).unwrap();
+    let path = dir.path().to_str().unwrap();
+    let spec = w.base.path().join("writer.ns");
+    std::fs::write(
+        &spec,
+        format!("mount tool /tool fs_write\ntool fs_write -w {path}\n"),
+    )
+    .unwrap();
+    let script = format!(
+        r#"test -e {path} && echo AGENT-SEES-DIR;
+           exec 3<>/tool/fs_write/call; printf '{{"path":"{path}/out.txt","content":"via the tool\\n"}}' >&3; cat <&3; echo"#
+    );
+    let (code, out, err) = w.sh(&["--ns", spec.to_str().unwrap()], &script);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        !out.contains("AGENT-SEES-DIR"),
+        "the agent's view holds fs_write's root:\n{out}"
+    );
+    let envelope: serde_json::Value =
+        serde_json::from_str(out.lines().find(|l| l.starts_with('{')).unwrap()).unwrap();
+    assert_eq!(envelope["status"], "ok", "{envelope}");
+    let written = dir.path().join("out.txt");
+    assert_eq!(std::fs::read_to_string(&written).unwrap(), "via the tool\n");
+    assert_eq!(
+        std::fs::metadata(&written).unwrap().uid(),
+        uid,
+        "written by nsd's worker uid"
+    );
+
+    // Bound explicitly (read-only), the same directory is in the agent's view: the absence
+    // above is the missing bind, not a broken test.
+    std::fs::write(
+        &spec,
+        format!("mount tool /tool fs_write\ntool fs_write -w {path}\nbind -r {path} /granted\n"),
+    )
+    .unwrap();
+    let (code, out, err) = w.sh(&["--ns", spec.to_str().unwrap()], "cat /granted/out.txt");
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "via the tool\n");
+}
+
+/// Calls made from inside `warren run`. Each is an ask (after the first result the session is
+/// `untrusted_context`, which turns write-tier rules into asks) answered by [`approve_every_ask`].
+const CALLS: usize = 1_000;
+
+/// The operator, as a task on a runtime of its own: every `pending` event on the gate's operator
+/// socket is answered `allow once <fp>`. Dropping the runtime ends it (and its connection, so
+/// `warren down` is not kept waiting).
+fn approve_every_ask(w: &Warren) -> tokio::runtime::Runtime {
+    let sock = w.runtime().join("gate.sock");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.spawn(async move {
+        let Ok(c) = warren_9p::Client::connect_unix(&sock).await else {
+            return;
+        };
+        let root = c.attach("approver", "").await.unwrap();
+        let events = root.walk(&["events"]).await.unwrap();
+        events.open(warren_9p::oflags::RDONLY).await.unwrap();
+        let (mut offset, mut buf) = (0u64, Vec::new());
+        while let Ok(chunk) = events.read(offset, 8192).await {
+            if chunk.is_empty() {
+                return;
+            }
+            offset += chunk.len() as u64;
+            buf.extend_from_slice(&chunk);
+            while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=nl).collect();
+                let line = String::from_utf8_lossy(&line);
+                let mut words = line.split_whitespace();
+                if words.next() != Some("pending") {
+                    continue;
+                }
+                let Some(id) = words.next().and_then(|i| i.parse().ok()) else {
+                    continue;
+                };
+                if let Some(fp) = words.find_map(|w| w.strip_prefix("fp=")) {
+                    let verb = format!("allow once {fp}");
+                    let _ = warren_gate::approvals::answer(&root, id, &verb).await;
+                }
+            }
+        }
+    });
+    rt
+}
+
+/// Issue 4's "done when": the race through a confined worker from inside `warren run` (at
+/// [`CALLS`] calls; the full 10,000 run through nsd-built workers directly in toolfs's
+/// tools_race.rs).
+#[test]
+fn racing_fs_writes_from_inside_warren_run_never_land_outside_the_root() {
+    let Some(w) = Warren::up() else { return };
+    allow_fs_write(&w);
+    let approver = approve_every_ask(&w);
+    let base = tempfile::Builder::new()
+        .prefix("wrace")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let uid = Role::Worker.uid();
+    let outside = race_support::make_outside(base.path(), uid);
+    let root = race_support::make_root(base.path(), &outside, uid);
+    let root_path = root.to_str().unwrap().to_string();
+    let spec = w.base.path().join("race.ns");
+    std::fs::write(
+        &spec,
+        format!("mount tool /tool fs_write\ntool fs_write -w {root_path}\n"),
+    )
+    .unwrap();
+    // The agent: CALLS whole calls, each one open of the call file (Python's `r+b` idiom),
+    // alternating absolute and relative paths, counting the envelopes' statuses.
+    let script = format!(
+        r#"python3 - <<'EOF'
+import json, collections
+counts = collections.Counter()
+first = {{}}
+for i in range({CALLS}):
+    k = i % {files}
+    path = "{root_path}/d/e/f%d.txt" % k if i % 3 == 0 else "d/e/f%d.txt" % k
+    args = json.dumps({{"path": path, "content": "call %d\n" % i, "create_dirs": i % 2 == 0}})
+    with open("/tool/fs_write/call", "r+b", buffering=0) as f:
+        f.write(args.encode())
+        envelope = json.loads(f.read())
+        counts[envelope["status"]] += 1
+        first.setdefault(envelope["status"], envelope["content"][:300])
+print(json.dumps(counts))
+print(json.dumps(first))
+EOF"#,
+        files = race_support::FILES,
+    );
+    let before = race_support::snapshot(&outside);
+    let stop = Arc::new(AtomicBool::new(false));
+    let swaps = Arc::new(AtomicU64::new(0));
+    let swapping = {
+        let (root, outside, stop, swaps) =
+            (root.clone(), outside.clone(), stop.clone(), swaps.clone());
+        std::thread::spawn(move || race_support::swapper(root, outside, stop, swaps))
+    };
+    let started = std::time::Instant::now();
+    let (code, out, err) = w.sh(
+        &["--asks", "operator", "--ns", spec.to_str().unwrap()],
+        &script,
+    );
+    let elapsed = started.elapsed();
+    drop(approver);
+    stop.store(true, Ordering::Relaxed);
+    swapping.join().unwrap();
+    assert_eq!(code, 0, "{err}");
+    let mut lines = out.lines();
+    let counts: serde_json::Value = serde_json::from_str(lines.next().unwrap_or("")).unwrap();
+    let first: serde_json::Value = serde_json::from_str(lines.next().unwrap_or("")).unwrap();
+    let count = |k: &str| counts[k].as_u64().unwrap_or(0);
+    println!(
+        "{CALLS} fs_write calls from inside warren run in {elapsed:.1?}: {counts}; {} swaps; first of each: {first}",
+        swaps.load(Ordering::Relaxed)
+    );
+    assert_eq!(
+        count("ok") + count("error") + count("denied"),
+        CALLS as u64,
+        "{counts}"
+    );
+    assert!(count("ok") > 0, "no write succeeded: {counts}");
+    assert!(
+        swaps.load(Ordering::Relaxed) > 0,
+        "the swapper never swapped"
+    );
+    let after = race_support::snapshot(&outside);
+    for (path, state) in &after {
+        assert_eq!(
+            before.get(path),
+            Some(state),
+            "{} changed or appeared outside the root",
+            path.display()
+        );
+    }
+    assert_eq!(
+        before.len(),
+        after.len(),
+        "something outside the root disappeared"
+    );
+}

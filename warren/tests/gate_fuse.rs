@@ -1,0 +1,627 @@
+//! The gate from inside `warren run`, through the kernel's FUSE mount: a confined shell writes to
+//! `/tool/<name>/call` and the real bridge, toolfs, gate and receiptd decide, ask, run and
+//! receipt. Effects are counted on the host (each `shell` call that runs appends one line to a
+//! file the tool's worker may write), so "ran" and "did not run" are facts, not envelopes alone.
+//! Needs root, /dev/fuse and the workspace's binaries; the terminal test needs tmux.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Output};
+use std::time::{Duration, Instant};
+
+use common::{Warren, envelopes, field, fingerprint, next_ask};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// A shell function for scripts: `call TOOL JSON` — one open is one call; prints the envelope.
+const CALL: &str =
+    r#"call() { exec 3<>"/tool/$1/call"; printf '%s' "$2" >&3; cat <&3; exec 3<&-; echo; }"#;
+
+/// A directory the `shell` tool's worker may write (its authority), and a spec granting `tools`
+/// with `shell` rooted there.
+struct Workdir {
+    dir: tempfile::TempDir,
+    spec: PathBuf,
+}
+
+impl Workdir {
+    fn new(w: &Warren, tools: &str) -> Workdir {
+        let dir = tempfile::Builder::new()
+            .prefix("wgf")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let worker = warren_daemon::identity::Role::Worker.uid();
+        nix::unistd::chown(dir.path(), Some(worker.into()), Some(worker.into())).unwrap();
+        let spec = w.base.path().join("gate.ns");
+        std::fs::write(
+            &spec,
+            format!(
+                "mount tool /tool {tools}\ntool shell -w {}\n",
+                dir.path().display()
+            ),
+        )
+        .unwrap();
+        Workdir { dir, spec }
+    }
+
+    fn path(&self) -> &str {
+        self.dir.path().to_str().unwrap()
+    }
+
+    /// The arguments of a `shell` call that appends `line` to the effect log.
+    fn append(&self, line: &str) -> String {
+        format!(
+            r#"{{"command":"echo {line} >> {0}/effects","cwd":"{0}"}}"#,
+            self.path()
+        )
+    }
+
+    /// The lines the calls that ran appended.
+    fn effects(&self) -> Vec<String> {
+        std::fs::read_to_string(self.dir.path().join("effects"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn spec(&self) -> &str {
+        self.spec.to_str().unwrap()
+    }
+}
+
+/// Waits for `child` at most `limit`; kills it and fails the test if it is still running.
+fn finish(mut child: Child, limit: Duration) -> Output {
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "warren run did not end within {limit:?}:\n{}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Writes `verb` to ask `id`'s ctl on a connection the gate handed out as a confirmed-tty
+/// operator's (what `warren approvals` and `warren run` get on a terminal).
+fn answer_on_confirmed_tty(w: &Warren, id: i64, verb: &str) -> Result<String, String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let record = warren_gate::control::ControlRecord {
+            version: 1,
+            kind: warren_gate::control::RecordKind::Operator,
+            confirmed_tty: true,
+            name: Some("gate_fuse test".into()),
+            ..Default::default()
+        };
+        warren_gate::control::hand_over(&w.runtime().join("gate.ctl"), &record, &theirs)
+            .map_err(|e| e.to_string())?;
+        ours.set_nonblocking(true).unwrap();
+        let client =
+            warren_9p::Client::new(tokio::net::UnixStream::from_std(ours).unwrap(), 1 << 20)
+                .await
+                .map_err(|e| e.to_string())?;
+        let root = client.attach("test", "").await.map_err(|e| e.to_string())?;
+        warren_gate::approvals::answer(&root, id, verb).await
+    })
+}
+
+fn write_ctl(w: &Warren, id: i64, verb: &str) -> Output {
+    w.run(&["write", &format!("/gate/pending/{id}/ctl"), verb])
+}
+
+/// The decision receipts' subjects of a session.
+fn decisions(w: &Warren, session: &str) -> Vec<serde_json::Value> {
+    w.receipts(session)
+        .into_iter()
+        .filter(|b| b["kind"] == "decision")
+        .map(|b| b["subject"].clone())
+        .collect()
+}
+
+/// `allow session` (only on a confirmed terminal) covers the identical call — it runs without
+/// asking — and not one whose argument changed, which asks again.
+///
+/// A tool's result marks the session `untrusted_context`, which raises every later exec call to
+/// an ask whatever the grants (context only tightens). So the three calls are made while the
+/// first is still running (its `shell` command waits for a file the test creates last): all
+/// three are decided on an untainted session, and only the fingerprint tells them apart.
+#[test]
+fn allow_session_covers_the_identical_call_not_a_changed_argument() {
+    let Some(w) = Warren::up() else { return };
+    let work = Workdir::new(&w, "shell");
+    let sync = SyncDir::new();
+    let s = sync.path();
+    let d = work.path();
+    let held = |line: &str| {
+        format!(
+            r#"{{"command":"echo {line} >> {d}/effects; while [ ! -e {d}/go ]; do sleep 0.05; done","cwd":"{d}"}}"#
+        )
+    };
+    let (a, b) = (held("a"), work.append("b"));
+    let script = format!(
+        "{CALL}
+         call shell '{a}' > {s}/1 &
+         while [ ! -e {s}/second ]; do sleep 0.01; done
+         call shell '{a}' > {s}/2 &
+         while [ ! -e {s}/third ]; do sleep 0.01; done
+         call shell '{b}' > {s}/3
+         wait
+         cat {s}/1 {s}/2 {s}/3"
+    );
+    let agent = w.spawn_sh(
+        &["--asks", "operator", "--rw", s, "--ns", work.spec()],
+        &script,
+    );
+
+    let (first, request) = next_ask(&w, 0);
+    assert!(field(&request, "args").contains("echo a"), "{request}");
+    assert_eq!(field(&request, "context"), "-", "{request}");
+    // On the plain operator socket `allow session` is refused: it needs the confirmed terminal.
+    let plain = write_ctl(&w, first, "allow session");
+    assert!(!plain.status.success(), "allow session without a terminal");
+    answer_on_confirmed_tty(&w, first, "allow session").unwrap();
+    wait_until("the first call runs", || work.effects() == ["a"]);
+
+    // The identical call is allowed by the grant, without an ask (it then waits for the
+    // worker, which serves one call at a time).
+    sync.touch("second");
+    let session = field(&request, "session").to_owned();
+    wait_until("the identical call is decided", || {
+        decisions(&w, &session).iter().any(|d| {
+            d["basis"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("session_grant:")
+        })
+    });
+    let listed = text(&w.run(&["ls", "/gate/pending"]).stdout);
+    assert!(
+        listed.trim().is_empty(),
+        "the identical call asked: {listed}"
+    );
+
+    // The changed argument asks, on the same untainted session.
+    sync.touch("third");
+    let (second, request2) = next_ask(&w, first);
+    assert!(field(&request2, "args").contains("echo b"), "{request2}");
+    assert_eq!(field(&request2, "context"), "-", "{request2}");
+    assert_ne!(fingerprint(&request2), fingerprint(&request));
+    assert!(write_ctl(&w, second, "deny").status.success());
+    std::fs::write(work.dir.path().join("go"), "").unwrap();
+
+    let out = finish(agent, Duration::from_secs(60));
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let statuses: Vec<_> = envelopes(&stdout)
+        .iter()
+        .map(|e| e["status"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(statuses, ["ok", "ok", "denied"], "{stdout}");
+    assert_eq!(work.effects(), ["a", "a"]);
+}
+
+/// A host directory the confined shell sees (bound read-write): how the test tells it to go on.
+struct SyncDir(tempfile::TempDir);
+
+impl SyncDir {
+    fn new() -> SyncDir {
+        let dir = tempfile::Builder::new()
+            .prefix("wgs")
+            .tempdir_in("/tmp")
+            .unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        SyncDir(dir)
+    }
+
+    fn path(&self) -> &str {
+        self.0.path().to_str().unwrap()
+    }
+
+    fn touch(&self, name: &str) {
+        std::fs::write(self.0.path().join(name), "").unwrap();
+    }
+}
+
+/// Waits (bounded) until `done` holds.
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// An ask nobody answers expires into a deny (basis `expiry`); the tool never runs. The gate's
+/// TTL comes from `WARREN_GATE_ASK_TTL_MS` through the supervisor (2 s here, 10 min by default:
+/// without it this test would hit its own limit and fail).
+#[test]
+fn an_unanswered_ask_expires_into_a_deny() {
+    let Some(w) = Warren::up_with(&[("WARREN_GATE_ASK_TTL_MS", "2000")]) else {
+        return;
+    };
+    let work = Workdir::new(&w, "shell");
+    let script = format!("{CALL}\ncall shell '{}'", work.append("late"));
+    let agent = w.spawn_sh(&["--asks", "operator", "--ns", work.spec()], &script);
+    let (id, request) = next_ask(&w, 0);
+    let out = finish(agent, Duration::from_secs(60));
+    let stdout = text(&out.stdout);
+    let env = envelopes(&stdout);
+    assert_eq!(env.len(), 1, "{stdout}\n{}", text(&out.stderr));
+    assert_eq!(env[0]["status"], "denied", "{stdout}");
+    assert_eq!(env[0]["content"], "expiry", "{stdout}");
+    assert!(work.effects().is_empty(), "an expired ask ran");
+    // Too late to answer now.
+    assert!(
+        !write_ctl(&w, id, &format!("allow once {}", fingerprint(&request)))
+            .status
+            .success()
+    );
+    assert!(work.effects().is_empty());
+    let expired = decisions(&w, field(&request, "session"))
+        .into_iter()
+        .any(|d| d["basis"] == "expiry" && d["verdict"] == "deny");
+    assert!(expired, "no expiry deny among the session's receipts");
+}
+
+/// Signals a process; the supervisor is stopped while a daemon is down so it cannot restart it.
+fn signal(pid: i32, sig: Signal) {
+    kill(Pid::from_raw(pid), sig).unwrap();
+}
+
+/// Continues a stopped supervisor when dropped (also when an assertion fails), so that
+/// `warren down` can stop it.
+struct Stopped(i32);
+
+impl Stopped {
+    fn supervisor(w: &Warren) -> Stopped {
+        let pid = w.supervisor_pid();
+        signal(pid, Signal::SIGSTOP);
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = kill(Pid::from_raw(self.0), Signal::SIGCONT);
+    }
+}
+
+/// A killed gate denies, never allows: the call waiting on an ask when the gate dies is denied,
+/// and so are the calls made while it is down — even a read-tier call the gate would allow.
+#[test]
+fn a_killed_gate_denies_the_waiting_call_and_every_call_while_it_is_down() {
+    let Some(w) = Warren::up() else { return };
+    let work = Workdir::new(&w, "shell echo");
+    let script = format!(
+        "{CALL}\ncall shell '{}'\ncall echo '{{\"text\":\"hi\"}}'\ncall shell '{}'",
+        work.append("waited"),
+        work.append("later")
+    );
+    let agent = w.spawn_sh(&["--asks", "operator", "--ns", work.spec()], &script);
+    let (_, request) = next_ask(&w, 0);
+    assert!(field(&request, "tool") == "shell", "{request}");
+    let supervisor = Stopped::supervisor(&w);
+    signal(w.daemon_pid("warren-gate"), Signal::SIGKILL);
+    let out = finish(agent, Duration::from_secs(60));
+    drop(supervisor);
+    let stdout = text(&out.stdout);
+    let env = envelopes(&stdout);
+    assert_eq!(env.len(), 3, "{stdout}\n{}", text(&out.stderr));
+    for e in &env {
+        assert_eq!(e["status"], "denied", "{stdout}");
+        assert!(
+            e["content"]
+                .as_str()
+                .unwrap()
+                .starts_with("gate_unavailable"),
+            "{stdout}"
+        );
+    }
+    assert!(work.effects().is_empty(), "a call ran without its gate");
+}
+
+/// A stopped or killed receiptd denies every call, even a read the gate would allow: no
+/// decision is answered before its receipt is written. (The same calls are allowed first, so a
+/// gate that ignored receiptd would fail this.)
+#[test]
+fn a_stopped_or_killed_receiptd_denies_every_call() {
+    let Some(w) = Warren::up() else { return };
+    let work = Workdir::new(&w, "shell echo");
+    let echo = r#"{"text":"hi"}"#;
+    let (code, out, err) = w.sh(
+        &["--ns", work.spec()],
+        &format!("{CALL}\ncall echo '{echo}'"),
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(envelopes(&out)[0]["status"], "ok", "{out}");
+
+    let supervisor = Stopped::supervisor(&w);
+    let receiptd = w.daemon_pid("warren-receiptd");
+    // Stopped: the gate's append times out (10 s) and the decision is a deny.
+    signal(receiptd, Signal::SIGSTOP);
+    let (code, out, err) = w.sh(
+        &["--ns", work.spec()],
+        &format!("{CALL}\ncall echo '{echo}'"),
+    );
+    assert_eq!(code, 0, "{err}");
+    let env = envelopes(&out);
+    assert_eq!(env[0]["status"], "denied", "{out}");
+    assert_eq!(env[0]["content"], "receipts_unavailable", "{out}");
+
+    // Killed: the same, at once; an exec call is denied without an ask being shown.
+    signal(receiptd, Signal::SIGKILL);
+    let (code, out, err) = w.sh(
+        &["--asks", "operator", "--ns", work.spec()],
+        &format!(
+            "{CALL}\ncall echo '{echo}'\ncall shell '{}'",
+            work.append("unreceipted")
+        ),
+    );
+    drop(supervisor);
+    assert_eq!(code, 0, "{err}");
+    let env = envelopes(&out);
+    assert_eq!(env.len(), 2, "{out}");
+    for e in &env {
+        assert_eq!(e["status"], "denied", "{out}");
+        assert_eq!(e["content"], "receipts_unavailable", "{out}");
+    }
+    assert!(work.effects().is_empty(), "a call ran unreceipted");
+}
+
+/// Two (here five) identical calls racing for one `allow once`: call A asks; at the moment its
+/// `allow once` is written, four identical calls are fired from inside. Whichever spends the
+/// token runs; every other is denied (or asks, and is denied). Exactly one effect.
+#[test]
+fn identical_calls_racing_one_allow_once_run_exactly_once() {
+    let Some(w) = Warren::up() else { return };
+    let work = Workdir::new(&w, "shell");
+    // The starting signal for the racing calls.
+    let sync = SyncDir::new();
+    let s = sync.path();
+    let a = work.append("ran");
+    let script = format!(
+        "{CALL}
+         call shell '{a}' > {s}/a &
+         while [ ! -e {s}/go ]; do sleep 0.01; done
+         for i in 1 2 3 4; do call shell '{a}' > {s}/c$i & done
+         wait
+         cat {s}/a {s}/c1 {s}/c2 {s}/c3 {s}/c4"
+    );
+    let mut agent = w.spawn_sh(
+        &["--asks", "operator", "--rw", s, "--ns", work.spec()],
+        &script,
+    );
+    let (first, request) = next_ask(&w, 0);
+    let fp = fingerprint(&request).to_owned();
+    sync.touch("go");
+    let out = write_ctl(&w, first, &format!("allow once {fp}"));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Every later ask is a loser of the race asking again: deny it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut denied = vec![];
+    while agent.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the racing calls did not end");
+        let listed = w.run(&["ls", "/gate/pending"]);
+        let open: Vec<i64> = text(&listed.stdout)
+            .lines()
+            .filter_map(|l| l.trim_end_matches('/').parse::<i64>().ok())
+            .filter(|id| *id > first && !denied.contains(id))
+            .collect();
+        for id in open {
+            let req = text(
+                &w.run(&["cat", &format!("/gate/pending/{id}/request")])
+                    .stdout,
+            );
+            if req.is_empty() {
+                continue; // closed since the listing
+            }
+            assert_eq!(fingerprint(&req), fp, "another call asked: {req}");
+            if write_ctl(&w, id, "deny").status.success() {
+                denied.push(id);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = agent.wait_with_output().unwrap();
+    let stdout = text(&out.stdout);
+    let statuses: Vec<String> = envelopes(&stdout)
+        .iter()
+        .map(|e| e["status"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(statuses.len(), 5, "{stdout}\n{}", text(&out.stderr));
+    assert_eq!(
+        statuses.iter().filter(|s| *s == "ok").count(),
+        1,
+        "{stdout}"
+    );
+    assert_eq!(
+        work.effects(),
+        ["ran"],
+        "one allow once ran other than once"
+    );
+}
+
+/// With no terminal (and the default `--asks terminal`), `warren run` denies its command's ask
+/// at once, says on stderr how to answer from `warren approvals`, and the receipt of the answer
+/// names it as who answered.
+#[test]
+fn with_no_terminal_an_ask_is_denied_at_once_naming_warren_approvals() {
+    let Some(w) = Warren::up() else { return };
+    let work = Workdir::new(&w, "shell");
+    let agent = w.spawn_sh(
+        &["--ns", work.spec()],
+        &format!("{CALL}\ncall shell '{}'", work.append("x")),
+    );
+    // Nobody answers here: only the launcher can end this wait before the 10-minute expiry.
+    let out = finish(agent, Duration::from_secs(60));
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("warren approvals") && stderr.contains("no terminal"),
+        "{stderr}"
+    );
+    let env = envelopes(&stdout);
+    assert_eq!(env.len(), 1, "{stdout}");
+    assert_eq!(env[0]["status"], "denied", "{stdout}");
+    assert!(work.effects().is_empty());
+    let session = env[0]["receipt"]["scope"].as_str().unwrap();
+    let answered = decisions(&w, session).into_iter().any(|d| {
+        d["basis"] == "answer:deny"
+            && d["answered_by"]
+                .as_str()
+                .is_some_and(|by| by.contains("warren run (no terminal)"))
+    });
+    assert!(answered, "no receipt of the launcher's deny");
+}
+
+/// A tmux server of the test's own (its own socket), for driving `warren run` on a real pty.
+struct Tmux {
+    socket: PathBuf,
+}
+
+impl Tmux {
+    fn start(dir: &Path, command: &str) -> Option<Tmux> {
+        let t = Tmux {
+            socket: dir.join("tmux.sock"),
+        };
+        match t
+            .cmd(&[
+                "new-session",
+                "-d",
+                "-s",
+                "t",
+                "-x",
+                "160",
+                "-y",
+                "60",
+                command,
+            ])
+            .status()
+        {
+            Ok(s) if s.success() => Some(t),
+            Ok(s) => panic!("tmux new-session: {s}"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                eprintln!("skipped: tmux is not installed (scripts/install-test-deps installs it)");
+                None
+            }
+            Err(e) => panic!("tmux: {e}"),
+        }
+    }
+
+    fn cmd(&self, args: &[&str]) -> std::process::Command {
+        let mut c = std::process::Command::new("tmux");
+        c.arg("-S").arg(&self.socket).arg("-f").arg("/dev/null");
+        c.args(args);
+        c
+    }
+
+    fn screen(&self) -> String {
+        text(
+            &self
+                .cmd(&["capture-pane", "-p", "-t", "t"])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+    }
+
+    /// Waits (bounded) until the screen shows `what`.
+    fn wait_for(&self, what: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let screen = self.screen();
+            if screen.contains(what) {
+                return screen;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the terminal never showed {what:?}:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["kill-server"]).output();
+    }
+}
+
+/// On a terminal, `warren run` shows its command's ask (escaped request, byte length,
+/// fingerprint prefix), takes the answer from the keyboard — the namespace does not get those
+/// keys — and `once` runs the call once.
+#[test]
+fn on_a_terminal_warren_run_asks_and_once_runs_the_call() {
+    let Some(w) = Warren::up() else { return };
+    let work = Workdir::new(&w, "shell");
+    let base = w.base.path();
+    // The confined script: one call, then whatever input reached the namespace.
+    let script = format!(
+        "{CALL}\ncall shell '{}'\nleftover=$(timeout 1 head -n 1); echo \"LEFTOVER=[$leftover]\"",
+        work.append("typed")
+    );
+    std::fs::write(base.join("agent.sh"), &script).unwrap();
+    let drive = format!(
+        "export WARREN_RUNTIME_DIR={r} WARREN_DATA_DIR={d} WARREN_SECRETS_DIR={s}\n\
+         {warren} run --ns {spec} -- /bin/sh -c \"$(cat {b}/agent.sh)\" > {b}/out 2> {b}/err\n\
+         echo $? > {b}/exit\n",
+        r = w.runtime().display(),
+        d = base.join("data").display(),
+        s = base.join("secrets").display(),
+        warren = env!("CARGO_BIN_EXE_warren"),
+        spec = work.spec(),
+        b = base.display(),
+    );
+    std::fs::write(base.join("drive.sh"), drive).unwrap();
+    let command = format!("/bin/sh {}/drive.sh", base.display());
+    let Some(tmux) = Tmux::start(base, &command) else {
+        return;
+    };
+    let screen = tmux.wait_for("once, session or deny");
+    assert!(screen.contains("tool shell"), "{screen}");
+    assert!(screen.contains("bytes "), "{screen}");
+    let (_, request) = next_ask(&w, 0);
+    let fp = fingerprint(&request);
+    assert!(screen.contains(&format!("fingerprint {fp}")), "{screen}");
+    assert!(work.effects().is_empty(), "ran before it was answered");
+    tmux.cmd(&["send-keys", "-t", "t", "once", "Enter"])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !base.join("exit").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "warren run did not end:\n{}",
+            tmux.screen()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stdout = std::fs::read_to_string(base.join("out")).unwrap();
+    let stderr = std::fs::read_to_string(base.join("err")).unwrap();
+    let env = envelopes(&stdout);
+    assert_eq!(env.len(), 1, "{stdout}\n{stderr}");
+    assert_eq!(env[0]["status"], "ok", "{stdout}");
+    assert_eq!(work.effects(), ["typed"]);
+    assert!(
+        stdout.contains("LEFTOVER=[]"),
+        "the answer typed at the prompt reached the namespace: {stdout}"
+    );
+}

@@ -1,0 +1,441 @@
+//! The operator's side of the front door: completions and the man page from the clap
+//! definitions, the systemd unit in dist/, `warren log` (plain words, JSON, following),
+//! `warren ps`/`warren ns`, and `warren down` refusing to strand live namespaces.
+
+mod common;
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::Warren;
+
+fn warren() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_warren"))
+}
+
+fn stdout_of(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .into()
+}
+
+fn have(program: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Completion scripts exist for every shell clap_complete knows; bash's parses and registers
+/// a completion for `warren` that offers the subcommands.
+#[test]
+fn completions_are_generated_for_every_shell() {
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let script = stdout_of(warren().args(["completions", shell]));
+        assert!(
+            script.contains("warren") && script.contains("approvals"),
+            "{shell}: {script}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("warren.bash");
+    std::fs::write(&file, stdout_of(warren().args(["completions", "bash"]))).unwrap();
+    let syntax = Command::new("bash").arg("-n").arg(&file).output().unwrap();
+    assert!(
+        syntax.status.success(),
+        "bash -n: {}",
+        String::from_utf8_lossy(&syntax.stderr)
+    );
+    // Sourced, it registers itself, and completing `warren l` offers `log` and `ls`.
+    let probe = format!(
+        "source {}; complete -p warren; COMP_WORDS=(warren l); COMP_CWORD=1; COMP_LINE='warren l'; \
+         COMP_POINT=8; _warren warren l warren; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        file.display()
+    );
+    let out = stdout_of(Command::new("bash").args(["-c", &probe]));
+    assert!(out.contains("-F _warren warren"), "{out}");
+    let offered: Vec<&str> = out.lines().skip(1).collect();
+    assert!(
+        offered.contains(&"log") && offered.contains(&"ls"),
+        "{offered:?}"
+    );
+    // A bad shell name is a usage error, not an empty script.
+    let bad = warren().args(["completions", "tcsh"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+}
+
+/// The man page is roff naming every subcommand; `--dir` writes one page per subcommand; groff
+/// renders it (when the host has groff).
+#[test]
+fn the_man_page_names_every_subcommand_and_renders() {
+    let page = stdout_of(warren().arg("man"));
+    assert!(
+        page.starts_with(".ie") || page.contains(".TH warren"),
+        "{page}"
+    );
+    for sub in ["up", "down", "log", "ps", "ns", "verify", "completions"] {
+        assert!(
+            page.contains(&format!("warren\\-{sub}")) || page.contains(&format!("\\fB{sub}\\fR")),
+            "the page does not name {sub}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    stdout_of(warren().args(["man", "--dir"]).arg(dir.path()));
+    for name in ["warren.1", "warren-log.1", "warren-down.1", "warren-ps.1"] {
+        assert!(dir.path().join(name).exists(), "{name} not written");
+    }
+    if !have("groff") {
+        eprintln!(
+            "skipped the rendering check: groff is not installed (scripts/install-test-deps installs groff-base)"
+        );
+        return;
+    }
+    // Every page, with every warning on (-k: UTF-8 input through preconv, as man(1) does).
+    for page in std::fs::read_dir(dir.path()).unwrap() {
+        let page = page.unwrap().path();
+        let rendered = Command::new("groff")
+            .args(["-k", "-man", "-Tutf8", "-ww", "-z"])
+            .arg(&page)
+            .output()
+            .unwrap();
+        assert!(
+            rendered.status.success() && rendered.stderr.is_empty(),
+            "groff on {}: {}",
+            page.display(),
+            String::from_utf8_lossy(&rendered.stderr)
+        );
+    }
+    let text = stdout_of(
+        Command::new("groff")
+            .args(["-k", "-man", "-Tutf8", "-P-cbou"])
+            .arg(dir.path().join("warren-log.1")),
+    );
+    assert!(text.contains("--follow"), "{text}");
+}
+
+/// The shipped unit runs a real binary with a real subcommand, sets exactly the directories the
+/// code reads (with the code's defaults), and passes `systemd-analyze verify`.
+#[test]
+fn the_systemd_unit_names_real_binaries_and_flags() {
+    let unit_path = repo_root().join("dist/systemd/warren.service");
+    let unit = std::fs::read_to_string(&unit_path).unwrap();
+    let value = |key: &str| -> Vec<&str> {
+        unit.lines()
+            .filter_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .collect()
+    };
+    let exec = value("ExecStart");
+    assert_eq!(exec.len(), 1, "{exec:?}");
+    let words: Vec<&str> = exec[0].split_whitespace().collect();
+    assert_eq!(Path::new(words[0]).file_name().unwrap(), "warren");
+    assert!(Path::new(words[0]).is_absolute());
+    // The subcommand and flags parse: `--help` after them succeeds only if they do.
+    let mut help = warren();
+    help.args(&words[1..]).arg("--help");
+    stdout_of(&mut help);
+    assert_eq!(words[1], "supervise");
+    assert_eq!(value("Type"), ["notify"]);
+
+    let defaults = [
+        ("WARREN_RUNTIME_DIR", warren_daemon::dirs::DEFAULT_RUNTIME),
+        ("WARREN_DATA_DIR", warren_daemon::dirs::DEFAULT_DATA),
+        ("WARREN_SECRETS_DIR", warren_daemon::dirs::DEFAULT_SECRETS),
+    ];
+    let env = value("Environment");
+    assert_eq!(env.len(), defaults.len(), "{env:?}");
+    for (name, default) in defaults {
+        assert!(
+            env.contains(&format!("{name}={default}").as_str()),
+            "{name} missing or not the default: {env:?}"
+        );
+    }
+
+    if !have("systemd-analyze") {
+        eprintln!("skipped `systemd-analyze verify`: systemd-analyze is not installed");
+        return;
+    }
+    // verify checks that ExecStart exists: point it at the binary under test.
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("warren.service");
+    std::fs::write(&copy, unit.replace(words[0], env!("CARGO_BIN_EXE_warren"))).unwrap();
+    // verify also checks that `Documentation=man:warren(1)` resolves: give it the pages
+    // `warren man --dir` writes, as a package would install them.
+    let man1 = dir.path().join("man/man1");
+    stdout_of(warren().args(["man", "--dir"]).arg(&man1));
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&copy)
+        .env("MANPATH", dir.path().join("man"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "systemd-analyze verify: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `Type=notify`: started as systemd starts it, the supervisor sends `READY=1` to
+/// `$NOTIFY_SOCKET` once every daemon answers.
+#[test]
+fn the_supervisor_tells_systemd_it_is_ready() {
+    let Some(w) = Warren::up() else { return };
+    // Stop the harness's supervisor: this test starts its own, as systemd would.
+    assert!(w.run(&["down"]).status.success());
+    let notify = w.base.path().join("notify");
+    let socket = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
+    let mut supervisor = w
+        .cmd(&["supervise"])
+        .env("NOTIFY_SOCKET", &notify)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // A guard against a hang, not a timing assertion.
+    socket
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let n = socket
+        .recv(&mut buf)
+        .expect("no READY=1 from the supervisor");
+    assert_eq!(&buf[..n], b"READY=1");
+    // Ready means ready: the daemons answer now.
+    let status = stdout_of(&mut w.cmd(&["status", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert!(
+        v["daemons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|d| d["answers"] == true),
+        "{v}"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(supervisor.id() as i32),
+        nix::sys::signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(supervisor.wait().unwrap().success());
+}
+
+/// One receipt per line in plain words; `--json` one object per receipt; `-f` prints receipts
+/// of calls made after it started, including new scopes, without being asked again.
+#[test]
+fn log_prints_receipts_in_words_and_follows_new_ones() {
+    let Some(w) = Warren::up() else { return };
+    let call = |text: &str| -> serde_json::Value {
+        let out = w.run(&["call", "echo", &format!(r#"{{"text":"{text}"}}"#)]);
+        assert!(out.status.success());
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let first = call("one");
+    let scope = first["receipt"]["scope"].as_str().unwrap().to_owned();
+
+    let words = String::from_utf8(w.run(&["log", &scope]).stdout).unwrap();
+    let lines: Vec<&str> = words.lines().collect();
+    assert_eq!(lines.len(), 2, "a decision and an effect:\n{words}");
+    assert!(
+        lines[0].contains(" decision ") && lines[0].contains("echo") && lines[0].contains("allow"),
+        "{words}"
+    );
+    assert!(lines[0].contains(&scope[..8]));
+    assert!(
+        lines[1].contains(" effect ") && lines[1].contains("ran: ok (decision #0)"),
+        "{words}"
+    );
+
+    let json = String::from_utf8(w.run(&["log", "--json", &scope[..12]]).stdout).unwrap();
+    let objects: Vec<serde_json::Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let kinds: Vec<&str> = objects
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["decision", "effect"]);
+    assert_eq!(objects[0]["verdict"], "allow");
+    assert_eq!(objects[1]["seq"], 1);
+
+    // Every scope, in clock order: receiptd's own boot receipt comes first.
+    let all = String::from_utf8(w.run(&["log"]).stdout).unwrap();
+    assert!(
+        all.lines().next().unwrap().contains("receiptd start"),
+        "{all}"
+    );
+    // An unknown scope is an error that says so.
+    let none = w.run(&["log", "ffffffffffff"]);
+    assert!(!none.status.success());
+    assert!(String::from_utf8_lossy(&none.stderr).contains("no scope starting with"));
+
+    // Following: start it, see the existing receipts, then a new call's appear.
+    let mut follow = w
+        .cmd(&["log", "-f", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(follow.stdout.take().unwrap()).lines();
+    let mut seen_first = 0;
+    while seen_first < 2 {
+        let v: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        if v["scope"] == scope.as_str() {
+            seen_first += 1;
+        }
+    }
+    let second = call("two");
+    let new_scope = second["receipt"]["scope"].as_str().unwrap();
+    let mut kinds = Vec::new();
+    while kinds.len() < 2 {
+        let v: serde_json::Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+        if v["scope"] == new_scope {
+            kinds.push(v["kind"].as_str().unwrap().to_owned());
+        }
+    }
+    assert_eq!(kinds, ["decision", "effect"]);
+    let _ = follow.kill();
+    let _ = follow.wait();
+}
+
+/// Starts `/bin/sleep 600` in a namespace made through nsd's `/ns/clone`; returns its id.
+fn start_namespace(w: &Warren) -> u64 {
+    let spec = "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
+    let out = w.run(&["write", "/ns/clone", spec]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id: u64 = String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let out = w.run(&["write", &format!("/ns/{id}/ctl"), "run /bin/sleep 600"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    id
+}
+
+/// Waits (bounded) until `warren ps --json` shows a namespace `matches` accepts.
+fn wait_for_row(w: &Warren, matches: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let ps = String::from_utf8(w.run(&["ps", "--json"]).stdout).unwrap();
+        if let Some(row) = ps
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .find(|v| matches(v))
+        {
+            return row;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no such namespace in ps: {ps}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn ns_status(w: &Warren, id: u64) -> String {
+    String::from_utf8(w.run(&["cat", &format!("/ns/{id}/status")]).stdout).unwrap()
+}
+
+/// `warren ps` lists a running namespace, `warren ns` prints its spec, and `warren down`
+/// refuses to strand it (listing it) until `--force`, which kills it first.
+#[test]
+fn down_refuses_to_strand_live_namespaces_until_forced() {
+    let Some(w) = Warren::up() else { return };
+    let id = start_namespace(&w);
+    // And one `warren run` started, holding a tool.
+    let mut launcher = w
+        .cmd(&["run", "--tool", "echo", "--", "/bin/sleep", "600"])
+        .spawn()
+        .unwrap();
+    let run_row = wait_for_row(&w, |v| {
+        v["origin"] == "run" && v["status"].as_str().unwrap().starts_with("running")
+    });
+    assert_eq!(run_row["argv"], serde_json::json!(["/bin/sleep", "600"]));
+    assert_eq!(run_row["tools"], serde_json::json!(["echo"]));
+    assert_eq!(run_row["mounts"][0]["path"], "/tool");
+    assert_eq!(run_row["session"].as_str().unwrap().len(), 32);
+    let run_id = run_row["id"].as_u64().unwrap();
+    let holder: i32 = ns_status(&w, id)
+        .trim()
+        .strip_prefix("running holder=")
+        .expect("running")
+        .parse()
+        .unwrap();
+
+    let ps = String::from_utf8(w.run(&["ps", "--json"]).stdout).unwrap();
+    let row: serde_json::Value = ps
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["id"] == id)
+        .unwrap_or_else(|| panic!("namespace {id} not in ps: {ps}"));
+    assert_eq!(row["holder"], holder);
+    assert!(row["status"].as_str().unwrap().starts_with("running"));
+    let text = String::from_utf8(w.run(&["ps"]).stdout).unwrap();
+    assert!(
+        text.lines().any(|l| l.starts_with(&format!("{id} "))),
+        "{text}"
+    );
+    let spec = String::from_utf8(w.run(&["ns", &id.to_string()]).stdout).unwrap();
+    assert!(spec.contains("bind -r /usr /usr"), "{spec}");
+
+    let refused = w.run(&["down"]);
+    assert_eq!(refused.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    for listed in [id, run_id] {
+        assert!(
+            err.contains("refused") && err.contains(&format!("namespace {listed} ")),
+            "{err}"
+        );
+    }
+    // Nothing was stopped: the daemons answer and the namespace still runs.
+    assert!(w.run(&["status"]).status.success());
+    assert!(
+        ns_status(&w, id).starts_with("running"),
+        "{}",
+        ns_status(&w, id)
+    );
+
+    let forced = w.run(&["down", "--force"]);
+    assert!(
+        forced.status.success(),
+        "{}",
+        String::from_utf8_lossy(&forced.stderr)
+    );
+    let said = String::from_utf8_lossy(&forced.stdout);
+    assert!(said.contains(&format!("killed namespace {id} ")), "{said}");
+    assert!(
+        said.contains(&format!("killed namespace {run_id} ")),
+        "{said}"
+    );
+    // The launcher was told its namespace's end (SIGKILL: 137), not left waiting.
+    assert_eq!(launcher.wait().unwrap().code(), Some(137));
+    assert!(said.contains("warren is down"), "{said}");
+    assert!(
+        !Path::new(&format!("/proc/{holder}")).exists()
+            || std::fs::read_to_string(format!("/proc/{holder}/status"))
+                .is_ok_and(|s| s.contains("State:\tZ")),
+        "the namespace's holder {holder} outlived down --force"
+    );
+}
