@@ -122,7 +122,8 @@ mod tests {
     }
 
     /// The planted violation: a peer in a child pid namespace must be refused. `unshare -p -f`
-    /// runs `sleep` as pid 1 of a new pid namespace; we connect it to a socket of ours.
+    /// runs python as pid 1 of a new pid namespace (killed with unshare: `--kill-child`); it
+    /// connects to a socket of ours.
     #[test]
     fn a_peer_in_a_child_pid_namespace_is_not() {
         if !nix::unistd::geteuid().is_root() {
@@ -133,7 +134,7 @@ mod tests {
         let path = dir.path().join("s");
         let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
         let mut child = std::process::Command::new("unshare")
-            .args(["-p", "-f", "--", "python3", "-c"])
+            .args(["-p", "-f", "--kill-child", "--", "python3", "-c"])
             .arg(format!(
                 "import socket,time; s=socket.socket(socket.AF_UNIX); s.connect({:?}); time.sleep(5)",
                 path.to_str().unwrap()
