@@ -2,4 +2,5 @@
 //! names the code and the tests it abstracts; each planted bug must be found, so that no
 //! property holds vacuously. See `formal/README.md`.
 
+pub mod flush;
 pub mod gate_flow;
