@@ -2,6 +2,7 @@
 //! operator connections (and refuses everyone else), and how a trusted peer hands it a connection
 //! with fds over a control socket.
 
+pub mod accept;
 pub mod dirs;
 pub mod handoff;
 pub mod identity;

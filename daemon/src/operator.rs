@@ -13,7 +13,8 @@ use std::sync::Arc;
 use tokio::net::UnixListener;
 use warren_9p::{FileTree, Limits};
 
-use crate::peer::{PeerCred, groups_of, peer_cred, peer_in_own_pidns};
+use crate::accept::next_peer;
+use crate::peer::{PeerCred, groups_of, peer_cred};
 
 /// The environment variable through which a supervisor hands a daemon sockets it bound for it:
 /// `name=fd[,name=fd…]`, `name` being the socket's file name (`tool.sock`). The supervisor binds
@@ -85,25 +86,17 @@ impl OperatorPolicy {
 
     /// Why a peer is not the operator, or `None` if it is.
     pub fn refusal(&self, sock: &tokio::net::UnixStream) -> Option<String> {
-        let fd = sock.as_fd();
-        match peer_in_own_pidns(fd) {
-            Ok(true) => {}
-            Ok(false) => return Some("peer is in another pid namespace".into()),
-            Err(e) => return Some(format!("cannot read the peer's pid namespace: {e}")),
-        }
-        let cred = match peer_cred(fd) {
-            Ok(c) => c,
-            Err(e) => return Some(format!("no peer credentials: {e}")),
-        };
-        if cred.uid == 0 || cred.uid == nix::unistd::geteuid().as_raw() {
-            return None;
-        }
-        if let Some(gid) = self.operator_gid
-            && (cred.gid == gid || groups_of(cred.pid).is_ok_and(|g| g.contains(&gid)))
-        {
-            return None;
-        }
-        Some(format!("uid {} is not an operator", cred.uid))
+        crate::accept::refusal(sock.as_fd(), |cred| {
+            if cred.uid == 0 || cred.uid == nix::unistd::geteuid().as_raw() {
+                return None;
+            }
+            if let Some(gid) = self.operator_gid
+                && (cred.gid == gid || groups_of(cred.pid).is_ok_and(|g| g.contains(&gid)))
+            {
+                return None;
+            }
+            Some(format!("uid {} is not an operator", cred.uid))
+        })
     }
 }
 
@@ -119,18 +112,7 @@ pub async fn accept_loop<T, F>(
     F: Fn(PeerCred) -> Option<Arc<T>>,
 {
     loop {
-        let (sock, _) = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!("accept: {e}");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        if let Some(why) = policy.refusal(&sock) {
-            tracing::warn!("operator socket: refused a peer: {why}");
-            continue;
-        }
+        let sock = next_peer(&listener, "operator socket", |s| policy.refusal(s)).await;
         let Ok(cred) = peer_cred(sock.as_fd()) else {
             continue;
         };

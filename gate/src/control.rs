@@ -14,7 +14,7 @@
 //! Each record is answered with one framed record (same framing): `ok` or `error: <why>`.
 
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
@@ -22,7 +22,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use tokio::net::UnixListener;
 use warren_9p::Limits;
-use warren_daemon::peer::{peer_cred, peer_in_own_pidns};
+use warren_daemon::accept::{next_peer, refusal, root_only};
 
 use crate::gate::Gate;
 use crate::request::check_session;
@@ -160,21 +160,13 @@ fn check_label(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Serves the control socket forever.
+/// Serves the control socket forever: only root in our own pid namespace hands connections over.
 pub async fn serve_control(gate: Arc<Gate>, listener: UnixListener, limits: Limits) {
     loop {
-        let sock = match listener.accept().await {
-            Ok((sock, _)) => sock,
-            Err(e) => {
-                tracing::warn!("control accept: {e}");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        if let Some(why) = control_refusal(sock.as_fd()) {
-            tracing::warn!("control socket: refused a peer: {why}");
-            continue;
-        }
+        let sock = next_peer(&listener, "control socket", |s| {
+            refusal(s.as_fd(), root_only)
+        })
+        .await;
         let gate = gate.clone();
         let limits = limits.clone();
         tokio::spawn(async move {
@@ -237,20 +229,6 @@ fn accept(
         }
     });
     Ok(())
-}
-
-/// Why a control-socket peer is refused: only root in our own pid namespace hands connections over.
-fn control_refusal(fd: BorrowedFd<'_>) -> Option<String> {
-    match peer_in_own_pidns(fd) {
-        Ok(true) => {}
-        Ok(false) => return Some("peer is in another pid namespace".into()),
-        Err(e) => return Some(format!("cannot read the peer's pid namespace: {e}")),
-    }
-    match peer_cred(fd) {
-        Ok(c) if c.uid == 0 => None,
-        Ok(c) => Some(format!("uid {} is not root", c.uid)),
-        Err(e) => Some(format!("no peer credentials: {e}")),
-    }
 }
 
 /// The trusted side: hands `conn` to the gate with `record`, and returns once the gate serves it

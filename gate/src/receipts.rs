@@ -82,14 +82,35 @@ impl ReceiptSink {
         }
     }
 
+    /// One append; if it went out on a pooled connection that turns out dead (receiptd
+    /// restarted since), once more on a fresh one, so the first decision after a receiptd
+    /// restart is not denied. A refusal by receiptd is never retried.
     async fn append(&self, bytes: &[u8]) -> Result<Ack, String> {
-        let (generation, fid) = self.take_fid().await?;
+        match self.append_once(bytes, true).await {
+            Err((true, e)) => {
+                tracing::info!(error = %e, "receiptd connection lost; reconnecting once");
+                self.append_once(bytes, false).await.map_err(|(_, e)| e)
+            }
+            other => other.map_err(|(_, e)| e),
+        }
+    }
+
+    /// The error says whether it was a dead pooled connection (worth one retry).
+    async fn append_once(&self, bytes: &[u8], pooled_ok: bool) -> Result<Ack, (bool, String)> {
+        let (generation, fid, reused) = self.take_fid(pooled_ok).await?;
         let result = match crate::rpc::call(&fid, bytes).await {
-            Ok(reply) => serde_json::from_slice::<Ack>(&reply)
-                .map_err(|e| format!("append reply {:?}: {e}", String::from_utf8_lossy(&reply))),
-            Err((e, said)) => Err(format!(
-                "append refused: {e} {}",
-                String::from_utf8_lossy(&said).trim()
+            Ok(reply) => serde_json::from_slice::<Ack>(&reply).map_err(|e| {
+                (
+                    false,
+                    format!("append reply {:?}: {e}", String::from_utf8_lossy(&reply)),
+                )
+            }),
+            Err((e, said)) => Err((
+                reused && e.connection_lost(),
+                format!(
+                    "append refused: {e} {}",
+                    String::from_utf8_lossy(&said).trim()
+                ),
             )),
         };
         match &result {
@@ -103,26 +124,38 @@ impl ReceiptSink {
         result
     }
 
-    async fn take_fid(&self) -> Result<(u64, Fid), String> {
-        if let Some(entry) = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop() {
-            return Ok(entry);
+    /// A pooled fid if `pooled_ok` and one is idle, else one opened on the current or a new
+    /// connection. The bool says the connection was not made just now (so it may be one that
+    /// died with a receiptd restart); an error carries whether that is why it failed.
+    async fn take_fid(&self, pooled_ok: bool) -> Result<(u64, Fid, bool), (bool, String)> {
+        if pooled_ok
+            && let Some((g, fid)) = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop()
+        {
+            return Ok((g, fid, true));
         }
-        let (generation, client) = {
+        let (generation, client, reused) = {
             let mut conn = self.conn.lock().await;
             match &*conn {
-                Some((g, c)) => (*g, c.clone()),
+                Some((g, c)) => (*g, c.clone(), true),
                 None => {
                     let c =
                         tokio::time::timeout(CONNECT_TIMEOUT, Client::connect_unix(&self.socket))
                             .await
-                            .map_err(|_| format!("connect {}: timed out", self.socket.display()))?
-                            .map_err(|e| format!("connect {}: {e}", self.socket.display()))?;
+                            .map_err(|_| {
+                                (
+                                    false,
+                                    format!("connect {}: timed out", self.socket.display()),
+                                )
+                            })?
+                            .map_err(|e| {
+                                (false, format!("connect {}: {e}", self.socket.display()))
+                            })?;
                     let g = self
                         .generation
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
                         + 1;
                     *conn = Some((g, c.clone()));
-                    (g, c)
+                    (g, c, false)
                 }
             }
         };
@@ -134,10 +167,10 @@ impl ReceiptSink {
         }
         .await;
         match opened {
-            Ok(fid) => Ok((generation, fid)),
+            Ok(fid) => Ok((generation, fid, reused)),
             Err(e) => {
                 self.forget(generation).await;
-                Err(format!("open append: {e}"))
+                Err((reused && e.connection_lost(), format!("open append: {e}")))
             }
         }
     }

@@ -14,6 +14,7 @@
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
+use warren_9p::synthetic::{RpcReply, dir_entries, stat};
 use warren_9p::{DirEntry, Errno, FileTree, GetAttrMask, QId, QIdType, Result, Stat, Time, oflags};
 
 use crate::escape::escape;
@@ -80,8 +81,10 @@ impl Node {
 /// Per-fid state.
 pub struct GateFid {
     node: Node,
-    /// `decide`/`ctl`: the reply to the last write. Files read whole: the snapshot taken at open.
+    /// Files read whole (`request`, `rules`, `tiers`): the snapshot taken at open.
     data: Vec<u8>,
+    /// `decide`, `ctl`, a written `rules`: the reply to the last write, read by the o₀ rule.
+    reply: RpcReply,
     /// `wait`: the outcome, once known.
     outcome: Option<Vec<u8>>,
     /// `events`: where this reader is.
@@ -93,6 +96,7 @@ impl GateFid {
         GateFid {
             node,
             data: Vec::new(),
+            reply: RpcReply::default(),
             outcome: None,
             cursor: None,
         }
@@ -364,20 +368,12 @@ impl FileTree for GateTree {
             sec: (now_ms() / 1000) as u64,
             nsec: 0,
         };
-        let stat = Stat {
-            mode: fid.node.mode(),
-            uid: 0,
-            gid: 0,
-            nlink: 1,
-            rdev: 0,
-            size: 0,
-            blksize: 4096,
-            blocks: 0,
-            atime: now,
-            mtime: now,
-            ctime: now,
+        let size = if fid.reply.is_empty() {
+            fid.data.len()
+        } else {
+            fid.reply.len()
         };
-        Ok((fid.node.qid(), stat))
+        Ok((fid.node.qid(), stat(fid.node.mode(), size as u64, now)))
     }
 
     async fn open(&self, fid: &mut GateFid, flags: u32) -> Result<(QId, u32)> {
@@ -426,6 +422,9 @@ impl FileTree for GateTree {
                     .await)
             }
             n if n.is_dir() => Err(Errno::EISDIR),
+            Node::Decide | Node::Ctl(_) => Ok(fid.reply.read(offset, count)),
+            // `rules` reads its snapshot until a write on this open has answered.
+            _ if !fid.reply.is_empty() => Ok(fid.reply.read(offset, count)),
             _ => Ok(slice(&fid.data, offset, count)),
         }
     }
@@ -469,12 +468,12 @@ impl FileTree for GateTree {
         };
         match result {
             Ok(reply) => {
-                fid.data = reply;
+                fid.reply.set(reply);
                 Ok(data.len() as u32)
             }
             Err((errno, msg)) => {
                 tracing::info!(scope = %self.scope.label(), "refused: {msg}");
-                fid.data = error_line(&msg);
+                fid.reply.set(error_line(&msg));
                 Err(errno)
             }
         }
@@ -482,20 +481,9 @@ impl FileTree for GateTree {
 
     async fn readdir(&self, fid: &mut GateFid, offset: u64, _count: u32) -> Result<Vec<DirEntry>> {
         let entries = self.entries(&fid.node)?;
-        Ok(entries
-            .into_iter()
-            .enumerate()
-            .skip(offset as usize)
-            .map(|(i, (name, node))| DirEntry {
-                qid: node.qid(),
-                offset: i as u64 + 1,
-                typ: if node.is_dir() {
-                    libc::DT_DIR
-                } else {
-                    libc::DT_REG
-                },
-                name,
-            })
-            .collect())
+        Ok(dir_entries(
+            entries.into_iter().map(|(name, node)| (name, node.qid())),
+            offset,
+        ))
     }
 }

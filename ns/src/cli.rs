@@ -117,7 +117,8 @@ impl Foreground for Launched {
 
 /// Blocks the forwarded signals in this thread (and so in every thread started after it), so
 /// that only the forwarding thread takes them.
-fn block_forwarded() -> nix::Result<SigSet> {
+/// Err: `failed`, the exit status, once the reason is said.
+fn block_forwarded(who: &str, failed: u8) -> Result<SigSet, u8> {
     let mut forwarded = SigSet::empty();
     for s in [
         Signal::SIGINT,
@@ -128,8 +129,24 @@ fn block_forwarded() -> nix::Result<SigSet> {
     ] {
         forwarded.add(s);
     }
-    forwarded.thread_block()?;
-    Ok(forwarded)
+    match forwarded.thread_block() {
+        Ok(()) => Ok(forwarded),
+        Err(e) => {
+            eprintln!("{who}: blocking signals: {e}");
+            Err(failed)
+        }
+    }
+}
+
+/// The size of the launcher's terminal when stdin is one: the namespace then gets a pty of that
+/// size (rows, cols, xpixel, ypixel); None: no pty, plain stdio.
+fn terminal_size() -> Option<[u16; 4]> {
+    let stdin = io::stdin();
+    if nix::unistd::isatty(&stdin).unwrap_or(false) {
+        Some(crate::confine::sys::get_winsize(stdin.as_fd()).unwrap_or_default())
+    } else {
+        None
+    }
 }
 
 /// Runs `command` confined by `spec`, building the namespace in this process, and returns its
@@ -139,12 +156,9 @@ pub fn run_foreground(who: &str, spec: &Spec, command: &[String], opts: &RunOpti
     if opts.weaker_landlock {
         eprintln!("{who}: WARNING: --weaker-landlock: Landlock may not be fully enforced");
     }
-    let forwarded = match block_forwarded() {
+    let forwarded = match block_forwarded(who, 125) {
         Ok(f) => f,
-        Err(e) => {
-            eprintln!("{who}: blocking signals: {e}");
-            return 125;
-        }
+        Err(status) => return status,
     };
     match spawn(spec, command, opts) {
         Ok(r) => drive(who, Arc::new(r), forwarded),
@@ -171,19 +185,11 @@ pub fn run_through_nsd(
     if args.weaker_landlock {
         eprintln!("{who}: WARNING: --weaker-landlock: Landlock may not be fully enforced");
     }
-    let forwarded = match block_forwarded() {
+    let forwarded = match block_forwarded(who, 125) {
         Ok(f) => f,
-        Err(e) => {
-            eprintln!("{who}: blocking signals: {e}");
-            return 125;
-        }
+        Err(status) => return status,
     };
-    let stdin = io::stdin();
-    let pty = if nix::unistd::isatty(&stdin).unwrap_or(false) {
-        Some(crate::confine::sys::get_winsize(stdin.as_fd()).unwrap_or_default())
-    } else {
-        None
-    };
+    let pty = terminal_size();
     let opts = LaunchOptions {
         pty,
         weaker_landlock: args.weaker_landlock,
@@ -191,7 +197,7 @@ pub fn run_through_nsd(
         bare: args.bare,
         operator: false,
     };
-    let (stdout, stderr) = (io::stdout(), io::stderr());
+    let (stdin, stdout, stderr) = (io::stdin(), io::stdout(), io::stderr());
     let stdio = [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()];
     match launch(dirs, spec, command, &opts, stdio) {
         Ok(launched) => {
@@ -219,20 +225,12 @@ pub fn attach_through_nsd(
     id: u64,
     command: &[String],
 ) -> u8 {
-    let forwarded = match block_forwarded() {
+    let forwarded = match block_forwarded(who, 1) {
         Ok(f) => f,
-        Err(e) => {
-            eprintln!("{who}: blocking signals: {e}");
-            return 1;
-        }
+        Err(status) => return status,
     };
-    let stdin = io::stdin();
-    let pty = if nix::unistd::isatty(&stdin).unwrap_or(false) {
-        Some(crate::confine::sys::get_winsize(stdin.as_fd()).unwrap_or_default())
-    } else {
-        None
-    };
-    let (stdout, stderr) = (io::stdout(), io::stderr());
+    let pty = terminal_size();
+    let (stdin, stdout, stderr) = (io::stdin(), io::stdout(), io::stderr());
     let stdio = [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()];
     match crate::launch::client::attach(dirs, id, command, pty, stdio) {
         Ok(attached) => drive(who, Arc::new(attached), forwarded),

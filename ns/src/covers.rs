@@ -108,6 +108,14 @@ impl fmt::Display for Widening {
     }
 }
 
+impl Widening {
+    /// Every widening on one line, `widens: A; B; …` (what a refused `/ns/clone` answers).
+    pub fn line(&self) -> String {
+        let each: Vec<String> = self.0.iter().map(ToString::to_string).collect();
+        format!("widens: {}", each.join("; "))
+    }
+}
+
 impl std::error::Error for Widening {}
 
 struct Grant {

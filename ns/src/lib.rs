@@ -10,6 +10,7 @@ pub mod mount_server;
 pub mod narrow;
 pub mod nsd;
 pub mod pty;
+pub mod reach;
 pub mod run;
 pub mod spec;
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //!
 //! - `clone` — one open is one namespace: write a spec (any number of writes, appended), then
 //!   read: the spec is parsed and the new id is returned as `<id>\n`. A spec that does not parse
-//!   fails the read with EINVAL (the message is logged by nsd).
+//!   fails that read with EINVAL; every later read on the fid answers why, on one line
+//!   (`error: invalid spec: …`), as 9P's Rlerror carries an errno only.
 //! - `<id>/spec` — the spec as text (env names only: a spec never holds a value).
 //! - `<id>/status` — `created`, `running holder=<pid>`, `exited <code>` or `failed <message>`.
 //! - `<id>/ctl` — write `run ARG…` (rc-quoted words, as in specs) to build the namespace and
@@ -13,7 +14,8 @@
 //!
 //! A namespace with `mount ns` gets this tree scoped to itself ([`Nsd::scoped`]): only its
 //! descendants, and a `clone` that takes a child spec in its own view and refuses any widening
-//! whole with EPERM (`crate::narrow`, specs/ns-tree.md).
+//! whole with EPERM, later reads answering `error: refused: widens: …` (`crate::narrow`,
+//! specs/ns-tree.md).
 //!
 //! A namespace cloned here has /dev/null stdio. Namespaces started through nsd's run socket
 //! (`warren run`, see `launch`) appear here too, as `<id>/`, while their launcher is connected.
@@ -21,8 +23,9 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use rs9p::{DirEntry, GetAttrMask, QId, QIdType, Stat, Time};
+use rs9p::{DirEntry, GetAttrMask, QId, QIdType, Stat};
 use tokio::sync::watch;
+use warren_9p::synthetic::{self, RpcReply};
 use warren_9p::{Errno, FileTree, Result};
 
 use crate::mount_server::{NsView, ServedMounts, new_session_id};
@@ -153,6 +156,11 @@ impl Space {
         &self.spec
     }
 
+    /// The spec nsd builds it from (bind sources by the handles it holds).
+    pub(crate) fn build(&self) -> &Spec {
+        &self.build
+    }
+
     /// Its running command, while it runs.
     pub(crate) fn running(&self) -> Option<Arc<Running>> {
         self.running.lock().unwrap().clone()
@@ -219,33 +227,44 @@ impl Node {
     }
 
     fn stat(self) -> Stat {
-        let (mode, nlink) = match self {
-            Node::Root | Node::Dir(_) => (0o040555, 2),
-            Node::Clone | Node::File(_, FileKind::Ctl) => (0o100660, 1),
-            Node::File(..) => (0o100440, 1),
+        let mode = match self {
+            Node::Root | Node::Dir(_) => 0o040555,
+            Node::Clone | Node::File(_, FileKind::Ctl) => 0o100660,
+            Node::File(..) => 0o100440,
         };
-        let t = Time { sec: 0, nsec: 0 };
-        Stat {
-            mode,
-            uid: 0,
-            gid: 0,
-            nlink,
-            rdev: 0,
-            size: 0,
-            blksize: 4096,
-            blocks: 0,
-            atime: t,
-            mtime: t,
-            ctime: t,
-        }
+        synthetic::stat(mode, 0, synthetic::EPOCH)
     }
 }
 
-/// Per-fid state: the node, and for `clone` the spec written so far and the answer.
+/// Per-fid state: the node, for `clone` the spec written so far and the reply to it, and for a
+/// file the text its read at offset 0 took.
 pub struct NsFid {
     node: Node,
     written: Vec<u8>,
+    reply: RpcReply,
     answer: Option<Vec<u8>>,
+}
+
+/// Why `/ns/clone` made nothing: the errno its first read fails with, and the one line later
+/// reads on that fid answer.
+#[derive(Debug, PartialEq, Eq)]
+struct Refusal {
+    errno: Errno,
+    line: String,
+}
+
+impl Refusal {
+    fn new(errno: Errno, why: &str) -> Refusal {
+        // One line, whatever a path or a message held.
+        let why: String = why
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        Refusal {
+            errno,
+            line: format!("error: {why}\n"),
+        }
+    }
 }
 
 fn slice(bytes: &[u8], offset: u64, count: u32) -> Vec<u8> {
@@ -352,11 +371,13 @@ impl Nsd {
         }
     }
 
-    fn create_space(&self, text: &[u8]) -> Result<u64> {
-        let text = std::str::from_utf8(text).map_err(|_| Errno::EINVAL)?;
+    fn create_space(&self, text: &[u8]) -> std::result::Result<u64, Refusal> {
+        let text = std::str::from_utf8(text)
+            .map_err(|_| Refusal::new(Errno::EINVAL, "invalid spec: not UTF-8"))?;
         let spec = spec::parse("<clone>", text).map_err(|e| {
             tracing::warn!("/ns/clone: refused spec:\n{e}");
-            Errno::EINVAL
+            let why = format!("invalid spec: line {}:{}: {}", e.line, e.column, e.message);
+            Refusal::new(Errno::EINVAL, &why)
         })?;
         let info = Info {
             origin: "clone",
@@ -365,23 +386,37 @@ impl Nsd {
             ..Info::default()
         };
         let Some(parent_id) = self.scope else {
-            return Ok(self.add_space(spec, info).0);
+            return self.add_space(spec, info).map(|(id, _)| id).map_err(|e| {
+                tracing::warn!("/ns/clone: refused: {e}");
+                let errno = match e.kind() {
+                    std::io::ErrorKind::PermissionDenied => Errno::EACCES,
+                    _ => Errno::from_io(&e),
+                };
+                Refusal::new(errno, &e.to_string())
+            });
         };
         // The parent's view: a child asking for anything it lacks is refused whole.
         let parent = self.shared.spaces.lock().unwrap().get(&parent_id).cloned();
-        let parent = parent.ok_or(Errno::ENOENT)?;
+        let parent =
+            parent.ok_or_else(|| Refusal::new(Errno::ENOENT, "the parent namespace is gone"))?;
         let narrowed = crate::narrow::narrow(&parent.build, &spec).map_err(|e| {
             tracing::warn!("/ns/clone in namespace {parent_id}: refused: {e}");
-            Errno::EPERM
+            Refusal::new(Errno::EPERM, &format!("refused: {}", e.line()))
         })?;
         Ok(self
             .insert_space(spec, narrowed.build, narrowed.held, info)
             .0)
     }
 
-    /// Enters a namespace in the tree (as `created`) and returns its id.
-    pub(crate) fn add_space(&self, spec: Spec, info: Info) -> (u64, Arc<Space>) {
-        self.insert_space(spec.clone(), spec, Vec::new(), info)
+    /// Enters a namespace in the tree (as `created`) and returns its id. A non-root
+    /// operator's is built from handles opened with their credentials (`crate::reach`): nsd
+    /// builds as root, and must not show them a path they cannot reach on the host.
+    pub(crate) fn add_space(&self, spec: Spec, info: Info) -> std::io::Result<(u64, Arc<Space>)> {
+        let (build, held) = match info.operator_uid {
+            0 => (spec.clone(), Vec::new()),
+            uid => crate::reach::open_as(&spec, uid)?,
+        };
+        Ok(self.insert_space(spec, build, held, info))
     }
 
     fn insert_space(
@@ -584,6 +619,7 @@ impl FileTree for Nsd {
             NsFid {
                 node: Node::Root,
                 written: Vec::new(),
+                reply: RpcReply::default(),
                 answer: None,
             },
         ))
@@ -607,6 +643,7 @@ impl FileTree for Nsd {
             Some(NsFid {
                 node,
                 written: Vec::new(),
+                reply: RpcReply::default(),
                 answer: None,
             }),
         ))
@@ -627,15 +664,18 @@ impl FileTree for Nsd {
         match fid.node {
             Node::Root | Node::Dir(_) => Err(Errno::EISDIR),
             Node::Clone => {
-                if fid.answer.is_none() {
-                    let id = self.create_space(&fid.written)?;
-                    fid.answer = Some(format!("{id}\n").into_bytes());
+                // The first read takes the request; a refusal fails it with its errno, and the
+                // reply (read from o₀, as every rpc file's) then says why.
+                if fid.reply.is_empty() {
+                    match self.create_space(&fid.written) {
+                        Ok(id) => fid.reply.set(format!("{id}\n").into_bytes()),
+                        Err(refusal) => {
+                            fid.reply.set(refusal.line.into_bytes());
+                            return Err(refusal.errno);
+                        }
+                    }
                 }
-                Ok(slice(
-                    fid.answer.as_deref().unwrap_or_default(),
-                    offset,
-                    count,
-                ))
+                Ok(fid.reply.read(offset, count))
             }
             Node::File(id, kind) => {
                 // A read past 0 continues the text the read at 0 took, so a reader never splices
@@ -669,7 +709,7 @@ impl FileTree for Nsd {
 
     async fn write(&self, fid: &mut NsFid, _offset: u64, data: &[u8]) -> Result<u32> {
         match fid.node {
-            Node::Clone if fid.answer.is_none() => {
+            Node::Clone if fid.reply.is_empty() => {
                 if fid.written.len() + data.len() > MAX_SPEC {
                     return Err(Errno::EFBIG);
                 }
@@ -750,6 +790,20 @@ mod tests {
         Ok(String::from_utf8(id).unwrap().trim().parse().unwrap())
     }
 
+    /// Writes `text` to a fresh `clone` fid and reads twice at the write's end, as a shell on
+    /// one fd does: the first read's outcome, then the second's text.
+    async fn clone_twice(view: &Nsd, text: &str) -> (Result<Vec<u8>>, String) {
+        let (_, root) = view.attach("", "", 0).await.unwrap();
+        let (_, fid) = view.walk(&root, &["clone".into()]).await.unwrap();
+        let mut fid = fid.unwrap();
+        view.open(&mut fid, 2).await.unwrap();
+        view.write(&mut fid, 0, text.as_bytes()).await.unwrap();
+        let at = text.len() as u64;
+        let first = view.read(&mut fid, at, 4096).await;
+        let then = view.read(&mut fid, at, 4096).await.unwrap();
+        (first, String::from_utf8(then).unwrap())
+    }
+
     async fn listing(view: &Nsd) -> Vec<String> {
         let (_, root) = view.attach("", "", 0).await.unwrap();
         let (_, fid) = view.walk(&root, &[]).await.unwrap();
@@ -768,8 +822,8 @@ mod tests {
     async fn a_namespaces_own_view_narrows_and_shows_its_subtree_only() {
         let nsd = Nsd::new(RunOptions::default()).unwrap();
         let parent = spec::parse("<t>", "mount tool /tool echo fs_read\nmount ns /ns\n").unwrap();
-        let (pid, _) = nsd.add_space(parent, Info::default());
-        let (other, _) = nsd.add_space(Spec::default(), Info::default());
+        let (pid, _) = nsd.add_space(parent, Info::default()).unwrap();
+        let (other, _) = nsd.add_space(Spec::default(), Info::default()).unwrap();
         let view = nsd.scoped(pid).unwrap();
         assert_eq!(
             clone_in(&view, "mount tool /tool echo fs_read shell\n").await,
@@ -800,6 +854,57 @@ mod tests {
         }
     }
 
+    /// A refused clone fails its first read with the errno and then answers why, on one line,
+    /// from o₀ (a shell reads on at its write's end); a parse error too. An accepted one answers
+    /// its id from the write's end as well.
+    #[tokio::test]
+    async fn a_refused_clone_says_why_on_the_next_read() {
+        let nsd = Nsd::new(RunOptions::default()).unwrap();
+        let parent = spec::parse("<t>", "mount tool /tool echo\nmount ns /ns\n").unwrap();
+        let (pid, _) = nsd.add_space(parent, Info::default()).unwrap();
+        let view = nsd.scoped(pid).unwrap();
+        let (first, why) = clone_twice(&view, "mount tool /tool echo shell\nnet loopback\n").await;
+        assert_eq!(first, Err(Errno::EPERM));
+        assert_eq!(
+            why,
+            "error: refused: widens: tool `shell` is not granted to the parent; \
+             mount of `tool` at /tool is not one of the parent's (same server, same key, a \
+             subset of its spec); net Loopback is wider than the parent's net None\n"
+        );
+        let (first, why) = clone_twice(&view, "bind -q /x /y\n").await;
+        assert_eq!(first, Err(Errno::EINVAL));
+        assert!(why.starts_with("error: invalid spec: line 1:"), "{why}");
+        assert_eq!(why.lines().count(), 1, "{why}");
+        let (first, id) = clone_twice(&view, "mount tool /tool echo\n").await;
+        let first = String::from_utf8(first.unwrap()).unwrap();
+        assert_eq!(first, id, "later reads from o₀ answer the same");
+        assert!(
+            first.trim().parse::<u64>().is_ok_and(|n| n > pid),
+            "{first}"
+        );
+        assert!(first.ends_with('\n'));
+    }
+
+    /// A non-root operator's `/ns/clone` may not bind what they cannot reach on the host (nsd
+    /// builds as root): EACCES, then the reason naming the path; the same spec from root is
+    /// accepted (the control).
+    #[tokio::test]
+    async fn an_operators_clone_binds_only_what_they_can_reach() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIP an_operators_clone_binds_only_what_they_can_reach: needs root");
+            return;
+        }
+        let fixture = crate::reach::Fixture::new();
+        let inner = fixture.path("private/inner");
+        let text = format!("bind -r {inner} /p\n");
+        let nsd = Nsd::new(RunOptions::default()).unwrap();
+        let (first, why) = clone_twice(&nsd.for_operator(65534), &text).await;
+        assert_eq!(first, Err(Errno::EACCES));
+        let expected = format!("error: uid 65534 cannot reach bind `{inner}`");
+        assert!(why.starts_with(&expected), "{why}");
+        assert!(clone_in(&nsd, &text).await.is_ok(), "root may");
+    }
+
     /// A file read in pieces is one version of it: the read at offset 0 takes the text, later
     /// offsets continue that text even if the namespace changed in between.
     #[tokio::test]
@@ -811,7 +916,7 @@ mod tests {
             launcher_pid: Some(42),
             ..Info::default()
         };
-        let (id, space) = nsd.add_space(spec, info);
+        let (id, space) = nsd.add_space(spec, info).unwrap();
         let (_, root) = nsd.attach("", "", 0).await.unwrap();
         let (_, fid) = nsd
             .walk(&root, &[id.to_string(), "info".into()])

@@ -282,9 +282,7 @@ impl Running {
     /// Waits for the command; its exit status (128+N for signal N). Call once. `kill` stays
     /// safe during and after it (the pidfd never names another process).
     pub fn wait(&self) -> io::Result<i32> {
-        let status = waitpid(self.holder, None)?;
-        init::status_code(status)
-            .ok_or_else(|| io::Error::other(format!("unexpected wait status {status:?}")))
+        init::wait_exit_code(self.holder)
     }
 }
 
@@ -383,12 +381,36 @@ pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Runn
         ForkResult::Parent { child } => child,
     };
     drop(plan);
-    let holder_fd = sys::pidfd_open(holder.as_raw());
     let served = match (fuse_parent, &opts.mount_server) {
         (Some(sock), Some(server)) => serve_mounts(&sock, spec, server.as_ref())
             .and_then(|()| std::io::Write::write_all(&mut &sock, &crate::confine::fuse::SERVED)),
         _ => Ok(()),
     };
+    let (holder_fd, pty_master) = collect_started(holder, served, pty_parent, err_read)?;
+    Ok(Running {
+        holder,
+        holder_fd,
+        pty_master,
+        confinement: Confinement {
+            uid: payload_uid(opts, holder),
+            uid_base: opts.uid_base,
+            weaker_landlock: opts.weaker_landlock,
+            rlimit_pids_mem: matches!(enforcement, Enforcement::Rlimits),
+        },
+        enforcement,
+    })
+}
+
+/// The parent's side once `child` (the holder, or an attacher) is forked: takes the pty master
+/// it sends on `pty_parent` (if it makes one), reads its setup-error pipe to EOF (nothing: set
+/// up) and opens its pidfd. `ours`: how the parent's own part went. On any failure the child is
+/// SIGKILLed and reaped, so no half-built namespace outlives the error.
+pub(crate) fn collect_started(
+    child: Pid,
+    ours: io::Result<()>,
+    pty_parent: Option<UnixStream>,
+    err_read: OwnedFd,
+) -> io::Result<(OwnedFd, Option<OwnedFd>)> {
     let pty_master = match &pty_parent {
         Some(sock) => recv_fd(sock).map(|got| got.map(|(_, fd)| fd)),
         None => Ok(None),
@@ -397,35 +419,21 @@ pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Runn
     let mut message = String::new();
     let read = std::fs::File::from(err_read).read_to_string(&mut message);
     let started = (move || {
-        served?;
+        ours?;
         read?;
         let pty_master = pty_master?;
         if !message.is_empty() {
             return Err(io::Error::other(message));
         }
-        let holder_fd =
-            holder_fd.map_err(|e| io::Error::new(e.kind(), format!("pidfd_open: {e}")))?;
-        Ok((holder_fd, pty_master))
+        let child_fd = sys::pidfd_open(child.as_raw())
+            .map_err(|e| io::Error::new(e.kind(), format!("pidfd_open: {e}")))?;
+        Ok((child_fd, pty_master))
     })();
-    match started {
-        Ok((holder_fd, pty_master)) => Ok(Running {
-            holder,
-            holder_fd,
-            pty_master,
-            confinement: Confinement {
-                uid: payload_uid(opts, holder),
-                uid_base: opts.uid_base,
-                weaker_landlock: opts.weaker_landlock,
-                rlimit_pids_mem: matches!(enforcement, Enforcement::Rlimits),
-            },
-            enforcement,
-        }),
-        Err(e) => {
-            let _ = nix::sys::signal::kill(holder, nix::sys::signal::Signal::SIGKILL);
-            let _ = waitpid(holder, None);
-            Err(e)
-        }
+    if started.is_err() {
+        let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+        let _ = waitpid(child, None);
     }
+    started
 }
 
 /// The payload's uid: the one asked for, else `uid_base` + the holder's pid (as the holder

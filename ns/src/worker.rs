@@ -24,8 +24,9 @@ use std::sync::Arc;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::unistd::{ForkResult, Pid};
 use warren_daemon::Dirs;
+use warren_daemon::accept::{into_blocking, next_peer, refusal};
 use warren_daemon::identity::Role;
-use warren_daemon::peer::{peer_cred, peer_in_own_pidns};
+use warren_daemon::peer::PeerCred;
 use warren_toolfs::worker::nsd::{BUILD_VERSION, BuildReply, BuildRequest};
 use warren_toolfs::worker::protocol::RootConfig;
 
@@ -209,22 +210,11 @@ impl WorkerFactory {
     /// each connection on a blocking thread, one request after another, each answered in turn.
     pub async fn serve(self: Arc<Self>, listener: tokio::net::UnixListener) {
         loop {
-            let sock = match listener.accept().await {
-                Ok((sock, _)) => sock,
-                Err(e) => {
-                    tracing::warn!("worker socket accept: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            if let Some(why) = refusal(sock.as_fd()) {
-                tracing::warn!("worker socket: refused a peer: {why}");
-                continue;
-            }
-            let sock = match sock
-                .into_std()
-                .and_then(|s| s.set_nonblocking(false).map(|()| s))
-            {
+            let sock = next_peer(&listener, "worker socket", |s| {
+                refusal(s.as_fd(), toolfs_or_root)
+            })
+            .await;
+            let sock = match into_blocking(sock) {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::warn!("worker socket: {e}");
@@ -324,18 +314,10 @@ fn send_reply(sock: &UnixStream, reply: &BuildReply, fds: &[BorrowedFd<'_>]) -> 
     warren_daemon::handoff::send(sock, &bytes, fds)
 }
 
-/// Why a peer of the worker socket is refused: only toolfs's uid or root, in our pid namespace.
-fn refusal(fd: BorrowedFd<'_>) -> Option<String> {
-    match peer_in_own_pidns(fd) {
-        Ok(true) => {}
-        Ok(false) => return Some("peer is in another pid namespace".into()),
-        Err(e) => return Some(format!("cannot read the peer's pid namespace: {e}")),
-    }
-    match peer_cred(fd) {
-        Ok(c) if c.uid == 0 || c.uid == Role::Toolfs.uid() => None,
-        Ok(c) => Some(format!("uid {} is neither toolfs nor root", c.uid)),
-        Err(e) => Some(format!("no peer credentials: {e}")),
-    }
+/// Who may use the worker socket (besides being in our pid namespace): toolfs's uid or root.
+fn toolfs_or_root(cred: &PeerCred) -> Option<String> {
+    (cred.uid != 0 && cred.uid != Role::Toolfs.uid())
+        .then(|| format!("uid {} is neither toolfs nor root", cred.uid))
 }
 
 /// The request must name a worker tool, roots that fit the fds and do not overlap each other or
@@ -568,12 +550,7 @@ fn landlock_view(plan: &Plan) -> landlock::View {
     landlock::View {
         read: vec!["/".into()],
         write,
-        devices: [
-            "null", "zero", "full", "random", "urandom", "tty", "ptmx", "pts",
-        ]
-        .iter()
-        .map(|d| format!("/dev/{d}"))
-        .collect(),
+        devices: mounts::dev_nodes(),
         ninep: Vec::new(),
         net: Net::Loopback,
     }

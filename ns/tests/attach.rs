@@ -4,56 +4,12 @@
 
 mod common;
 
-use std::net::TcpListener;
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::linux::net::SocketAddrExt;
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::*;
-use warren_daemon::Dirs;
 use warren_ns::launch::client::{LaunchOptions, Launched, attach, launch};
-
-struct Nsd {
-    child: Child,
-    dirs: Dirs,
-    _base: tempfile::TempDir,
-}
-
-impl Drop for Nsd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_nsd() -> Nsd {
-    let base = tempdir("watt");
-    let dirs = Dirs::under(base.path());
-    std::fs::create_dir_all(&dirs.runtime).unwrap();
-    let mut child = Command::new(NSD)
-        .arg("serve")
-        .env("WARREN_RUNTIME_DIR", &dirs.runtime)
-        .env("WARREN_DATA_DIR", &dirs.data)
-        .env("WARREN_SECRETS_DIR", &dirs.secrets)
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    // Readiness, not timing: until the run socket accepts (or nsd died).
-    while UnixStream::connect(warren_ns::launch::socket_path(&dirs)).is_err() {
-        if let Some(st) = child.try_wait().unwrap() {
-            panic!("warren-nsd serve exited: {st}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Nsd {
-        child,
-        dirs,
-        _base: base,
-    }
-}
 
 /// The children of `pid`, forked by any of its threads.
 fn children(pid: u32) -> Vec<u32> {
@@ -106,33 +62,6 @@ fn attached(nsd: &Nsd, id: u64, argv: &[String], scratch: &std::path::Path) -> O
     }
 }
 
-/// A probe: its arguments inside (attached) and in its control (outside), and who runs the
-/// control — as `confinement.rs`'s escape suite has them.
-struct Probe {
-    name: &'static str,
-    inside: Vec<String>,
-    control: Vec<String>,
-    who: Control,
-}
-
-fn probe(name: &'static str, who: Control) -> Probe {
-    Probe {
-        name,
-        inside: vec![name.into()],
-        control: vec![name.into()],
-        who,
-    }
-}
-
-fn with_args(name: &'static str, inside: &[&str], control: &[&str], who: Control) -> Probe {
-    Probe {
-        name,
-        inside: inside.iter().map(|s| s.to_string()).collect(),
-        control: control.iter().map(|s| s.to_string()).collect(),
-        who,
-    }
-}
-
 /// The namespace (`sleep 600`) nsd started for this test; its id, and its payload's pid.
 fn start_namespace(nsd: &Nsd, spec: &str, scratch: &std::path::Path) -> (Launched, u32) {
     let null_in = open(std::path::Path::new("/dev/null"), false);
@@ -170,24 +99,17 @@ fn escape_probes_rerun_from_an_attached_process_are_refused() {
     if !need_root("escape_probes_rerun_from_an_attached_process_are_refused") {
         return;
     }
-    let nsd = start_nsd();
-    let scratch = tempdir("wats");
-    let s = |rel: &str| scratch.path().join(rel).display().to_string();
-    for d in ["ctl", "mnt", "rw", "ctl-rw", "suid"] {
-        std::fs::create_dir_all(s(d)).unwrap();
-        std::fs::set_permissions(s(d), std::fs::Permissions::from_mode(0o777)).unwrap();
-    }
-    // A setuid-root copy of the probe, and a symlink out of the writable bind.
-    let suid = s("suid/warren-probe");
-    std::fs::copy(PROBE, &suid).unwrap();
-    std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
-    std::os::unix::fs::symlink("/etc/shadow", s("rw/shadow-link")).unwrap();
+    let nsd = start_nsd("watt");
+    let targets = escape::Targets::new("wats");
+    let scratch = &targets.scratch;
+    let s = |rel: &str| targets.path(rel);
     // One namespace with every grant the suite's probes need (its `--rw`, `--ro` of the suid
     // dir, `limit pids=64`): the attached process gets all of them.
     let spec = format!(
         "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n\
          bind -r {PROBE} {PROBE}\nbind -w {rw} {rw}\nbind -r {suid_dir} {suid_dir}\n\
-         limit pids=64\n",
+         {pids}",
+        pids = escape::PIDS_LIMIT,
         rw = s("rw"),
         suid_dir = s("suid"),
     );
@@ -283,226 +205,31 @@ fn escape_probes_rerun_from_an_attached_process_are_refused() {
         "{e}"
     );
 
-    // Outside things to aim at.
-    let mut victim = Command::new("/bin/sleep")
-        .arg("120")
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let pid = victim.id().to_string();
-    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = tcp.local_addr().unwrap().port().to_string();
-    let abstract_name = format!("warren-attach-probe-{}", std::process::id());
-    let _abs =
-        UnixListener::bind_addr(&SocketAddr::from_abstract_name(&abstract_name).unwrap()).unwrap();
     let run_socket = warren_ns::launch::socket_path(&nsd.dirs)
         .display()
         .to_string();
-
-    let mut probes = vec![
-        with_args(
-            "mount",
-            &["mount", "/tmp"],
-            &["mount", &s("mnt")],
-            Control::RootPrivateMounts,
-        ),
-        with_args(
-            "umount",
-            &["umount", "/tmp"],
-            &["umount", "/proc"],
-            Control::RootPrivateMounts,
-        ),
-        with_args(
-            "mknod",
-            &["mknod", "/tmp"],
-            &["mknod", &s("ctl")],
-            Control::Root,
-        ),
-        with_args(
-            "read-shadow",
-            &["read", "/etc/shadow"],
-            &["read", "/etc/shadow"],
-            Control::Root,
-        ),
-        // A daemon's socket: absent inside (nsd's run socket, by its host path).
-        with_args(
-            "daemon-socket",
-            &["read", &run_socket],
-            &["read", &run_socket],
-            Control::Root,
-        ),
-        with_args(
-            "write-ro-bind",
-            &["write", "/usr/warren-attach-probe-write"],
-            &["write", &s("ctl/write")],
-            Control::Root,
-        ),
-        with_args(
-            "tcp-connect",
-            &["tcp-connect", &port],
-            &["tcp-connect", &port],
-            Control::Nobody,
-        ),
-        with_args(
-            "abstract-connect",
-            &["abstract-connect", &abstract_name],
-            &["abstract-connect", &abstract_name],
-            Control::Nobody,
-        ),
-        with_args(
-            "process_vm_readv",
-            &["process_vm_readv", &pid],
-            &["process_vm_readv", &pid],
-            Control::Root,
-        ),
-        with_args(
-            "proc-keys",
-            &["read-some", "/proc/keys"],
-            &["read-some", "/proc/keys"],
-            Control::Nobody,
-        ),
-        with_args(
-            "proc-timer_list",
-            &["read-some", "/proc/timer_list"],
-            &["read-some", "/proc/timer_list"],
-            Control::Root,
-        ),
-        with_args(
-            "proc-sys-write",
-            &["open-write", "/proc/sys/kernel/hostname"],
-            &["open-write", "/proc/sys/kernel/hostname"],
-            Control::Root,
-        ),
-    ];
-    for name in ["ptrace", "signal", "proc-root"] {
-        probes.push(with_args(name, &[name, &pid], &[name, &pid], Control::Root));
-    }
-    for (name, who) in [
-        ("unshare", Control::Root),
-        ("userns", Control::Nobody),
-        ("clone-newns", Control::Root),
-        ("clone3", Control::Nobody),
-        ("setns", Control::Root),
-        ("chroot", Control::Root),
-        ("pivot_root", Control::Root),
-        ("open_by_handle_at", Control::Root),
-        ("io_uring_setup", Control::Nobody),
-        ("bpf", Control::Root),
-        ("keyctl", Control::Nobody),
-        ("add_key", Control::Nobody),
-        ("perf_event_open", Control::Nobody),
-        ("tiocsti", Control::Root),
-        ("core_pattern", Control::Root),
-        ("tcp-bind", Control::Nobody),
-        ("x32", Control::Nobody),
-        ("reboot", Control::Root),
-        ("sethostname", Control::Root),
-        ("setuid0", Control::Root),
-        ("capset", Control::Root),
-        ("fsopen", Control::Root),
-        ("open_tree", Control::Root),
-        ("raw-socket", Control::Root),
-        ("userfaultfd", Control::Nobody),
-    ] {
-        probes.push(probe(name, who));
-    }
-
-    for (name, path) in [
-        ("symlink-out", s("rw/shadow-link")),
-        (
-            "dotdot-out",
-            format!("{}/../../../../../etc/shadow", s("rw")),
-        ),
-    ] {
-        probes.push(with_args(
-            name,
-            &["read", &path],
-            &["read", &path],
-            Control::Root,
-        ));
-    }
-    probes.push(with_args(
-        "setuid-bit",
-        &["setuid-bit", &s("rw")],
-        &["setuid-bit", &s("ctl-rw")],
-        Control::Nobody,
-    ));
-    probes.push(with_args(
-        "forkbomb-pids64",
-        &["forkbomb", "200"],
-        &["forkbomb", "200"],
-        Control::Nobody,
-    ));
-    // Runs the setuid-root copy itself, not the probe with arguments (special-cased below).
-    probes.push(with_args("setuid-exec", &[], &[], Control::Nobody));
-
-    let mut escapes = Vec::new();
-    let mut broken = Vec::new();
+    let probes = escape::escape_probes(&targets);
+    let mut findings = escape::Findings::default();
     for p in &probes {
-        let (inside, control) = if p.name == "setuid-exec" {
-            let argv = words(&[&suid, "euid-root"]);
-            use std::os::unix::process::CommandExt;
-            let control = Command::new(&suid)
-                .arg("euid-root")
-                .uid(NOBODY)
-                .gid(NOBODY)
-                .output()
-                .unwrap();
-            (attached(&nsd, id, &argv, scratch.path()), control)
-        } else {
-            let mut inside = vec![PROBE.to_string()];
-            inside.extend(p.inside.iter().cloned());
-            let control_args: Vec<&str> = p.control.iter().map(String::as_str).collect();
-            (
-                attached(&nsd, id, &inside, scratch.path()),
-                control_output(p.who, &control_args),
-            )
-        };
-        let (iv, cv) = (verdict(&inside), verdict(&control));
-        eprintln!(
-            "attached probe {:<18} inside={iv:<8} control({:?})={cv}   [{}]",
-            p.name,
-            p.who,
-            text(&inside.stderr).trim()
-        );
-        // The daemon's socket is no file to read outside either; its control is that it exists.
-        if p.name == "daemon-socket" {
-            assert!(exists(&run_socket), "the run socket is missing outside");
-        } else if cv != "allowed" {
-            broken.push(format!(
-                "{}: control says {cv:?}: {}",
-                p.name,
-                text(&control.stderr).trim()
-            ));
-        }
-        let absent =
-            p.name == "daemon-socket" && text(&inside.stderr).contains("No such file or directory");
-        if iv != "blocked" || (p.name == "daemon-socket" && !absent) {
-            escapes.push(format!(
-                "{}: inside says {iv:?}: {} {}",
-                p.name,
-                text(&inside.stdout).trim(),
-                text(&inside.stderr).trim()
-            ));
-        }
+        let inside = attached(&nsd, id, &escape::inside_argv(p, &targets), scratch.path());
+        findings.judge("attached", p, &inside, &escape::run_control(p, &targets));
     }
-    // What a chmod u+s inside did to the host's file: nothing.
-    for f in ["rw/probe-chmod", "rw/probe-creat"] {
-        if let Ok(m) = std::fs::metadata(s(f)) {
-            use std::os::unix::fs::MetadataExt;
-            assert_eq!(m.mode() & 0o6000, 0, "{f} has a set-id bit outside");
-        }
-    }
-    let _ = victim.kill();
-    let _ = victim.wait();
-    // Every probe of confinement.rs's escape suite (44), and nsd's run socket.
-    assert!(probes.len() >= 45, "the list shrank: {}", probes.len());
-    assert!(
-        broken.is_empty(),
-        "BROKEN probes (their control failed):\n{}",
-        broken.join("\n")
+    // A daemon's socket (nsd's run socket, by its host path): there outside, absent inside.
+    assert!(exists(&run_socket), "the run socket is missing outside");
+    let inside = attached(
+        &nsd,
+        id,
+        &words(&[PROBE, "read", &run_socket]),
+        scratch.path(),
     );
-    assert!(escapes.is_empty(), "ESCAPES:\n{}", escapes.join("\n"));
+    if verdict(&inside) != "blocked" || !text(&inside.stderr).contains("No such file or directory")
+    {
+        findings.escape("daemon-socket", &inside);
+    }
+    targets.assert_no_setid_bits();
+    // Every probe of confinement.rs's escape suite (the same list).
+    assert!(probes.len() >= 44, "the list shrank: {}", probes.len());
+    findings.assert_none();
 
     // The namespace outlived every attached command; dropping its launcher ends it.
     assert!(exists(&format!("/proc/{payload}")), "the namespace ended");

@@ -2,10 +2,6 @@
 
 mod common;
 
-use std::net::TcpListener;
-use std::os::linux::net::SocketAddrExt;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::os::unix::net::{SocketAddr, UnixListener};
 use std::process::{Command, Stdio};
 
 use common::*;
@@ -370,252 +366,25 @@ fn net_loopback_and_none() {
     assert_eq!(verdict(&out), "blocked", "{}", text(&out.stderr));
 }
 
-struct Probe {
-    name: &'static str,
-    inside: Vec<String>,
-    control: Vec<String>,
-    who: Control,
-    /// extra `warren-nsd run` flags for the inside run
-    flags: Vec<String>,
-}
-
-fn probe(name: &'static str, who: Control) -> Probe {
-    Probe {
-        name,
-        inside: vec![name.into()],
-        control: vec![name.into()],
-        who,
-        flags: vec![],
-    }
-}
-
-/// The escape suite: every probe must be `blocked` inside and `allowed` in its control. A
-/// probe whose control is not `allowed` cannot detect anything and is reported as broken.
+/// The escape suite (common/escape.rs), each probe in a `warren-nsd run` of its own with the
+/// grants it needs: every probe must be `blocked` inside and `allowed` in its control.
 #[test]
 fn escape_suite() {
     if !need_root("escape_suite") {
         return;
     }
-    let scratch = tempdir("wesc");
-    let s = |rel: &str| scratch.path().join(rel).display().to_string();
-    for d in ["ctl", "mnt", "rw", "ctl-rw", "suid"] {
-        std::fs::create_dir_all(s(d)).unwrap();
-        std::fs::set_permissions(s(d), std::fs::Permissions::from_mode(0o777)).unwrap();
-    }
-    // An outside process to aim at, a TCP listener, an abstract socket listener.
-    let mut victim = Command::new("/bin/sleep")
-        .arg("120")
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let pid = victim.id().to_string();
-    let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = tcp.local_addr().unwrap().port().to_string();
-    let abstract_name = format!("warren-probe-{}", std::process::id());
-    let _abs =
-        UnixListener::bind_addr(&SocketAddr::from_abstract_name(&abstract_name).unwrap()).unwrap();
-    // A setuid-root copy of the probe.
-    let suid = s("suid/warren-probe");
-    std::fs::copy(PROBE, &suid).unwrap();
-    std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
-    let limits = s("pids.ns");
-    std::fs::write(&limits, "limit pids=64\n").unwrap();
-
-    let mut probes = vec![
-        Probe {
-            inside: vec!["mount".into(), "/tmp".into()],
-            control: vec!["mount".into(), s("mnt")],
-            ..probe("mount", Control::RootPrivateMounts)
-        },
-        Probe {
-            inside: vec!["umount".into(), "/tmp".into()],
-            control: vec!["umount".into(), "/proc".into()],
-            ..probe("umount", Control::RootPrivateMounts)
-        },
-        probe("unshare", Control::Root),
-        probe("userns", Control::Nobody),
-        probe("clone-newns", Control::Root),
-        probe("clone3", Control::Nobody),
-        probe("setns", Control::Root),
-        probe("chroot", Control::Root),
-        probe("pivot_root", Control::Root),
-        probe("open_by_handle_at", Control::Root),
-        probe("io_uring_setup", Control::Nobody),
-        probe("bpf", Control::Root),
-        probe("keyctl", Control::Nobody),
-        probe("perf_event_open", Control::Nobody),
-        probe("tiocsti", Control::Root),
-        probe("core_pattern", Control::Root),
-        probe("tcp-bind", Control::Nobody),
-        probe("x32", Control::Nobody),
-        Probe {
-            inside: vec!["mknod".into(), "/tmp".into()],
-            control: vec!["mknod".into(), s("ctl")],
-            ..probe("mknod", Control::Root)
-        },
-        Probe {
-            inside: vec!["read".into(), "/etc/shadow".into()],
-            control: vec!["read".into(), "/etc/shadow".into()],
-            ..probe("read-shadow", Control::Root)
-        },
-        Probe {
-            inside: vec!["write".into(), "/usr/warren-probe-write".into()],
-            control: vec!["write".into(), s("ctl/write")],
-            ..probe("write-ro-bind", Control::Root)
-        },
-    ];
-    for (name, who) in [
-        ("reboot", Control::Root),
-        ("sethostname", Control::Root),
-        ("setuid0", Control::Root),
-        ("capset", Control::Root),
-        ("fsopen", Control::Root),
-        ("open_tree", Control::Root),
-        ("raw-socket", Control::Root),
-        ("userfaultfd", Control::Nobody),
-        ("add_key", Control::Nobody),
-    ] {
-        probes.push(probe(name, who));
-    }
-    for (name, path, who) in [
-        ("proc-keys", "/proc/keys", Control::Nobody),
-        ("proc-timer_list", "/proc/timer_list", Control::Root),
-    ] {
-        probes.push(Probe {
-            inside: vec!["read-some".into(), path.into()],
-            control: vec!["read-some".into(), path.into()],
-            ..probe(name, who)
-        });
-    }
-    probes.push(Probe {
-        inside: vec!["open-write".into(), "/proc/sys/kernel/hostname".into()],
-        control: vec!["open-write".into(), "/proc/sys/kernel/hostname".into()],
-        ..probe("proc-sys-write", Control::Root)
-    });
-    // Out of a bind by a symlink planted in it, and by `..`.
-    std::os::unix::fs::symlink("/etc/shadow", s("rw/shadow-link")).unwrap();
-    for (name, path) in [
-        ("symlink-out", s("rw/shadow-link")),
-        (
-            "dotdot-out",
-            format!("{}/../../../../../etc/shadow", s("rw")),
-        ),
-    ] {
-        probes.push(Probe {
-            inside: vec!["read".into(), path.clone()],
-            control: vec!["read".into(), path],
-            flags: vec!["--rw".into(), s("rw")],
-            ..probe(name, Control::Root)
-        });
-    }
-    probes.push(Probe {
-        inside: vec!["process_vm_readv".into(), pid.clone()],
-        control: vec!["process_vm_readv".into(), pid.clone()],
-        ..probe("process_vm_readv", Control::Root)
-    });
-    for name in ["ptrace", "signal", "proc-root"] {
-        probes.push(Probe {
-            inside: vec![name.into(), pid.clone()],
-            control: vec![name.into(), pid.clone()],
-            ..probe(name, Control::Root)
-        });
-    }
-    probes.push(Probe {
-        inside: vec!["tcp-connect".into(), port.clone()],
-        control: vec!["tcp-connect".into(), port.clone()],
-        ..probe("tcp-connect", Control::Nobody)
-    });
-    probes.push(Probe {
-        inside: vec!["abstract-connect".into(), abstract_name.clone()],
-        control: vec!["abstract-connect".into(), abstract_name.clone()],
-        ..probe("abstract-connect", Control::Nobody)
-    });
-    probes.push(Probe {
-        inside: vec!["setuid-bit".into(), s("rw")],
-        control: vec!["setuid-bit".into(), s("ctl-rw")],
-        flags: vec!["--rw".into(), s("rw")],
-        ..probe("setuid-bit", Control::Nobody)
-    });
-    probes.push(Probe {
-        inside: vec![],
-        control: vec![],
-        flags: vec!["--ro".into(), s("suid")],
-        ..probe("setuid-exec", Control::Nobody)
-    });
-    probes.push(Probe {
-        inside: vec!["forkbomb".into(), "200".into()],
-        control: vec!["forkbomb".into(), "200".into()],
-        flags: vec!["--ns".into(), limits.clone()],
-        ..probe("forkbomb-pids64", Control::Nobody)
-    });
-
-    let mut escapes = Vec::new();
-    let mut broken = Vec::new();
+    let targets = escape::Targets::new("wesc");
+    let probes = escape::escape_probes(&targets);
+    let mut findings = escape::Findings::default();
     for p in &probes {
-        let (inside_cmd, control_cmd): (Vec<String>, Vec<String>) = if p.name == "setuid-exec" {
-            (
-                vec![suid.clone(), "euid-root".into()],
-                vec![suid.clone(), "euid-root".into()],
-            )
-        } else {
-            let mut i = vec![PROBE.to_string()];
-            i.extend(p.inside.iter().cloned());
-            let mut c = vec![PROBE.to_string()];
-            c.extend(p.control.iter().cloned());
-            (i, c)
-        };
         let mut flags: Vec<&str> = vec!["--ro", PROBE];
         flags.extend(p.flags.iter().map(String::as_str));
-        let inside_refs: Vec<&str> = inside_cmd.iter().map(String::as_str).collect();
-        let inside = nsd_run(&flags, &inside_refs);
-        let control = if p.name == "setuid-exec" {
-            use std::os::unix::process::CommandExt;
-            Command::new(&control_cmd[0])
-                .args(&control_cmd[1..])
-                .uid(NOBODY)
-                .gid(NOBODY)
-                .output()
-                .unwrap()
-        } else {
-            let refs: Vec<&str> = control_cmd[1..].iter().map(String::as_str).collect();
-            control_output(p.who, &refs)
-        };
-        let (iv, cv) = (verdict(&inside), verdict(&control));
-        eprintln!(
-            "probe {:<18} inside={iv:<8} control({:?})={cv}   [{}]",
-            p.name,
-            p.who,
-            text(&inside.stderr).trim()
-        );
-        if cv != "allowed" {
-            broken.push(format!(
-                "{}: control says {cv:?}: {}",
-                p.name,
-                text(&control.stderr).trim()
-            ));
-        }
-        if iv != "blocked" {
-            escapes.push(format!(
-                "{}: inside says {iv:?}: {} {}",
-                p.name,
-                text(&inside.stdout).trim(),
-                text(&inside.stderr).trim()
-            ));
-        }
+        let argv = escape::inside_argv(p, &targets);
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let inside = nsd_run(&flags, &argv);
+        findings.judge("run", p, &inside, &escape::run_control(p, &targets));
     }
-    // What a chmod u+s inside did to the host's file: nothing.
-    for f in ["rw/probe-chmod", "rw/probe-creat"] {
-        if let Ok(m) = std::fs::metadata(s(f)) {
-            assert_eq!(m.mode() & 0o6000, 0, "{f} has a set-id bit outside");
-        }
-    }
-    let _ = victim.kill();
-    let _ = victim.wait();
+    targets.assert_no_setid_bits();
     assert!(probes.len() >= 44, "the suite shrank: {}", probes.len());
-    assert!(
-        broken.is_empty(),
-        "BROKEN probes (their control failed):\n{}",
-        broken.join("\n")
-    );
-    assert!(escapes.is_empty(), "ESCAPES:\n{}", escapes.join("\n"));
+    findings.assert_none();
 }

@@ -18,46 +18,6 @@ use warren_ns::launch::{Reply, Request, VERSION};
 const SYSTEM: &str =
     "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
 
-struct Nsd {
-    child: Child,
-    dirs: Dirs,
-    _base: tempfile::TempDir,
-}
-
-impl Drop for Nsd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_nsd() -> Nsd {
-    let base = tempdir("wlch");
-    let dirs = Dirs::under(base.path());
-    std::fs::create_dir_all(&dirs.runtime).unwrap();
-    let mut child = Command::new(NSD)
-        .arg("serve")
-        .env("WARREN_RUNTIME_DIR", &dirs.runtime)
-        .env("WARREN_DATA_DIR", &dirs.data)
-        .env("WARREN_SECRETS_DIR", &dirs.secrets)
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    // Readiness, not timing: until both sockets accept (or nsd died).
-    let run = warren_ns::launch::socket_path(&dirs);
-    while UnixStream::connect(&run).is_err() || UnixStream::connect(dirs.socket("ns")).is_err() {
-        if let Some(st) = child.try_wait().unwrap() {
-            panic!("warren-nsd serve exited: {st}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Nsd {
-        child,
-        dirs,
-        _base: base,
-    }
-}
-
 fn argv(words: &[&str]) -> Vec<String> {
     words.iter().map(|s| s.to_string()).collect()
 }
@@ -144,7 +104,7 @@ fn nsd_builds_it_with_the_launchers_stdio_and_status() {
     if !need_root("nsd_builds_it_with_the_launchers_stdio_and_status") {
         return;
     }
-    let nsd = start_nsd();
+    let nsd = start_nsd("wlch");
     let t = tempdir("wlio");
     let (stdin_r, stdin_w) = std::io::pipe().unwrap();
     let out: OwnedFd = std::fs::File::create(t.path().join("out")).unwrap().into();
@@ -219,7 +179,7 @@ fn signals_are_forwarded_and_a_vanished_launcher_kills_the_namespace() {
     if !need_root("signals_are_forwarded_and_a_vanished_launcher_kills_the_namespace") {
         return;
     }
-    let nsd = start_nsd();
+    let nsd = start_nsd("wlch");
     let (out_r, out_w) = std::io::pipe().unwrap();
     let out_w: OwnedFd = out_w.into();
     let (null_in, null_err) = (devnull(false), devnull(true));
@@ -355,7 +315,7 @@ fn a_unix_mount_of_a_diod_export_is_read_inside() {
         return;
     };
     bridge_next_to_nsd();
-    let nsd = start_nsd();
+    let nsd = start_nsd("wlch");
     let t = tempdir("wldd");
     let sock = t.path().join("d.sock");
     let d = start_diod(diod, t.path(), sock.to_str().unwrap());
@@ -386,7 +346,7 @@ fn a_tcp_mount_of_a_diod_export_is_read_inside() {
         return;
     };
     bridge_next_to_nsd();
-    let nsd = start_nsd();
+    let nsd = start_nsd("wlch");
     let t = tempdir("wldt");
     // A free port: the kernel's pick, released for diod to take.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -414,7 +374,7 @@ fn unix_mounts_inside_warrens_dirs_are_refused() {
     if !need_root("unix_mounts_inside_warrens_dirs_are_refused") {
         return;
     }
-    let nsd = start_nsd();
+    let nsd = start_nsd("wlch");
     let inside = nsd.dirs.socket("ns");
     let text = format!("{SYSTEM}mount unix!{} /mnt/x\n", inside.display());
     let (null_in, null_out, null_err) = (devnull(false), devnull(true), devnull(true));

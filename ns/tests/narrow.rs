@@ -6,10 +6,7 @@
 mod common;
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 use common::*;
 use warren_daemon::Dirs;
@@ -17,45 +14,6 @@ use warren_ns::launch::client::{LaunchOptions, launch};
 
 const SYSTEM: &str =
     "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
-
-struct Nsd {
-    child: Child,
-    dirs: Dirs,
-    _base: tempfile::TempDir,
-}
-
-impl Drop for Nsd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_nsd() -> Nsd {
-    let base = tempdir("wnrw");
-    let dirs = Dirs::under(base.path());
-    std::fs::create_dir_all(&dirs.runtime).unwrap();
-    let mut child = Command::new(NSD)
-        .arg("serve")
-        .env("WARREN_RUNTIME_DIR", &dirs.runtime)
-        .env("WARREN_DATA_DIR", &dirs.data)
-        .env("WARREN_SECRETS_DIR", &dirs.secrets)
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    let run = warren_ns::launch::socket_path(&dirs);
-    while UnixStream::connect(&run).is_err() || UnixStream::connect(dirs.socket("ns")).is_err() {
-        if let Some(st) = child.try_wait().unwrap() {
-            panic!("warren-nsd serve exited: {st}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Nsd {
-        child,
-        dirs,
-        _base: base,
-    }
-}
 
 /// Reads `/ns/<path>` over 9P on nsd's operator socket.
 fn ns_read(dirs: &Dirs, path: &str) -> String {
@@ -90,19 +48,25 @@ fn info_field(info: &str, key: &str) -> Option<String> {
         .map(str::to_string)
 }
 
-/// The parent's payload: each `clone NAME SPEC` writes SPEC to its own /ns/clone and prints
-/// `NAME <id>` or `NAME refused errno=N`; accepted children named `run-*` are started and waited
-/// for; finally it prints its own /ns listing.
+/// The parent's payload: each `clone NAME SPEC` writes SPEC to its own /ns/clone and reads on
+/// the same fd from where the write ended, printing `NAME <id>` or, when that read fails,
+/// `NAME refused errno=N REASON` with the reason the next read answers (`one-line` if it is one
+/// line); accepted children named `run-*` are started and waited for; then it prints its own
+/// /ns listing, and finally does the same from a shell on one fd (`exec 3<>`), refused and
+/// accepted.
 const PROBE_PY: &str = r#"
-import os, sys
+import os, subprocess, sys
 SYS = "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n"
 def clone(text):
     fd = os.open('/ns/clone', os.O_RDWR)
     try:
         os.write(fd, text.encode())
-        return os.pread(fd, 64, 0).decode().strip()
-    except OSError as e:
-        return 'refused errno=%d' % e.errno
+        try:
+            return os.read(fd, 4096).decode().strip()
+        except OSError as e:
+            why = os.read(fd, 4096).decode()
+            lines = 'one-line' if why.endswith('\n') and why.count('\n') == 1 else 'lines'
+            return 'refused errno=%d %s %s' % (e.errno, lines, why.strip())
     finally:
         os.close(fd)
 cases = [
@@ -128,6 +92,10 @@ for name, text in cases:
         with open('/ns/%s/wait' % got) as f:
             print(name + '-wait', f.read().strip(), flush=True)
 print('listing', ' '.join(sorted(os.listdir('/ns'))), flush=True)
+SH = 'exec 3<>/ns/clone; printf "%s" >&3; cat <&3; echo "first=$?"; cat <&3'
+for name, text in [('sh-refused', 'bind -w /data/a /a\\n'), ('sh-run', 'bind -r /data/a /a\\n')]:
+    got = subprocess.run(['/bin/sh', '-c', SH % text], stdout=subprocess.PIPE, text=True)
+    print(name, got.stdout.strip().replace('\n', ' | '), flush=True)
 "#;
 
 /// The sample's payload: for each `NAME<TAB>SPEC` line (spec lines joined by `;`) of
@@ -162,7 +130,7 @@ fn a_sample_of_random_children_built_for_real_reach_nothing_outside_the_parent()
     if !need_root("a_sample_of_random_children_built_for_real_reach_nothing_outside_the_parent") {
         return;
     }
-    let nsd = start_nsd();
+    let nsd = start_nsd("wnrw");
     let t = tempdir("wns");
     let d = t.path().join("data");
     for sub in ["a/b", "c"] {
@@ -298,7 +266,7 @@ fn narrowing_from_inside_a_namespace() {
         "{} missing: build the workspace (cargo build -p warren-bridge)",
         bridge.display()
     );
-    let nsd = start_nsd();
+    let nsd = start_nsd("wnrw");
     let t = tempdir("wnr");
     let d = t.path().join("data");
     std::fs::create_dir_all(d.join("a")).unwrap();
@@ -358,10 +326,68 @@ fn narrowing_from_inside_a_namespace() {
         "wide-tcp",
         "wide-key",
     ] {
-        assert_eq!(said(name), eperm, "{name}:\n{out}");
+        assert!(said(name).starts_with(&eperm), "{name}:\n{out}");
+    }
+    // Each refusal reads back as one line naming what widened, in the child's words.
+    let eperm_why = format!("{eperm} one-line error: refused: widens: ");
+    for (name, what) in [
+        (
+            "wide-write",
+            "bind `/data/a` asks -w where the parent has only -r",
+        ),
+        ("wide-path", "bind `/etc` is not under any of the parent's"),
+        (
+            "wide-symlink-out",
+            "bind `/data/out` cannot be resolved: it goes through a symlink",
+        ),
+        (
+            "wide-symlink-in",
+            "bind `/data/in` cannot be resolved: it goes through a symlink",
+        ),
+        (
+            "wide-net",
+            "net Loopback is wider than the parent's net None",
+        ),
+        (
+            "wide-gate",
+            "mount of `gate` at /gate is not one of the parent's",
+        ),
+        (
+            "wide-unix",
+            "mount of `unix!/run/x.sock` at /u is not one of the parent's",
+        ),
+        (
+            "wide-tcp",
+            "mount of `tcp!127.0.0.1!564` at /t is not one of the parent's",
+        ),
+        (
+            "wide-key",
+            "mount of `ns` at /ns is not one of the parent's",
+        ),
+    ] {
+        let got = said(name);
+        let why = got
+            .strip_prefix(&eperm_why)
+            .unwrap_or_else(|| panic!("{name}: {got}"));
+        assert!(why.contains(what), "{name}: {got}");
     }
     // `..` is refused by the parser already (and would be by the resolution; see narrow.rs).
-    assert_eq!(said("wide-dotdot"), einval, "{out}");
+    let dotdot = said("wide-dotdot");
+    assert!(
+        dotdot.starts_with(&format!("{einval} one-line error: invalid spec: line 1:")),
+        "{out}"
+    );
+    // A shell on one fd: the first `cat` fails (EPERM), the second reads why; an accepted
+    // clone answers its id to the read at the write's end (o₀).
+    assert_eq!(
+        said("sh-refused"),
+        "first=1 | error: refused: widens: bind `/data/a` asks -w where the parent has only -r",
+        "{out}"
+    );
+    let sh_run = said("sh-run");
+    let (sh_id, rest) = sh_run.split_once(" | ").unwrap();
+    assert!(sh_id.parse::<u64>().is_ok(), "{out}");
+    assert_eq!(rest, "first=0", "{out}");
 
     let a: u64 = said("run-a").parse().unwrap();
     let b: u64 = said("run-b").parse().unwrap();

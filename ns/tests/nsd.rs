@@ -3,55 +3,8 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
-
 use common::*;
 use warren_9p::{Client, Errno, oflags};
-
-struct Daemon {
-    child: Child,
-    _dirs: tempfile::TempDir,
-    socket: std::path::PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start() -> Daemon {
-    let dirs = tempdir("wnsd");
-    let run = dirs.path().join("run");
-    std::fs::create_dir_all(&run).unwrap();
-    let child = Command::new(NSD)
-        .arg("serve")
-        .env("WARREN_RUNTIME_DIR", &run)
-        .env("WARREN_DATA_DIR", dirs.path().join("data"))
-        .env("WARREN_SECRETS_DIR", dirs.path().join("secrets"))
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
-    Daemon {
-        child,
-        socket: run.join("ns.sock"),
-        _dirs: dirs,
-    }
-}
-
-async fn connect(d: &mut Daemon) -> Client {
-    // Readiness, not timing: wait until the daemon has bound its socket (or has died).
-    loop {
-        if let Ok(c) = Client::connect_unix(&d.socket).await {
-            return c;
-        }
-        if let Some(st) = d.child.try_wait().unwrap() {
-            panic!("warren-nsd serve exited: {st}");
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-}
 
 async fn read_file(root: &warren_9p::Fid, path: &str) -> Result<String, Errno> {
     let f = root.walk_path(path).await?;
@@ -82,8 +35,8 @@ async fn ns_tree_clones_runs_waits_and_kills() {
     if !need_root("ns_tree_clones_runs_waits_and_kills") {
         return;
     }
-    let mut d = start();
-    let client = connect(&mut d).await;
+    let nsd = start_nsd("wnsd");
+    let client = Client::connect_unix(nsd.dirs.socket("ns")).await.unwrap();
     let root = client.attach("root", "").await.unwrap();
 
     let id = clone_ns(&root, &format!("{SYSTEM}env TERM\nlimit pids=64\n"))
@@ -119,7 +72,7 @@ async fn ns_tree_clones_runs_waits_and_kills() {
     assert_eq!(read_file(&root, "2/wait").await.unwrap(), "exited 137\n");
 
     // A bind of warren's own runtime dir fails at run, and says so in status.
-    let runtime = d.socket.parent().unwrap().display().to_string();
+    let runtime = nsd.dirs.runtime.display().to_string();
     let id = clone_ns(&root, &format!("bind -r {runtime} /x\n"))
         .await
         .unwrap();

@@ -52,9 +52,22 @@ consts!(
     E2BIG,
     EBUSY,
     ENXIO,
+    EPIPE,
 );
 
 impl Errno {
+    /// The connection is gone (the server exited or restarted): what the client answers every
+    /// request waiting on it, or made after it.
+    pub fn connection_lost(self) -> bool {
+        [
+            Errno::ECONNRESET,
+            Errno::ENOTCONN,
+            Errno::EPIPE,
+            Errno::ECONNABORTED,
+        ]
+        .contains(&self)
+    }
+
     /// The errno of an I/O error, EIO when it has none.
     pub fn from_io(err: &std::io::Error) -> Errno {
         Errno(err.raw_os_error().map_or(libc::EIO as u32, |e| e as u32))

@@ -48,17 +48,19 @@ impl Appender {
     /// Appends one request (JSON bytes); returns its seq and hash once receiptd acknowledged it
     /// (after the WAL commit, or after the covering fdatasync under `--durable=fsync`).
     pub async fn append(&self, request: &[u8]) -> Result<Receipt, Refusal> {
-        if let Err(errno) = self.fid.write(0, request).await {
-            let message = match self.fid.read(0, 8192).await {
-                Ok(reply) if !reply.is_empty() => String::from_utf8_lossy(&reply).into_owned(),
-                _ => errno.to_string(),
-            };
-            return Err(Refusal { errno, message });
-        }
-        let reply = self.fid.read(0, 8192).await.map_err(|errno| Refusal {
-            errno,
-            message: errno.to_string(),
-        })?;
+        // One round trip: the write and the read are pipelined on the fid.
+        let reply = self
+            .fid
+            .call(request)
+            .await
+            .map_err(|(errno, said)| Refusal {
+                errno,
+                message: if said.is_empty() {
+                    errno.to_string()
+                } else {
+                    String::from_utf8_lossy(&said).into_owned()
+                },
+            })?;
         let v: Value = serde_json::from_slice(&reply).map_err(|e| Refusal {
             errno: Errno::EPROTO,
             message: format!("reply is not JSON: {e}"),

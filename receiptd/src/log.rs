@@ -24,6 +24,13 @@ use crate::sync::{Durability, Syncer};
 /// The scope receiptd writes its own receipts to (start, rotation, floor refusals).
 pub const SYSTEM_SCOPE: &str = "receiptd";
 
+/// The default per-scope receipt rate (receipts/s): 20 000/s is 10 000 gated calls/s (a decision
+/// and an effect receipt each), about 3-4x the MCP stdio rate warren's speed goal is measured
+/// against (2 500-3 900 calls/s), while a runaway session is still bounded (docs/decisions.md).
+pub const DEFAULT_RATE_PER_SEC: f64 = 20_000.0;
+/// The default per-scope burst: two seconds at the default rate.
+pub const DEFAULT_RATE_BURST: f64 = 40_000.0;
+
 #[derive(Clone, Debug)]
 pub struct LogConfig {
     pub data_dir: PathBuf,
@@ -49,8 +56,8 @@ impl LogConfig {
             secrets_dir: secrets_dir.to_owned(),
             durability: Durability::Wal,
             min_free_bytes: 64 << 20,
-            rate_per_sec: 1000.0,
-            rate_burst: 2000.0,
+            rate_per_sec: DEFAULT_RATE_PER_SEC,
+            rate_burst: DEFAULT_RATE_BURST,
             checkpoint_rows: 100,
             checkpoint_interval: Duration::from_secs(5),
             generate_key: true,

@@ -10,8 +10,9 @@ use std::sync::{Arc, Mutex, Weak};
 
 use tokio::net::UnixListener;
 use warren_9p::Limits;
+use warren_daemon::accept::{into_blocking, next_peer, refusal, root_only};
 use warren_daemon::operator::{self, OperatorPolicy};
-use warren_daemon::peer::{PeerCred, peer_cred, peer_in_own_pidns};
+use warren_daemon::peer::PeerCred;
 
 use crate::catalog::Catalog;
 use crate::grant::{ConnGrant, GrantRecord, write_reply};
@@ -85,22 +86,11 @@ impl Server {
     /// answered with one line).
     pub async fn serve_control(self: Arc<Self>, listener: UnixListener) {
         loop {
-            let sock = match listener.accept().await {
-                Ok((sock, _)) => sock,
-                Err(e) => {
-                    tracing::warn!("control accept: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            if let Some(why) = control_refusal(sock.as_fd()) {
-                tracing::warn!("control socket: refused a peer: {why}");
-                continue;
-            }
-            let std_sock = match sock
-                .into_std()
-                .and_then(|s| s.set_nonblocking(false).map(|()| s))
-            {
+            let sock = next_peer(&listener, "control socket", |s| {
+                refusal(s.as_fd(), root_only)
+            })
+            .await;
+            let std_sock = match into_blocking(sock) {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::warn!("control socket: {e}");
@@ -166,19 +156,5 @@ impl Server {
             }
         });
         Ok(())
-    }
-}
-
-/// Why a control-socket peer is refused: only root in our own pid namespace may hand over grants.
-fn control_refusal(fd: std::os::fd::BorrowedFd<'_>) -> Option<String> {
-    match peer_in_own_pidns(fd) {
-        Ok(true) => {}
-        Ok(false) => return Some("peer is in another pid namespace".into()),
-        Err(e) => return Some(format!("cannot read the peer's pid namespace: {e}")),
-    }
-    match peer_cred(fd) {
-        Ok(c) if c.uid == 0 => None,
-        Ok(c) => Some(format!("uid {} is not root", c.uid)),
-        Err(e) => Some(format!("no peer credentials: {e}")),
     }
 }

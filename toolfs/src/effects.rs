@@ -77,21 +77,39 @@ impl Receipts {
         reference
     }
 
+    /// One append; if it went out on an idle connection that turns out dead (receiptd restarted
+    /// since), once more on a fresh one, so no effect receipt is lost to a receiptd restart. A
+    /// refusal by receiptd is never retried. (A connection lost after receiptd committed the
+    /// entry but before its ack arrived leaves a second copy in the chain: recorded twice, never
+    /// lost.)
     async fn append_bytes(&self, request: &[u8]) -> Result<(u64, String), String> {
-        let socket = &self.socket;
         let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let appender = match idle {
-            Some(a) => a,
-            None => Appender::connect(socket)
-                .await
-                .map_err(|e| format!("cannot reach receiptd at {}: {e}", socket.display()))?,
-        };
+        if let Some(appender) = idle {
+            match appender.append(request).await {
+                Ok(ack) => {
+                    self.keep(appender);
+                    return Ok((ack.seq, ack.hash));
+                }
+                Err(e) if e.errno.connection_lost() => {
+                    tracing::info!(error = %e, "receiptd connection lost; reconnecting once");
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        let socket = &self.socket;
+        let appender = Appender::connect(socket)
+            .await
+            .map_err(|e| format!("cannot reach receiptd at {}: {e}", socket.display()))?;
         // A refused or failed append drops its connection: the next one starts afresh.
         let ack = appender.append(request).await.map_err(|e| e.to_string())?;
+        self.keep(appender);
+        Ok((ack.seq, ack.hash))
+    }
+
+    fn keep(&self, appender: Appender) {
         self.idle
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(appender);
-        Ok((ack.seq, ack.hash))
     }
 }

@@ -105,20 +105,7 @@ async fn race(workers: Vec<warren_toolfs::worker::Worker>, root: &Path, outside:
         written > 0,
         "no write succeeded: the test exercised only refusals"
     );
-    let after = snapshot(outside);
-    for (path, state) in &after {
-        assert_eq!(
-            before.get(path),
-            Some(state),
-            "{} changed or appeared outside the root",
-            path.display()
-        );
-    }
-    assert_eq!(
-        before.len(),
-        after.len(),
-        "something outside the root disappeared"
-    );
+    assert_untouched(outside, &before);
 }
 
 /// The control: the same swapper redirects a naive path-based writer out of the root, and the

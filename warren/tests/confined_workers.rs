@@ -4,6 +4,8 @@
 //! toolfs, the gate, receiptd and a confined worker nsd built — writing nothing outside the root.
 //! Needs root, /dev/fuse and the workspace's binaries.
 
+#[path = "../../toolfs/tests/common/approver.rs"]
+mod approver;
 mod common;
 #[path = "../../toolfs/tests/race_support/mod.rs"]
 mod race_support;
@@ -89,37 +91,7 @@ fn approve_every_ask(w: &Warren) -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap();
-    rt.spawn(async move {
-        let Ok(c) = warren_9p::Client::connect_unix(&sock).await else {
-            return;
-        };
-        let root = c.attach("approver", "").await.unwrap();
-        let events = root.walk(&["events"]).await.unwrap();
-        events.open(warren_9p::oflags::RDONLY).await.unwrap();
-        let (mut offset, mut buf) = (0u64, Vec::new());
-        while let Ok(chunk) = events.read(offset, 8192).await {
-            if chunk.is_empty() {
-                return;
-            }
-            offset += chunk.len() as u64;
-            buf.extend_from_slice(&chunk);
-            while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = buf.drain(..=nl).collect();
-                let line = String::from_utf8_lossy(&line);
-                let mut words = line.split_whitespace();
-                if words.next() != Some("pending") {
-                    continue;
-                }
-                let Some(id) = words.next().and_then(|i| i.parse().ok()) else {
-                    continue;
-                };
-                if let Some(fp) = words.find_map(|w| w.strip_prefix("fp=")) {
-                    let verb = format!("allow once {fp}");
-                    let _ = warren_gate::approvals::answer(&root, id, &verb).await;
-                }
-            }
-        }
-    });
+    rt.spawn(approver::allow_every_ask(sock));
     rt
 }
 
@@ -202,18 +174,5 @@ EOF"#,
         swaps.load(Ordering::Relaxed) > 0,
         "the swapper never swapped"
     );
-    let after = race_support::snapshot(&outside);
-    for (path, state) in &after {
-        assert_eq!(
-            before.get(path),
-            Some(state),
-            "{} changed or appeared outside the root",
-            path.display()
-        );
-    }
-    assert_eq!(
-        before.len(),
-        after.len(),
-        "something outside the root disappeared"
-    );
+    race_support::assert_untouched(&outside, &before);
 }

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use warren_9p::synthetic::stat;
 use warren_9p::{
     DirEntry, Errno, FileTree, GetAttrMask, QId, QIdType, Result, SetAttr, SetAttrMask, Stat, Time,
 };
@@ -235,20 +236,7 @@ impl FileTree for TestTree {
             sec: 1_700_000_000,
             nsec: 0,
         };
-        let stat = Stat {
-            mode,
-            uid: 0,
-            gid: 0,
-            nlink: 1,
-            rdev: 0,
-            size,
-            blksize: 4096,
-            blocks: 0,
-            atime: t,
-            mtime: t,
-            ctime: t,
-        };
-        Ok((self.qid(&fid.node)?, stat))
+        Ok((self.qid(&fid.node)?, stat(mode, size, t)))
     }
 
     async fn open(&self, fid: &mut TreeFid, _flags: u32) -> Result<(QId, u32)> {

@@ -37,6 +37,13 @@ pub fn unblock_all() -> Result<(), String> {
         .map_err(|e| format!("unblocking signals: {e}"))
 }
 
+/// Waits for `child` (this process's own) and returns its exit status, 128+N for signal N.
+pub fn wait_exit_code(child: Pid) -> std::io::Result<i32> {
+    let status = waitpid(child, None)?;
+    status_code(status)
+        .ok_or_else(|| std::io::Error::other(format!("unexpected wait status {status:?}")))
+}
+
 pub fn status_code(status: WaitStatus) -> Option<i32> {
     match status {
         WaitStatus::Exited(_, code) => Some(code),

@@ -239,12 +239,7 @@ fn landlock_view(spec: &Spec, ninep: Vec<OwnedFd>) -> landlock::View {
     landlock::View {
         read: vec!["/".into()],
         write,
-        devices: [
-            "null", "zero", "full", "random", "urandom", "tty", "ptmx", "pts",
-        ]
-        .iter()
-        .map(|d| format!("/dev/{d}"))
-        .collect(),
+        devices: mounts::dev_nodes(),
         ninep,
         net: spec.net(),
     }

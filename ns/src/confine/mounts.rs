@@ -73,6 +73,18 @@ fn bind_host_file(root: &OwnedFd, host: &str, path: &str, attrs: u64) -> Result<
     sys::move_mount(tree.as_fd(), target.as_fd()).map_err(|e| format!("attaching {path}: {e}"))
 }
 
+/// The harmless character devices /dev gets from the host.
+const HOST_DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+
+/// /dev's device nodes and its pts dir, as paths: what Landlock must leave writable.
+pub fn dev_nodes() -> Vec<String> {
+    HOST_DEVICES
+        .iter()
+        .chain(&["ptmx", "pts"])
+        .map(|d| format!("/dev/{d}"))
+        .collect()
+}
+
 /// Step 2d: a /dev like bubblewrap's: the harmless character devices bound from the host's
 /// nodes, a devpts of our own with its ptmx, a tmpfs shm, and the fd/std* links.
 pub fn mount_dev(root: &OwnedFd) -> Result<(), String> {
@@ -83,7 +95,7 @@ pub fn mount_dev(root: &OwnedFd) -> Result<(), String> {
         &[("mode", "0755"), ("size", "64k")],
         libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NOEXEC,
     )?;
-    for node in ["null", "zero", "full", "random", "urandom", "tty"] {
+    for node in HOST_DEVICES {
         let host = format!("/dev/{node}");
         if std::fs::symlink_metadata(&host).is_err() {
             continue;

@@ -10,19 +10,18 @@
 //! in the namespace, with the namespace's pid 1.
 
 use std::ffi::CString;
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 
 use nix::sched::CloneFlags;
 use nix::sys::signal::Signal;
-use nix::sys::wait::waitpid;
 use nix::unistd::{ForkResult, Pid};
 
-use crate::confine::fuse::{open_mount_root, recv_fd};
+use crate::confine::fuse::open_mount_root;
 use crate::confine::{self, Plan, SETUP_FAILED, fail, init, sys};
-use crate::run::{PayloadStdio, Running, payload_env};
+use crate::run::{PayloadStdio, Running, collect_started, payload_env};
 use crate::spec::Spec;
 
 /// The namespaces joined through the holder's pidfd in one atomic `setns`. The pid namespace is
@@ -71,9 +70,7 @@ impl Attached {
 
     /// The command's exit status (128+N for signal N). Call once.
     pub fn wait(&self) -> io::Result<i32> {
-        let status = waitpid(self.attacher, None)?;
-        init::status_code(status)
-            .ok_or_else(|| io::Error::other(format!("unexpected wait status {status:?}")))
+        init::wait_exit_code(self.attacher)
     }
 }
 
@@ -140,35 +137,12 @@ pub fn attach(running: &Running, spec: &Spec, plan: AttachPlan<'_>) -> io::Resul
     drop(child_plan);
     drop(holder);
     drop(plan.stdio);
-    let attacher_fd = sys::pidfd_open(attacher.as_raw());
-    let pty_master = match &pty_parent {
-        Some(sock) => recv_fd(sock).map(|got| got.map(|(_, fd)| fd)),
-        None => Ok(None),
-    };
-    drop(pty_parent);
-    let mut message = String::new();
-    let read = std::fs::File::from(err_read).read_to_string(&mut message);
-    let started = (move || {
-        read?;
-        let pty_master = pty_master?;
-        if !message.is_empty() {
-            return Err(io::Error::other(message));
-        }
-        let fd = attacher_fd.map_err(|e| io::Error::new(e.kind(), format!("pidfd_open: {e}")))?;
-        Ok((fd, pty_master))
-    })();
-    match started {
-        Ok((attacher_fd, pty_master)) => Ok(Attached {
-            attacher,
-            attacher_fd,
-            pty_master,
-        }),
-        Err(e) => {
-            let _ = nix::sys::signal::kill(attacher, Signal::SIGKILL);
-            let _ = waitpid(attacher, None);
-            Err(e)
-        }
-    }
+    let (attacher_fd, pty_master) = collect_started(attacher, Ok(()), pty_parent, err_read)?;
+    Ok(Attached {
+        attacher,
+        attacher_fd,
+        pty_master,
+    })
 }
 
 /// The attacher (a forked child of nsd): join, confine, fork the command, forward signals,

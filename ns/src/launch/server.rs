@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::net::UnixListener;
+use warren_daemon::accept::{into_blocking, next_peer};
 use warren_daemon::operator::OperatorPolicy;
 use warren_daemon::peer::{PeerCred, peer_cred};
 
@@ -32,25 +33,11 @@ pub async fn accept_loop(
     nsd.set_bridge(bridge.clone());
     let nsd = Arc::new(nsd);
     loop {
-        let sock = match listener.accept().await {
-            Ok((s, _)) => s,
-            Err(e) => {
-                tracing::warn!("run socket: accept: {e}");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        if let Some(why) = policy.refusal(&sock) {
-            tracing::warn!("run socket: refused a peer: {why}");
-            continue;
-        }
+        let sock = next_peer(&listener, "run socket", |s| policy.refusal(s)).await;
         let Ok(cred) = peer_cred(sock.as_fd()) else {
             continue;
         };
-        let sock = match sock.into_std().and_then(|s| {
-            s.set_nonblocking(false)?;
-            Ok(s)
-        }) {
+        let sock = match into_blocking(sock) {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!("run socket: {e}");
@@ -329,7 +316,7 @@ fn start(
             launcher_pid: Some(cred.pid),
             ..Info::default()
         },
-    );
+    )?;
     let built = (|| {
         let served = if spec.mounts.is_empty() {
             None
@@ -355,7 +342,7 @@ fn start(
             None => new_session_id()?,
         };
         opts.mount_server = served.clone().map(|s| s as Arc<dyn crate::MountServer>);
-        let mut running = spawn(&spec, &request.argv, &opts)?;
+        let mut running = spawn(space.build(), &request.argv, &opts)?;
         let pty_master = running.take_pty_master();
         Ok::<_, io::Error>((served, session, Arc::new(running), pty_master))
     })();

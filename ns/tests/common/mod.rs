@@ -2,9 +2,15 @@
 
 #![allow(dead_code)]
 
+pub mod escape;
+
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use warren_daemon::Dirs;
 
 pub const NSD: &str = env!("CARGO_BIN_EXE_warren-nsd");
 pub const PROBE: &str = env!("CARGO_BIN_EXE_warren-probe");
@@ -108,4 +114,46 @@ pub fn control_output(control: Control, probe_args: &[&str]) -> Output {
 
 pub fn exists(p: &str) -> bool {
     Path::new(p).exists()
+}
+
+/// A real `warren-nsd serve` in a temp runtime dir of its own; killed when dropped.
+pub struct Nsd {
+    pub child: Child,
+    pub dirs: Dirs,
+    _base: tempfile::TempDir,
+}
+
+impl Drop for Nsd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `warren-nsd serve` under a fresh temp dir named `prefix…` and returns once its run
+/// socket and its /ns socket both accept (readiness, not timing; panics if nsd died first).
+pub fn start_nsd(prefix: &str) -> Nsd {
+    let base = tempdir(prefix);
+    let dirs = Dirs::under(base.path());
+    std::fs::create_dir_all(&dirs.runtime).unwrap();
+    let mut child = Command::new(NSD)
+        .arg("serve")
+        .env("WARREN_RUNTIME_DIR", &dirs.runtime)
+        .env("WARREN_DATA_DIR", &dirs.data)
+        .env("WARREN_SECRETS_DIR", &dirs.secrets)
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let run = warren_ns::launch::socket_path(&dirs);
+    while UnixStream::connect(&run).is_err() || UnixStream::connect(dirs.socket("ns")).is_err() {
+        if let Some(st) = child.try_wait().unwrap() {
+            panic!("warren-nsd serve exited: {st}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Nsd {
+        child,
+        dirs,
+        _base: base,
+    }
 }

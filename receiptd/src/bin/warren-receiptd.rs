@@ -44,9 +44,9 @@ struct Args {
     #[arg(long, default_value_t = 64)]
     min_free_mb: u64,
     /// Per-scope receipt rate (per second) and burst.
-    #[arg(long, default_value_t = 1000.0)]
+    #[arg(long, default_value_t = warren_receiptd::log::DEFAULT_RATE_PER_SEC)]
     rate: f64,
-    #[arg(long, default_value_t = 2000.0)]
+    #[arg(long, default_value_t = warren_receiptd::log::DEFAULT_RATE_BURST)]
     burst: f64,
     /// Checkpoint a scope after this many uncovered entries...
     #[arg(long, default_value_t = 100)]

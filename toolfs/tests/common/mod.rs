@@ -2,6 +2,7 @@
 //! connections to it (operator socket, or handed over with a grant on the control socket).
 #![allow(dead_code)]
 
+pub mod approver;
 pub mod stack;
 
 pub use stack::Stack;
@@ -366,4 +367,35 @@ pub fn digest(bytes: &[u8]) -> String {
 
 pub fn path_str(p: &Path) -> &str {
     p.to_str().unwrap()
+}
+
+/// Sends one length-prefixed `frame` to the unix socket at `socket` as uid 65534 (a peer no
+/// control socket accepts) and says what came back: "answer", or "closed" when the server hung
+/// up without one. Python, so the peer really is another process with other credentials.
+pub fn frame_as_nobody(socket: &Path, frame: &str) -> String {
+    let script = format!(
+        "import socket\ns=socket.socket(socket.AF_UNIX)\ns.connect({:?})\nr={:?}.encode()\n\
+         try:\n  s.sendall(len(r).to_bytes(4,'little')+r)\n  print('answer' if s.recv(100) else 'closed')\n\
+         except (BrokenPipeError, ConnectionResetError):\n  print('closed')\n",
+        path_str(socket),
+        frame
+    );
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+            &script,
+        ])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        said == "answer" || said == "closed",
+        "{said:?}, stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    said
 }

@@ -305,28 +305,7 @@ impl Stack {
                 .enable_all()
                 .build()
                 .unwrap();
-            rt.block_on(async move {
-                let Ok(c) = Client::connect_unix(&sock).await else {
-                    return;
-                };
-                let root = c.attach("approver", "").await.unwrap();
-                let events = root.walk(&["events"]).await.unwrap();
-                events.open(oflags::RDONLY).await.unwrap();
-                let (mut offset, mut buf) = (0u64, Vec::new());
-                while let Ok(chunk) = events.read(offset, 8192).await {
-                    if chunk.is_empty() {
-                        return;
-                    }
-                    offset += chunk.len() as u64;
-                    buf.extend_from_slice(&chunk);
-                    while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
-                        let line: Vec<u8> = buf.drain(..=nl).collect();
-                        if let Some((id, fp)) = pending_event(&String::from_utf8_lossy(&line)) {
-                            let _ = answer(&root, id, &format!("allow once {fp}")).await;
-                        }
-                    }
-                }
-            });
+            rt.block_on(super::approver::allow_every_ask(sock));
         });
     }
 
@@ -360,17 +339,6 @@ impl Drop for Stack {
         self.kill_receiptd();
         self.kill_nsd();
     }
-}
-
-/// `pending <id> … fp=<hex> …` → (id, fp).
-pub fn pending_event(line: &str) -> Option<(i64, String)> {
-    let mut words = line.split_whitespace();
-    if words.next()? != "pending" {
-        return None;
-    }
-    let id = words.next()?.parse().ok()?;
-    let fp = words.find_map(|w| w.strip_prefix("fp="))?.to_owned();
-    Some((id, fp))
 }
 
 /// Writes an answer to `pending/<id>/ctl`.

@@ -59,6 +59,25 @@ pub fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Observed> {
     out
 }
 
+/// Asserts that the tree at `dir` is exactly as `before` (a [`snapshot`]) saw it: no path
+/// changed, appeared or disappeared.
+pub fn assert_untouched(dir: &Path, before: &BTreeMap<PathBuf, Observed>) {
+    let after = snapshot(dir);
+    for (path, state) in &after {
+        assert_eq!(
+            before.get(path),
+            Some(state),
+            "{} changed or appeared outside the root",
+            path.display()
+        );
+    }
+    assert_eq!(
+        before.len(),
+        after.len(),
+        "something outside the root disappeared"
+    );
+}
+
 /// A directory or file under `base`, owned by `uid` (the worker's, so a write that escaped
 /// would succeed).
 fn owned_dir(path: &Path, uid: u32) {
