@@ -13,7 +13,7 @@ use warren_gate::{Answer, Verdict};
 
 use crate::args::{self, Arguments};
 use crate::dispatch::{Dispatcher, Runnable};
-use crate::effects::ReceiptRef;
+use crate::effects::{DecisionRef, EffectSlot, ReceiptRef};
 use crate::envelope::{Envelope, Status, Taint, content_digest};
 use crate::grant::GrantedTool;
 use crate::tree::CallSlot;
@@ -105,11 +105,9 @@ fn withdraw(
 fn denied(tool: &str, session: &str, answer: &Answer) -> Envelope {
     let mut env = Envelope::new(tool, Status::Denied, Taint::Trusted, answer.basis.clone());
     env.receipt = answer.receipt.as_ref().map(|ack| ReceiptRef {
-        kind: "decision".into(),
-        scope: session.to_owned(),
         seq: Some(ack.seq),
         hash: Some(ack.hash.clone()),
-        error: None,
+        ..ReceiptRef::new("decision", session)
     });
     env
 }
@@ -214,6 +212,20 @@ impl CallOpen {
             let env = denied(name, dispatcher.session(), &answer);
             return Phase::Done(Arc::new(env.to_canonical()));
         }
+        // Fail closed: a call whose effect receipt could not be queued does not run.
+        let effect = match dispatcher.services().receipts.reserve_effect() {
+            Ok(slot) => slot,
+            Err(e) => {
+                withdrawal.armed = false;
+                tracing::error!(conn = %dispatcher.grant().label, tool = name, "call refused: {e}");
+                let refused = Answer {
+                    basis: "receipts_unavailable".into(),
+                    ..answer
+                };
+                let env = denied(name, dispatcher.session(), &refused);
+                return Phase::Done(Arc::new(env.to_canonical()));
+            }
+        };
         let runnable = match dispatcher.prepare(&self.tool).await {
             Ok(r) => r,
             Err(env) => {
@@ -224,7 +236,8 @@ impl CallOpen {
         withdrawal.armed = false;
         let (dispatcher, tool, slot) = (dispatcher.clone(), self.tool.clone(), self.slot.clone());
         Phase::Running(tokio::spawn(async move {
-            let env = run_and_receipt(&dispatcher, &tool, runnable, &prepared, &answer).await;
+            let env =
+                run_and_receipt(&dispatcher, &tool, runnable, &prepared, &answer, effect).await;
             drop(slot);
             Arc::new(env.to_canonical())
         }))
@@ -295,13 +308,15 @@ impl CallOpen {
 }
 
 /// Runs an allowed call, marks the session's context untrusted if the result is a tool's, and
-/// appends the effect receipt; the envelope carries the receipt (or why there is none).
+/// queues the effect receipt in the place taken before it ran; the envelope names it by the
+/// decision that allowed the call.
 async fn run_and_receipt(
     dispatcher: &Dispatcher,
     tool: &GrantedTool,
     runnable: Runnable,
     args: &Arguments,
     answer: &Answer,
+    effect: EffectSlot,
 ) -> Envelope {
     let services = dispatcher.services();
     let started = Instant::now();
@@ -316,19 +331,25 @@ async fn run_and_receipt(
         "fingerprint": answer.fingerprint,
         "status": env.status,
     });
-    if let Some(ack) = &answer.receipt {
-        subject["decision"] = json!({"seq": ack.seq, "hash": ack.hash});
+    let decision = answer.receipt.as_ref().map(|ack| DecisionRef {
+        seq: ack.seq,
+        hash: ack.hash.clone(),
+    });
+    if let Some(d) = &decision {
+        subject["decision"] = json!({"seq": d.seq, "hash": d.hash});
     }
-    let receipt = services
-        .receipts
-        .append(
-            dispatcher.session(),
-            "effect",
-            subject,
-            json!({"args": content_digest(&args.canonical), "result": env.digest}),
-        )
-        .await;
+    let request = json!({
+        "scope": dispatcher.session(),
+        "kind": "effect",
+        "subject": subject,
+        "digests": {"args": content_digest(&args.canonical), "result": env.digest},
+    });
+    effect.send(serde_json::to_vec(&request).expect("json"));
     services.hops.effect(started.elapsed());
-    env.receipt = Some(receipt);
+    env.receipt = Some(ReceiptRef {
+        queued: true,
+        decision,
+        ..ReceiptRef::new("effect", dispatcher.session())
+    });
     env
 }

@@ -23,6 +23,33 @@ fn receipt_seq(env: &Envelope, kind: &str) -> u64 {
     r.seq.unwrap_or_else(|| panic!("no seq: {env:?}"))
 }
 
+/// The effect receipt a call's envelope names: queued, found in the scope by the decision that
+/// allowed the call once the writer has appended it (waited for, up to 10 s).
+async fn effect_receipt(d: &Daemon, env: &Envelope) -> Value {
+    let r = env
+        .receipt
+        .as_ref()
+        .unwrap_or_else(|| panic!("no receipt: {env:?}"));
+    assert_eq!(r.kind, "effect", "{env:?}");
+    assert!(r.queued, "{env:?}");
+    let decision = r
+        .decision
+        .as_ref()
+        .expect("a queued effect names its decision");
+    for _ in 0..1000 {
+        let bodies = d.stack().receipts(&r.scope).await;
+        if let Some(b) = bodies
+            .iter()
+            .find(|b| b["kind"] == "effect" && b["subject"]["decision"]["seq"] == decision.seq)
+        {
+            assert_eq!(b["subject"]["decision"]["hash"], decision.hash.as_str());
+            return b.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no effect receipt for decision #{} written", decision.seq)
+}
+
 fn body_at(bodies: &[Value], seq: u64) -> &Value {
     bodies
         .iter()
@@ -53,8 +80,8 @@ fn field<'a>(request: &'a str, name: &str) -> &'a str {
 }
 
 /// Design "How a tool call flows": a read-tier call is allowed, its decision receipt is in
-/// receiptd's log before its effect receipt, and the envelope names the effect receipt, whose
-/// digests are those of the arguments and of the result.
+/// receiptd's log before its effect receipt, and the envelope names the (queued) effect receipt
+/// by its decision; the effect's digests are those of the arguments and of the result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_call_is_decided_run_and_receipted_in_that_order() {
     let d = Daemon::start_gated(&[]);
@@ -63,13 +90,11 @@ async fn a_read_call_is_decided_run_and_receipted_in_that_order() {
     let args = br#"{"message":"hi"}"#;
     let env = call_envelope(&root, "echo", args).await;
     assert_eq!(env.status, Status::Ok, "{env:?}");
-    let effect_seq = receipt_seq(&env, "effect");
     let r = env.receipt.as_ref().unwrap();
     assert_eq!(r.scope, rec.session);
-
+    let effect = effect_receipt(&d, &env).await;
+    let effect_seq = effect["seq"].as_u64().unwrap();
     let bodies = d.stack().receipts(&rec.session).await;
-    let effect = body_at(&bodies, effect_seq);
-    assert_eq!(effect["kind"], "effect");
     assert_eq!(effect["appender"], "toolfs");
     assert_eq!(effect["subject"]["tool"], "echo");
     assert_eq!(effect["digests"]["result"], env.digest.as_str());
@@ -128,7 +153,7 @@ async fn an_exec_call_waits_for_its_answer_and_a_deny_never_runs() {
     .unwrap();
     let env = first.await.unwrap();
     assert_eq!(env.status, Status::Ok, "{env:?}");
-    receipt_seq(&env, "effect");
+    effect_receipt(&d, &env).await;
     assert_eq!(
         std::fs::read_to_string(path.join("ran.txt")).unwrap(),
         "ran\n"
@@ -266,20 +291,64 @@ async fn operator_connections_are_gated_in_sessions_of_their_own() {
     );
 }
 
-/// The effect has happened when its receipt is appended: a refusal is said in the envelope,
-/// not hidden and not turned into a deny. (receiptd's per-scope burst of 1 takes the decision
-/// receipt and refuses the effect receipt.)
+/// Effect receipts are queued off the call's path and never dropped. receiptd here refuses
+/// toolfs's effect receipts (it expects them from another uid) while it takes the gate's
+/// decisions: the call that ran returns at once with its effect queued; the writer retries; the
+/// queue fails closed, so the next call is refused (`receipts_unavailable`, after an allowing
+/// decision) and does not run. Once a receiptd that takes them is back, the queued receipt is
+/// written and calls run again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_effect_receipt_receiptd_refuses_is_said_in_the_envelope() {
-    let d = Daemon::start_gated_in(temp_dir(), &["--rate", "0.001", "--burst", "1"], &[]);
-    let (_c, root) = d.granted(&record(&["echo"]), &[]).await;
-    let env = call_envelope(&root, "echo", br#"{"n":1}"#).await;
-    assert_eq!(env.status, Status::Ok, "{env:?}");
-    let r = env.receipt.as_ref().unwrap();
-    assert_eq!(r.kind, "effect");
-    assert_eq!(r.seq, None);
-    assert!(r.error.as_deref().unwrap_or("").contains("rate"), "{env:?}");
-    assert_eq!(d.journal().len(), 2);
+async fn an_effect_receipt_receiptd_refuses_is_retried_and_calls_are_refused_meanwhile() {
+    let mut d = Daemon::start_gated_in(temp_dir(), &["--toolfs-uid", "4242"], &[]);
+    let rec = record(&["echo"]);
+    let (_c, root) = d.granted(&rec, &[]).await;
+    let first = call_envelope(&root, "echo", br#"{"n":1}"#).await;
+    assert_eq!(first.status, Status::Ok, "{first:?}");
+    let r = first.receipt.as_ref().unwrap();
+    assert!(r.queued && r.decision.is_some(), "{first:?}");
+
+    let mut ran = 1;
+    let mut refused = None;
+    for n in 2..200 {
+        let env = call_envelope(&root, "echo", format!(r#"{{"n":{n}}}"#).as_bytes()).await;
+        if env.status == Status::Ok {
+            ran += 1;
+        }
+        if env.status == Status::Denied {
+            refused = Some(env);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let refused = refused.expect("calls kept running while effect receipts were not written");
+    assert_eq!(refused.content, "receipts_unavailable", "{refused:?}");
+    assert_eq!(refused.receipt.as_ref().unwrap().kind, "decision");
+    let journal = d.journal().len();
+    assert!(
+        d.log().contains("effect receipt not written, retrying"),
+        "{}",
+        d.log()
+    );
+
+    d.stack_mut().kill_receiptd();
+    d.stack_mut().start_receiptd(&[]);
+    effect_receipt(&d, &first).await;
+    let mut again = None;
+    for n in 1000..1200 {
+        let env = call_envelope(&root, "echo", format!(r#"{{"n":{n}}}"#).as_bytes()).await;
+        if env.status == Status::Ok {
+            again = Some(env);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let again = again.expect("calls stayed refused after receiptd took effect receipts again");
+    effect_receipt(&d, &again).await;
+    // The refused call did not run; every call that ran has its effect receipt, none dropped.
+    assert_eq!(journal, 2 * ran, "{:?}", d.journal());
+    let bodies = d.stack().receipts(&rec.session).await;
+    let effects = bodies.iter().filter(|b| b["kind"] == "effect").count();
+    assert_eq!(effects, ran + 1, "{bodies:#?}");
 }
 
 /// A call closed before its first read is withdrawn: never decided, never run, receipted.

@@ -246,7 +246,15 @@ fn log_prints_receipts_in_words_and_follows_new_ones() {
     let first = call("one");
     let scope = first["receipt"]["scope"].as_str().unwrap().to_owned();
 
-    let words = String::from_utf8(w.run(&["log", &scope]).stdout).unwrap();
+    // The effect receipt is queued off the call's path: wait for it to be written.
+    let mut words = String::new();
+    for _ in 0..500 {
+        words = String::from_utf8(w.run(&["log", &scope]).stdout).unwrap();
+        if words.lines().count() >= 2 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let lines: Vec<&str> = words.lines().collect();
     assert_eq!(lines.len(), 2, "a decision and an effect:\n{words}");
     assert!(

@@ -200,7 +200,8 @@ impl Stack {
         stack
     }
 
-    fn start_receiptd(&mut self, extra: &[&str]) {
+    /// (Re)starts receiptd with `extra` arguments (after [`Stack::kill_receiptd`]).
+    pub fn start_receiptd(&mut self, extra: &[&str]) {
         let mut child = Command::new(sibling_bins().1)
             .arg("--runtime-dir")
             .arg(&self.runtime)
@@ -208,7 +209,13 @@ impl Stack {
             .arg(self.base.join("rdata"))
             .arg("--secrets-dir")
             .arg(self.base.join("secrets"))
-            .args(["--gate-uid", &gate_uid().to_string(), "--toolfs-uid", "0"])
+            .args(["--gate-uid", &gate_uid().to_string()])
+            // toolfs runs as root in these tests, unless a test names another uid.
+            .args(if extra.contains(&"--toolfs-uid") {
+                &[][..]
+            } else {
+                &["--toolfs-uid", "0"][..]
+            })
             .args(extra)
             .env("WARREN_LOG", "warn")
             .stdin(Stdio::null())
