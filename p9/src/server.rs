@@ -159,12 +159,24 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     let mut wr = BufWriter::with_capacity(64 * 1024, wr);
     while let Some(first) = rx.recv().await {
         let mut next = Some(first);
-        while let Some(msg) = next {
-            if let Err(e) = wr.write_all(&msg.frame).await {
-                debug!("9p write failed: {e}");
-                return;
+        // Twice: once for what is queued now, and once more after letting the tasks that are
+        // ready run. A pipelined pair (an rpc file's Twrite and Tread, a walk and its open)
+        // finishes its two requests back to back; without the yield the first reply goes out
+        // alone and the client wakes twice for one round trip — a cross-CPU wakeup each, the
+        // dearest thing on the path (measured on the gate's decide: two sends per call before,
+        // one after).
+        for pass in 0..2 {
+            while let Some(msg) = next {
+                if let Err(e) = wr.write_all(&msg.frame).await {
+                    debug!("9p write failed: {e}");
+                    return;
+                }
+                next = rx.try_recv().ok();
             }
-            next = rx.try_recv().ok();
+            if pass == 0 {
+                tokio::task::yield_now().await;
+                next = rx.try_recv().ok();
+            }
         }
         if let Err(e) = wr.flush().await {
             debug!("9p write failed: {e}");

@@ -210,8 +210,13 @@ struct Cursor {
 
 impl Cursor {
     /// Reads every matching scope past what was consumed; returns the new entries in clock order.
+    /// All or nothing: if any scope cannot be read (receiptd went away mid-way), nothing is
+    /// consumed and the next call reads it all again — advancing the scopes already read would
+    /// drop their entries with the failed batch (it did: `warren log -f` skipped receipts that
+    /// landed just before a receiptd restart).
     async fn advance(&mut self, receipts: &Receipts, filter: Option<&str>) -> Result<Vec<Entry>> {
         let mut entries = Vec::new();
+        let mut staged = Vec::new();
         for scope in receipts.scopes(filter).await? {
             let offset = self.consumed.get(&scope).copied().unwrap_or(0);
             let bytes = receipts
@@ -226,8 +231,9 @@ impl Cursor {
             {
                 entries.push(Entry::parse(line).with_context(|| format!("{scope}/log: an entry"))?);
             }
-            self.consumed.insert(scope, offset + whole as u64);
+            staged.push((scope, offset + whole as u64));
         }
+        self.consumed.extend(staged);
         entries.sort_by(|a, b| {
             (a.wall_ms, a.counter, &a.scope, a.seq).cmp(&(b.wall_ms, b.counter, &b.scope, b.seq))
         });
@@ -301,6 +307,7 @@ fn follow_log(
     let mut receipts = None;
     loop {
         // (Re)connect when needed: a restarted receiptd is a new connection on the same socket.
+        let fresh = receipts.is_none();
         let batch = rt.block_on(async {
             if receipts.is_none() {
                 receipts = Some(Receipts::connect(socket).await?);
@@ -311,9 +318,14 @@ fn follow_log(
         match batch {
             Ok(entries) => print(&entries, json)?,
             // The connection died (receiptd restarted): try a fresh one at once.
-            Err(_) if receipts.take().is_some() => continue,
+            Err(_) if !fresh => {
+                receipts = None;
+                continue;
+            }
             Err(e) => {
-                // receiptd is not back yet: its restart writes a boot receipt, which wakes us.
+                // receiptd is not back yet (its restart writes a boot receipt, which wakes us),
+                // or it answers with an error: either way, wait for its next commit.
+                receipts = None;
                 eprintln!("warren log: {e:#}; waiting for receiptd");
             }
         }

@@ -166,14 +166,17 @@ struct Follower {
     child: std::process::Child,
     lines: mpsc::Receiver<(String, u64)>,
     seen: std::collections::BTreeSet<(String, u64)>,
+    /// Its stderr, shown when it falls behind.
+    stderr: tempfile::NamedTempFile,
 }
 
 impl Follower {
     fn start(w: &Warren) -> Follower {
+        let stderr = tempfile::NamedTempFile::new().unwrap();
         let mut child = w
             .cmd(&["log", "-f", "--json"])
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr.reopen().unwrap())
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
@@ -195,6 +198,7 @@ impl Follower {
             child,
             lines,
             seen: Default::default(),
+            stderr,
         }
     }
 
@@ -206,7 +210,16 @@ impl Follower {
                 Ok(k) => {
                     self.seen.insert(k);
                 }
-                Err(e) => panic!("warren log -f never printed {scope} #{seq}: {e}"),
+                Err(e) => {
+                    let printed: Vec<_> = self.seen.iter().filter(|(s, _)| s == scope).collect();
+                    panic!(
+                        "warren log -f never printed {scope} #{seq}: {e}\n\
+                         it printed of that scope: {printed:?}\n\
+                         running: {:?}\nits stderr:\n{}",
+                        self.child.try_wait(),
+                        std::fs::read_to_string(self.stderr.path()).unwrap_or_default()
+                    )
+                }
             }
         }
     }
