@@ -199,6 +199,22 @@ fn run_demo(dirs: &Dirs, base: &Path) -> Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    // Effect receipts are queued off the call's path: the last call's may still be on its way.
+    // Every call the demo's agent was allowed ran, so each allowing decision must get its effect.
+    let pending = rt.block_on(async {
+        let mut pending = 0;
+        for _ in 0..500 {
+            pending = crate::log::effects_pending(&dirs.socket("receipts"), &session).await?;
+            if pending == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        anyhow::Ok(pending)
+    })?;
+    if pending > 0 {
+        bail!("{pending} allowed call(s) of the session have no effect receipt after 5 s");
+    }
     rt.block_on(checkpoint(dirs))?;
     let mut export = Vec::new();
     let n = rt.block_on(warren_receiptd::client::export(

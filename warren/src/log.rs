@@ -241,6 +241,36 @@ impl Cursor {
     }
 }
 
+/// How many allowing decisions in `scope` no effect receipt names yet. toolfs queues effect
+/// receipts off the call's path, so a caller that needs a session's record whole (the demo's
+/// export) waits for this to reach 0 first. Only the decisions that answered a call count: an
+/// operator's answer to an ask (`answered_by`) is receipted apart from the allow-once it lets the
+/// waiting call spend, and the effect names the spend. (An allowed call that never ran, such as
+/// one whose worker could not be built, never gets an effect: such a wait must be bounded.)
+pub async fn effects_pending(socket: &Path, scope: &str) -> Result<usize> {
+    let receipts = Receipts::connect(socket).await?;
+    let bytes = receipts.log_from(scope, 0).await?;
+    let mut allowed = std::collections::BTreeSet::new();
+    let mut effected = std::collections::BTreeSet::new();
+    for line in bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+        let e = Entry::parse(line)?;
+        match e.kind.as_str() {
+            "decision"
+                if e.subject()["verdict"] == "allow" && e.subject()["answered_by"].is_null() =>
+            {
+                allowed.insert(e.seq);
+            }
+            "effect" => {
+                if let Some(seq) = e.subject()["decision"]["seq"].as_u64() {
+                    effected.insert(seq);
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(allowed.difference(&effected).count())
+}
+
 fn print(entries: &[Entry], json: bool) -> Result<()> {
     let mut out = std::io::stdout().lock();
     for e in entries {
