@@ -13,7 +13,7 @@ use warren_gate::{Answer, Verdict};
 
 use crate::args::{self, Arguments};
 use crate::dispatch::{Dispatcher, Runnable};
-use crate::effects::{DecisionRef, EffectSlot, ReceiptRef};
+use crate::effects::{ReceiptRef, ReceiptSlot};
 use crate::envelope::{Envelope, Status, Taint, content_digest};
 use crate::grant::GrantedTool;
 use crate::tree::CallSlot;
@@ -68,7 +68,8 @@ impl Drop for Withdrawal {
 }
 
 /// In the background (it may run from a destructor): withdraws ask `pending` at the gate, then
-/// appends a `withdrawn` receipt.
+/// queues a `withdrawn` receipt (or, with the queue refusing, says at error level that it could
+/// not: nothing ran, so there is no call to refuse).
 fn withdraw(
     dispatcher: Arc<Dispatcher>,
     tool: String,
@@ -89,26 +90,25 @@ fn withdraw(
         if let Some(id) = pending {
             subject["pending"] = json!(id);
         }
-        services
-            .receipts
-            .append(
+        match services.receipts.reserve() {
+            Ok(slot) => slot.send(
                 dispatcher.session(),
                 "withdrawn",
                 subject,
                 json!({"args": args_digest}),
-            )
-            .await;
+            ),
+            Err(e) => tracing::error!(tool, "withdrawn call not receipted: {e}"),
+        }
     });
 }
 
 /// The envelope of a call the gate did not allow: the gate's basis, and its decision receipt.
 fn denied(tool: &str, session: &str, answer: &Answer) -> Envelope {
     let mut env = Envelope::new(tool, Status::Denied, Taint::Trusted, answer.basis.clone());
-    env.receipt = answer.receipt.as_ref().map(|ack| ReceiptRef {
-        seq: Some(ack.seq),
-        hash: Some(ack.hash.clone()),
-        ..ReceiptRef::new("decision", session)
-    });
+    env.receipt = answer
+        .receipt
+        .as_ref()
+        .map(|ack| ReceiptRef::decision(session, ack));
     env
 }
 
@@ -213,7 +213,7 @@ impl CallOpen {
             return Phase::Done(Arc::new(env.to_canonical()));
         }
         // Fail closed: a call whose effect receipt could not be queued does not run.
-        let effect = match dispatcher.services().receipts.reserve_effect() {
+        let effect = match dispatcher.services().receipts.reserve() {
             Ok(slot) => slot,
             Err(e) => {
                 withdrawal.armed = false;
@@ -316,7 +316,7 @@ async fn run_and_receipt(
     runnable: Runnable,
     args: &Arguments,
     answer: &Answer,
-    effect: EffectSlot,
+    effect: ReceiptSlot,
 ) -> Envelope {
     let services = dispatcher.services();
     let started = Instant::now();
@@ -331,25 +331,19 @@ async fn run_and_receipt(
         "fingerprint": answer.fingerprint,
         "status": env.status,
     });
-    let decision = answer.receipt.as_ref().map(|ack| DecisionRef {
-        seq: ack.seq,
-        hash: ack.hash.clone(),
-    });
-    if let Some(d) = &decision {
-        subject["decision"] = json!({"seq": d.seq, "hash": d.hash});
+    if let Some(ack) = &answer.receipt {
+        subject["decision"] = json!({"seq": ack.seq, "hash": ack.hash});
     }
-    let request = json!({
-        "scope": dispatcher.session(),
-        "kind": "effect",
-        "subject": subject,
-        "digests": {"args": content_digest(&args.canonical), "result": env.digest},
-    });
-    effect.send(serde_json::to_vec(&request).expect("json"));
+    effect.send(
+        dispatcher.session(),
+        "effect",
+        subject,
+        json!({"args": content_digest(&args.canonical), "result": env.digest}),
+    );
     services.hops.effect(started.elapsed());
-    env.receipt = Some(ReceiptRef {
-        queued: true,
-        decision,
-        ..ReceiptRef::new("effect", dispatcher.session())
-    });
+    env.receipt = Some(ReceiptRef::queued_effect(
+        dispatcher.session(),
+        answer.receipt.clone(),
+    ));
     env
 }

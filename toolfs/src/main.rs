@@ -100,7 +100,7 @@ fn main() -> anyhow::Result<()> {
         );
         let services = Services::new(
             gate,
-            Receipts::new(dirs.socket("receipts")),
+            Receipts::start(dirs.socket("receipts")),
             journal,
             workers,
         );
@@ -125,14 +125,14 @@ fn main() -> anyhow::Result<()> {
             _ = term.recv() => tracing::info!("SIGTERM: stopping"),
             _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
         }
-        // Effect receipts still queued are written before toolfs goes (for a bounded time).
+        // Receipts still queued are written before toolfs goes (for a bounded time).
         let unwritten = server
             .services
             .receipts
-            .drain_effects(std::time::Duration::from_secs(5))
+            .drain(std::time::Duration::from_secs(5))
             .await;
         if unwritten > 0 {
-            tracing::error!(unwritten, "stopping with effect receipts not written");
+            tracing::error!(unwritten, "stopping with receipts not written");
         }
         tracing::info!(target: "warren_toolfs::hops", "{}", server.services.hops.summary());
         anyhow::Ok(())
