@@ -341,7 +341,7 @@ async fn run_and_receipt(
         json!({"args": content_digest(&args.canonical), "result": env.digest}),
     );
     services.hops.effect(started.elapsed());
-    env.receipt = Some(ReceiptRef::queued_effect(
+    env.receipt = Some(ReceiptRef::effect(
         dispatcher.session(),
         answer.receipt.clone(),
     ));

@@ -40,11 +40,9 @@ pub struct ReceiptRef {
     pub seq: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hash: Option<String>,
-    /// An effect receipt, queued and not yet written when the result was returned: it is the
-    /// scope's `effect` whose `subject.decision` is `decision`.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub queued: bool,
-    /// For a queued effect: the gate's decision receipt that allowed the call.
+    /// For an effect (queued, maybe not yet written when the result was returned): the gate's
+    /// decision receipt that allowed the call; the effect is the scope's `effect` whose
+    /// `subject.decision` is this.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision: Option<Ack>,
 }
@@ -57,19 +55,17 @@ impl ReceiptRef {
             scope: scope.to_owned(),
             seq: Some(ack.seq),
             hash: Some(ack.hash.clone()),
-            queued: false,
             decision: None,
         }
     }
 
-    /// The queued effect receipt in `scope` of the call `decision` allowed.
-    pub fn queued_effect(scope: &str, decision: Option<Ack>) -> ReceiptRef {
+    /// The (queued) effect receipt in `scope` of the call `decision` allowed.
+    pub fn effect(scope: &str, decision: Option<Ack>) -> ReceiptRef {
         ReceiptRef {
             kind: "effect".into(),
             scope: scope.to_owned(),
             seq: None,
             hash: None,
-            queued: true,
             decision,
         }
     }
