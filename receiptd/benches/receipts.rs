@@ -48,11 +48,14 @@ fn raw_sign() -> f64 {
 
 fn raw_sqlite(dir: &Path) -> f64 {
     let conn = rusqlite::Connection::open(dir.join("raw.db")).unwrap();
+    conn.pragma_update(None, "page_size", warren_receiptd::store::PAGE_SIZE)
+        .unwrap();
     conn.pragma_update(None, "journal_mode", "WAL").unwrap();
     conn.pragma_update(None, "synchronous", "NORMAL").unwrap();
     conn.execute_batch("CREATE TABLE entries (scope TEXT NOT NULL, seq INTEGER NOT NULL, kind TEXT NOT NULL,
         envelope BLOB NOT NULL, leaf_hash BLOB NOT NULL, PRIMARY KEY (scope, seq)) STRICT, WITHOUT ROWID;").unwrap();
-    let envelope = vec![b'e'; 700];
+    // A decision receipt's envelope is ~1 240 bytes.
+    let envelope = vec![b'e'; 1240];
     let start = Instant::now();
     for i in 0..INSERTS {
         let tx = conn.unchecked_transaction().unwrap();

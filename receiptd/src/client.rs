@@ -48,6 +48,32 @@ impl Appender {
     /// Appends one request (JSON bytes); returns its seq and hash once receiptd acknowledged it
     /// (after the WAL commit, or after the covering fdatasync under `--durable=fsync`).
     pub async fn append(&self, request: &[u8]) -> Result<Receipt, Refusal> {
+        receipt(&self.call(request).await?)
+    }
+
+    /// Appends requests as one batch (`specs/receipts.md` §7): all of them or, refused, none.
+    /// One receipt per request, in order.
+    pub async fn append_batch(&self, requests: &[Vec<u8>]) -> Result<Vec<Receipt>, Refusal> {
+        let mut batch = Vec::with_capacity(requests.iter().map(|r| r.len() + 1).sum::<usize>() + 1);
+        batch.push(b'[');
+        for (i, r) in requests.iter().enumerate() {
+            if i > 0 {
+                batch.push(b',');
+            }
+            batch.extend_from_slice(r);
+        }
+        batch.push(b']');
+        let reply = self.call(&batch).await?;
+        match reply {
+            Value::Array(acks) if acks.len() == requests.len() => {
+                acks.iter().map(receipt).collect()
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// One write and its reply, parsed; a refusal carries receiptd's reason.
+    async fn call(&self, request: &[u8]) -> Result<Value, Refusal> {
         // One round trip: the write and the read are pipelined on the fid.
         let reply = self
             .fid
@@ -61,20 +87,27 @@ impl Appender {
                     String::from_utf8_lossy(&said).into_owned()
                 },
             })?;
-        let v: Value = serde_json::from_slice(&reply).map_err(|e| Refusal {
+        serde_json::from_slice(&reply).map_err(|e| Refusal {
             errno: Errno::EPROTO,
             message: format!("reply is not JSON: {e}"),
-        })?;
-        match (v["seq"].as_u64(), v["hash"].as_str()) {
-            (Some(seq), Some(hash)) => Ok(Receipt {
-                seq,
-                hash: hash.to_owned(),
-            }),
-            _ => Err(Refusal {
-                errno: Errno::EPROTO,
-                message: format!("unexpected reply {v}"),
-            }),
-        }
+        })
+    }
+}
+
+fn receipt(ack: &Value) -> Result<Receipt, Refusal> {
+    match (ack["seq"].as_u64(), ack["hash"].as_str()) {
+        (Some(seq), Some(hash)) => Ok(Receipt {
+            seq,
+            hash: hash.to_owned(),
+        }),
+        _ => Err(unexpected(ack)),
+    }
+}
+
+fn unexpected(reply: &Value) -> Refusal {
+    Refusal {
+        errno: Errno::EPROTO,
+        message: format!("unexpected reply {reply}"),
     }
 }
 

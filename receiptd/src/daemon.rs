@@ -3,7 +3,7 @@
 
 use std::os::fd::AsFd;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::UnixStream;
@@ -41,9 +41,7 @@ async fn serve(cfg: DaemonConfig) -> anyhow::Result<()> {
         log.append_boot()
             .map_err(|e| anyhow::anyhow!("boot receipt: {e}"))?;
     }
-    let shared = Arc::new(Shared {
-        log: Mutex::new(log),
-    });
+    let shared = Arc::new(Shared::new(log));
 
     let listener = warren_daemon::operator::listen(&cfg.socket)?;
     let policy = warren_daemon::operator::OperatorPolicy::from_host();

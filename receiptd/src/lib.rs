@@ -4,11 +4,13 @@
 //! - [`dsse`]: the DSSE envelope and PAE; [`keys`]: Ed25519 keys, RFC 7638 ids, the registry.
 //! - [`merkle`]: RFC 9162 tree hashing, frontier, proofs; [`note`]: C2SP signed-note checkpoints.
 //! - [`log`]: the log itself over SQLite ([`store`]), with group commit ([`sync`]).
+//! - [`batch`]: appends that arrive together share one transaction.
 //! - [`verify`]: export and offline verification; [`tree`]: the `/receipts` 9P tree.
 //!
 //! The normative format is `specs/receipts.md`.
 
 pub mod access;
+pub mod batch;
 pub mod client;
 pub mod daemon;
 pub mod dsse;

@@ -78,9 +78,35 @@ pub struct Ack {
 impl Ack {
     /// The reply a caller reads from `append`.
     pub fn reply(&self) -> Vec<u8> {
-        serde_json_canonicalizer::to_vec(&json!({"seq": self.seq, "hash": self.hash}))
-            .expect("ack serialises")
+        serde_json_canonicalizer::to_vec(&self.json()).expect("ack serialises")
     }
+
+    /// The reply to a batch: one ack per request, in order.
+    pub fn batch_reply(acks: &[Ack]) -> Vec<u8> {
+        let all: Vec<Value> = acks.iter().map(Ack::json).collect();
+        serde_json_canonicalizer::to_vec(&all).expect("acks serialise")
+    }
+
+    fn json(&self) -> Value {
+        json!({"seq": self.seq, "hash": self.hash})
+    }
+}
+
+/// One write to `append`: its requests (one, or a batch) and the role of the connection that
+/// wrote it. A write is appended all or none.
+pub struct Write {
+    pub requests: Vec<AppendRequest>,
+    pub role: Role,
+}
+
+/// An admitted entry not yet stamped, signed or chained.
+struct NewEntry {
+    scope: String,
+    kind: Kind,
+    subject: Value,
+    digests: Value,
+    policy_hash: Option<String>,
+    appender: String,
 }
 
 struct ScopeState {
@@ -321,20 +347,71 @@ impl Log {
 
     /// Appends a request from a connection in `role`.
     pub fn append(&mut self, req: AppendRequest, role: Role) -> Result<Ack, AppendError> {
-        role.may_append(req.kind)?;
+        let mut acks = self.append_writes(vec![Write {
+            requests: vec![req],
+            role,
+        }]);
+        acks.pop()
+            .expect("one result per write")
+            .map(|mut a| a.pop().expect("one ack per request"))
+    }
+
+    /// Appends the writes that arrived together in one transaction (one commit for all of them:
+    /// receiptd's batching of concurrent appends). Each write is checked on its own and appended
+    /// all or none: a refused write takes nothing from the others, and a failed commit fails
+    /// them all. One result per write, in order.
+    pub fn append_writes(&mut self, writes: Vec<Write>) -> Vec<Result<Vec<Ack>, AppendError>> {
+        let mut results: Vec<Option<Result<Vec<Ack>, AppendError>>> = Vec::new();
+        let mut entries = Vec::new();
+        let mut counts = Vec::new();
+        for write in writes {
+            match self.admit(&write) {
+                Ok(()) => {
+                    counts.push(Some(write.requests.len()));
+                    let appender = write.role.appender();
+                    entries.extend(write.requests.into_iter().map(|r| NewEntry {
+                        scope: r.scope,
+                        kind: r.kind,
+                        subject: r.subject,
+                        digests: r.digests,
+                        policy_hash: r.policy_hash,
+                        appender: appender.clone(),
+                    }));
+                    results.push(None);
+                }
+                Err(e) => {
+                    counts.push(None);
+                    results.push(Some(Err(e)));
+                }
+            }
+        }
+        let mut committed = match self.commit_entries(entries) {
+            Ok(acks) => Ok(acks.into_iter()),
+            Err(e) => Err(e),
+        };
+        results
+            .into_iter()
+            .zip(counts)
+            .map(|(refused, count)| match (refused, count, &mut committed) {
+                (Some(refused), _, _) => refused,
+                (None, Some(n), Ok(acks)) => Ok(acks.by_ref().take(n).collect()),
+                (None, _, Err(e)) => Err(e.clone()),
+                (None, None, Ok(_)) => unreachable!("a write is admitted or refused"),
+            })
+            .collect()
+    }
+
+    /// Checks one write before it is staged: its kinds against the role, the signer, the
+    /// scopes' rates (all of the write's tokens or none) and the free-space floor.
+    fn admit(&mut self, write: &Write) -> Result<(), AppendError> {
+        for req in &write.requests {
+            write.role.may_append(req.kind)?;
+        }
         if let Err(e) = &self.signer {
             return Err(AppendError::NoSigner(e.clone()));
         }
-        self.take_token(&req.scope)?;
-        self.check_floor(&req)?;
-        self.append_entry(
-            &req.scope,
-            req.kind,
-            req.subject,
-            req.digests,
-            req.policy_hash,
-            &role.appender(),
-        )
+        self.take_tokens(&write.requests)?;
+        self.check_floor(&write.requests[0])
     }
 
     /// receiptd's own receipt (boot, rotation, floor) in [`SYSTEM_SCOPE`].
@@ -342,14 +419,15 @@ impl Log {
         if let Err(e) = &self.signer {
             return Err(AppendError::NoSigner(e.clone()));
         }
-        self.append_entry(
-            SYSTEM_SCOPE,
-            Kind::Boot,
+        let mut acks = self.commit_entries(vec![NewEntry {
+            scope: SYSTEM_SCOPE.to_owned(),
+            kind: Kind::Boot,
             subject,
-            Value::Null,
-            None,
-            &Role::Receiptd.appender(),
-        )
+            digests: Value::Null,
+            policy_hash: None,
+            appender: Role::Receiptd.appender(),
+        }])?;
+        Ok(acks.pop().expect("one ack per entry"))
     }
 
     /// The start receipt: names the key in force and the durability mode.
@@ -366,22 +444,37 @@ impl Log {
         self.append_system(json!({"event": "start", "key": key, "durable": mode, "version": env!("CARGO_PKG_VERSION")}))
     }
 
-    fn take_token(&mut self, scope: &str) -> Result<(), AppendError> {
+    /// Takes one token per request from each scope's bucket: all of them, or (when any scope is
+    /// over its rate) none.
+    fn take_tokens(&mut self, requests: &[AppendRequest]) -> Result<(), AppendError> {
         let (rate, burst) = (self.cfg.rate_per_sec, self.cfg.rate_burst);
         let now = Instant::now();
-        let bucket = self.buckets.entry(scope.to_owned()).or_insert(Bucket {
-            tokens: burst,
-            at: now,
-        });
-        bucket.tokens =
-            (bucket.tokens + now.duration_since(bucket.at).as_secs_f64() * rate).min(burst);
-        bucket.at = now;
-        if bucket.tokens < 1.0 {
-            return Err(AppendError::RateLimited(format!(
-                "scope {scope} is over {rate}/s (burst {burst})"
-            )));
+        let mut wanted: Vec<(&str, f64)> = Vec::new();
+        for req in requests {
+            match wanted.iter_mut().find(|(s, _)| *s == req.scope) {
+                Some((_, n)) => *n += 1.0,
+                None => wanted.push((&req.scope, 1.0)),
+            }
         }
-        bucket.tokens -= 1.0;
+        for (scope, n) in &wanted {
+            let bucket = self.buckets.entry((*scope).to_owned()).or_insert(Bucket {
+                tokens: burst,
+                at: now,
+            });
+            bucket.tokens =
+                (bucket.tokens + now.duration_since(bucket.at).as_secs_f64() * rate).min(burst);
+            bucket.at = now;
+            if bucket.tokens < *n {
+                return Err(AppendError::RateLimited(format!(
+                    "scope {scope} is over {rate}/s (burst {burst})"
+                )));
+            }
+        }
+        for (scope, n) in wanted {
+            if let Some(bucket) = self.buckets.get_mut(scope) {
+                bucket.tokens -= n;
+            }
+        }
         Ok(())
     }
 
@@ -419,90 +512,125 @@ impl Log {
         )))
     }
 
-    fn append_entry(
-        &mut self,
-        scope: &str,
-        kind: Kind,
-        subject: Value,
-        digests: Value,
-        policy_hash: Option<String>,
-        appender: &str,
-    ) -> Result<Ack, AppendError> {
+    /// Stamps, signs and chains `entries` in order and commits them in one transaction; the
+    /// in-memory heads and frontiers move only once the commit succeeded.
+    fn commit_entries(&mut self, entries: Vec<NewEntry>) -> Result<Vec<Ack>, AppendError> {
+        if entries.is_empty() {
+            return Ok(Vec::new());
+        }
         let signer = self
             .signer
             .as_ref()
             .map_err(|e| AppendError::NoSigner(e.clone()))?;
-        let (seq, prev, mut frontier) = match self.scopes.get(scope) {
-            Some(st) => (st.frontier.size(), st.head.clone(), st.frontier.clone()),
-            None => (0, GENESIS_PREV.to_owned(), Frontier::default()),
-        };
-        let hlc = self.hlc.next(now_ms());
-        let body = Body {
-            v: 1,
-            scope: scope.to_owned(),
-            seq,
-            prev,
-            kind,
-            hlc: hlc.clone(),
-            subject,
-            digests,
-            policy_hash,
-            appender: appender.to_owned(),
-        };
-        let payload = body.canonical();
-        let mut env = Envelope::new(RECEIPT_PAYLOAD_TYPE, &payload);
-        if kind.signed() {
-            let sig = signer.sign(&dsse::pae(RECEIPT_PAYLOAD_TYPE, &payload));
-            env.signatures.push(dsse::Signature {
-                keyid: signer.keyid().to_owned(),
-                sig: base64_std(&sig),
-            });
+        // The scopes this commit moves, as they will be once it succeeds.
+        let mut moved: HashMap<String, (String, Frontier)> = HashMap::new();
+        let mut hlc = self.hlc.clone();
+        let mut rows = Vec::with_capacity(entries.len());
+        let mut acks = Vec::with_capacity(entries.len());
+        for e in entries {
+            let (head, frontier) = match moved.get_mut(&e.scope) {
+                Some(st) => st,
+                None => {
+                    let st = match self.scopes.get(&e.scope) {
+                        Some(st) => (st.head.clone(), st.frontier.clone()),
+                        None => (GENESIS_PREV.to_owned(), Frontier::default()),
+                    };
+                    moved.entry(e.scope.clone()).or_insert(st)
+                }
+            };
+            let seq = frontier.size();
+            hlc = hlc.next(now_ms());
+            let body = Body {
+                v: 1,
+                scope: e.scope.clone(),
+                seq,
+                prev: std::mem::take(head),
+                kind: e.kind,
+                hlc: hlc.clone(),
+                subject: e.subject,
+                digests: e.digests,
+                policy_hash: e.policy_hash,
+                appender: e.appender,
+            };
+            let payload = body.canonical();
+            let mut env = Envelope::new(RECEIPT_PAYLOAD_TYPE, &payload);
+            if e.kind.signed() {
+                let sig = signer.sign(&dsse::pae(RECEIPT_PAYLOAD_TYPE, &payload));
+                env.signatures.push(dsse::Signature {
+                    keyid: signer.keyid().to_owned(),
+                    sig: base64_std(&sig),
+                });
+            }
+            let bytes = env.canonical();
+            let hash = hex::encode(Sha256::digest(&bytes));
+            let leaf = merkle::leaf_hash(&bytes);
+            frontier.push(leaf);
+            *head = hash.clone();
+            rows.push((e.scope, seq, e.kind, bytes, leaf));
+            acks.push((seq, hash));
         }
-        let bytes = env.canonical();
-        let hash = hex::encode(Sha256::digest(&bytes));
-        let leaf = merkle::leaf_hash(&bytes);
-        frontier.push(leaf);
-        let covered = self.scopes.get(scope).map_or(0, |s| s.covered);
 
         let tx = self.conn.unchecked_transaction().map_err(storage)?;
-        tx.prepare_cached("INSERT INTO entries (scope, seq, kind, envelope, leaf_hash) VALUES (?1, ?2, ?3, ?4, ?5)")
-            .and_then(|mut s| s.execute(params![scope, seq as i64, kind.as_str(), bytes, leaf.as_slice()]))
-            .map_err(storage)?;
-        tx.prepare_cached(
-            "INSERT INTO scopes (scope, size, head, frontier, covered, hlc_wall, hlc_counter) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-                ON CONFLICT (scope) DO UPDATE SET size = excluded.size, head = excluded.head, frontier = excluded.frontier,
-                hlc_wall = excluded.hlc_wall, hlc_counter = excluded.hlc_counter",
-        )
-        .and_then(|mut s| {
-            s.execute(params![
-                scope,
-                (seq + 1) as i64,
-                hash,
-                frontier.to_bytes(),
-                covered as i64,
-                hlc.wall_ms as i64,
-                hlc.counter as i64
-            ])
-        })
-        .map_err(storage)?;
+        {
+            let mut insert = tx
+                .prepare_cached("INSERT INTO entries (scope, seq, kind, envelope, leaf_hash) VALUES (?1, ?2, ?3, ?4, ?5)")
+                .map_err(storage)?;
+            for (scope, seq, kind, bytes, leaf) in &rows {
+                insert
+                    .execute(params![
+                        scope,
+                        *seq as i64,
+                        kind.as_str(),
+                        bytes,
+                        leaf.as_slice()
+                    ])
+                    .map_err(storage)?;
+            }
+            let mut upsert = tx
+                .prepare_cached(
+                    "INSERT INTO scopes (scope, size, head, frontier, covered, hlc_wall, hlc_counter) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+                        ON CONFLICT (scope) DO UPDATE SET size = excluded.size, head = excluded.head, frontier = excluded.frontier,
+                        hlc_wall = excluded.hlc_wall, hlc_counter = excluded.hlc_counter",
+                )
+                .map_err(storage)?;
+            for (scope, (head, frontier)) in &moved {
+                let covered = self.scopes.get(scope).map_or(0, |s| s.covered);
+                upsert
+                    .execute(params![
+                        scope,
+                        frontier.size() as i64,
+                        head,
+                        frontier.to_bytes(),
+                        covered as i64,
+                        hlc.wall_ms as i64,
+                        hlc.counter as i64
+                    ])
+                    .map_err(storage)?;
+            }
+        }
         tx.commit().map_err(storage)?;
 
         self.hlc = hlc;
-        let st = self.scopes.entry(scope.to_owned()).or_insert(ScopeState {
-            head: String::new(),
-            frontier: Frontier::default(),
-            covered: 0,
-            uncovered_since: None,
-        });
-        st.head = hash.clone();
-        st.frontier = frontier;
-        st.uncovered_since.get_or_insert_with(Instant::now);
+        for (scope, (head, frontier)) in moved {
+            let st = self.scopes.entry(scope).or_insert(ScopeState {
+                head: String::new(),
+                frontier: Frontier::default(),
+                covered: 0,
+                uncovered_since: None,
+            });
+            st.head = head;
+            st.frontier = frontier;
+            st.uncovered_since.get_or_insert_with(Instant::now);
+        }
         let generation = self.syncer.committed();
-        Ok(Ack {
-            seq,
-            hash,
-            generation,
-        })
+        Ok(acks
+            .into_iter()
+            .map(|(seq, hash)| Ack {
+                seq,
+                hash,
+                generation,
+            })
+            .collect())
     }
 
     /// Checkpoints due now (`force`: every scope with uncovered entries, as at shutdown). The

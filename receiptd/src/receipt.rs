@@ -10,6 +10,10 @@ use serde_json::Value;
 pub const MAX_SAFE_INT: u64 = (1 << 53) - 1;
 /// The largest append request receiptd takes.
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+/// The most requests one batch write to `append` carries.
+pub const MAX_BATCH_REQUESTS: usize = 256;
+/// The largest batch write to `append` (within the 1 MiB msize receiptd's clients negotiate).
+pub const MAX_BATCH_BYTES: usize = 512 * 1024;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -136,7 +140,53 @@ impl AppendRequest {
                 bytes.len()
             ));
         }
-        let value = parse_strict(bytes)?;
+        Self::from_value(parse_strict(bytes)?)
+    }
+
+    /// Parses one write to `append`: a request, or a batch (a JSON array of 1 to
+    /// [`MAX_BATCH_REQUESTS`] requests, appended all or none). A batch may be at most
+    /// [`MAX_BATCH_BYTES`], and each of its requests at most [`MAX_REQUEST_BYTES`] as it
+    /// re-serialises.
+    pub fn parse_write(bytes: &[u8]) -> Result<(Vec<AppendRequest>, bool), String> {
+        let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+        if first != Some(&b'[') {
+            return Ok((vec![Self::parse(bytes)?], false));
+        }
+        if bytes.len() > MAX_BATCH_BYTES {
+            return Err(format!(
+                "batch is {} bytes; the limit is {MAX_BATCH_BYTES}",
+                bytes.len()
+            ));
+        }
+        let Value::Array(items) = parse_strict(bytes)? else {
+            return Err("batch: not a JSON array".into());
+        };
+        if items.is_empty() || items.len() > MAX_BATCH_REQUESTS {
+            return Err(format!(
+                "batch has {} requests; it must have 1 to {MAX_BATCH_REQUESTS}",
+                items.len()
+            ));
+        }
+        let large = bytes.len() > MAX_REQUEST_BYTES;
+        let requests = items
+            .into_iter()
+            .enumerate()
+            .map(|(i, item)| {
+                if large {
+                    let size = serde_json::to_vec(&item).map_or(usize::MAX, |v| v.len());
+                    if size > MAX_REQUEST_BYTES {
+                        return Err(format!(
+                            "batch request {i}: {size} bytes; the limit is {MAX_REQUEST_BYTES}"
+                        ));
+                    }
+                }
+                Self::from_value(item).map_err(|e| format!("batch request {i}: {e}"))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok((requests, true))
+    }
+
+    fn from_value(value: Value) -> Result<AppendRequest, String> {
         let req: AppendRequest =
             serde_json::from_value(value).map_err(|e| format!("request: {e}"))?;
         check_scope(&req.scope)?;

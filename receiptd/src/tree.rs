@@ -21,16 +21,25 @@ use warren_9p::synthetic::RpcReply;
 use warren_9p::{DirEntry, Errno, FileTree, GetAttrMask, QId, QIdType, Result, Stat, Time};
 
 use crate::access::{AppendError, Role};
-use crate::log::Log;
+use crate::batch::{self, Batcher};
+use crate::log::{Ack, Log, Write};
 use crate::receipt::AppendRequest;
 use crate::sync::Durability;
 
-/// What every connection's tree shares: the log.
+/// What every connection's tree shares: the log, and the appends waiting for its next commit.
 pub struct Shared {
     pub log: Mutex<Log>,
+    pub batcher: Batcher,
 }
 
 impl Shared {
+    pub fn new(log: Log) -> Shared {
+        Shared {
+            log: Mutex::new(log),
+            batcher: Batcher::default(),
+        }
+    }
+
     pub fn log(&self) -> MutexGuard<'_, Log> {
         self.log.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -158,20 +167,29 @@ impl ReceiptsTree {
         }
     }
 
+    /// One write to `append`: a request, or a batch (a JSON array, appended all or none, whose
+    /// reply is the array of their acks).
     async fn append(&self, data: &[u8]) -> std::result::Result<Vec<u8>, AppendError> {
-        let req = AppendRequest::parse(data).map_err(AppendError::Invalid)?;
-        let (ack, syncer) = {
-            let mut log = self.shared.log();
-            let ack = log.append(req, self.role)?;
-            (ack, Arc::clone(log.syncer()))
+        let (requests, is_batch) =
+            AppendRequest::parse_write(data).map_err(AppendError::Invalid)?;
+        let write = Write {
+            requests,
+            role: self.role,
         };
+        let acks = batch::append(&self.shared, write).await?;
+        let syncer = Arc::clone(self.shared.log().syncer());
         if syncer.mode() == Durability::Fsync {
+            let generation = acks.iter().map(|a| a.generation).max().unwrap_or(0);
             syncer
-                .wait(ack.generation)
+                .wait(generation)
                 .await
                 .map_err(AppendError::Storage)?;
         }
-        Ok(ack.reply())
+        Ok(if is_batch {
+            Ack::batch_reply(&acks)
+        } else {
+            acks[0].reply()
+        })
     }
 
     fn ctl(&self, data: &[u8]) -> std::result::Result<Vec<u8>, AppendError> {

@@ -429,3 +429,72 @@ fn an_uncovered_query_receipt_gets_a_checkpoint_from_the_timer() {
         out.message
     );
 }
+
+/// A write of a JSON array is a batch: appended all or none, its reply the array of the acks.
+#[test]
+fn a_batch_write_is_appended_all_or_none_and_acked_per_request() {
+    let dir = tmp();
+    let d = Daemon::start(dir.path(), &[]);
+    let batch = |items: &[Vec<u8>]| {
+        let items: Vec<&str> = items
+            .iter()
+            .map(|b| std::str::from_utf8(b).unwrap())
+            .collect();
+        format!("[{}]", items.join(",")).into_bytes()
+    };
+    rt().block_on(async {
+        let client = Client::connect_unix(&d.socket).await.unwrap();
+        let three: Vec<Vec<u8>> = (0..3).map(|i| body("s", "query", i)).collect();
+        let reply = write_file(&client, "append", &batch(&three)).await.unwrap();
+        let acks: Vec<Value> = serde_json::from_slice(&reply).unwrap();
+        let seqs: Vec<u64> = acks.iter().map(|a| a["seq"].as_u64().unwrap()).collect();
+        assert_eq!(seqs, [0, 1, 2]);
+        let log = read_file(&client, "s/log").await.unwrap();
+        let hashes: Vec<String> = log
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| hex::encode(Sha256::digest(l)))
+            .collect();
+        let acked: Vec<&str> = acks.iter().map(|a| a["hash"].as_str().unwrap()).collect();
+        assert_eq!(hashes, acked);
+
+        // One bad request (a decision, which an operator may not write; then a malformed one)
+        // refuses the whole batch, and nothing of it is appended.
+        for (bad, want, says) in [
+            (body("s", "decision", 4), Errno::EACCES, "forbidden"),
+            (
+                b"{\"scope\":\"s\"}".to_vec(),
+                Errno::EINVAL,
+                "batch request 1",
+            ),
+            (body("../x", "query", 5), Errno::EINVAL, "batch request 1"),
+        ] {
+            let items = [body("s", "query", 3), bad, body("s", "query", 6)];
+            let root = client.attach("op", "").await.unwrap();
+            let fid = root.walk(&["append"]).await.unwrap();
+            fid.open(oflags::RDWR).await.unwrap();
+            let (errno, said) = fid.call(&batch(&items)).await.unwrap_err();
+            assert_eq!(errno, want, "{}", String::from_utf8_lossy(&said));
+            assert!(
+                String::from_utf8_lossy(&said).contains(says),
+                "{}",
+                String::from_utf8_lossy(&said)
+            );
+        }
+        for empty in [&b"[]"[..], b" [ ] "] {
+            let root = client.attach("op", "").await.unwrap();
+            let fid = root.walk(&["append"]).await.unwrap();
+            fid.open(oflags::RDWR).await.unwrap();
+            let (errno, said) = fid.call(empty).await.unwrap_err();
+            assert_eq!(errno, Errno::EINVAL);
+            assert!(String::from_utf8_lossy(&said).contains("1 to 256"));
+        }
+        let log = read_file(&client, "s/log").await.unwrap();
+        assert_eq!(
+            log.split(|b| *b == b'\n').filter(|l| !l.is_empty()).count(),
+            3
+        );
+    });
+    d.stop();
+    assert_eq!(verify_all(dir.path()), 3);
+}

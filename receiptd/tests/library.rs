@@ -7,6 +7,7 @@ use std::os::unix::fs::PermissionsExt;
 use common::*;
 use serde_json::Value;
 use warren_receiptd::keys::{Registry, key_path};
+use warren_receiptd::log::Write;
 use warren_receiptd::verify::{
     EXIT_INVALID, EXIT_KEY_RETIRED, EXIT_UNKNOWN_KEY, EXIT_USAGE, EXIT_VERIFIED,
 };
@@ -366,4 +367,95 @@ fn the_clock_never_goes_backwards_across_a_restart() {
         verify(&export(dir.path(), "s"), &registry(dir.path())).code,
         EXIT_VERIFIED
     );
+}
+
+/// What receiptd's batching relies on: writes committed together are each all or none. A write
+/// with one refused request appends none of its requests and takes nothing from the others.
+#[test]
+fn writes_committed_together_are_each_all_or_none() {
+    let dir = tmp();
+    let mut log = open(dir.path());
+    let write = |requests, role| Write { requests, role };
+    let results = log.append_writes(vec![
+        write(
+            vec![request("a", Kind::Query, 0), request("a", Kind::Query, 1)],
+            Role::Toolfs,
+        ),
+        // An effect the toolfs may write, then a decision it may not: neither is appended.
+        write(
+            vec![
+                request("a", Kind::Effect, 2),
+                request("a", Kind::Decision, 3),
+            ],
+            Role::Toolfs,
+        ),
+        write(vec![request("b", Kind::Decision, 4)], Role::Gate),
+        write(vec![request("a", Kind::Query, 5)], Role::Operator(0)),
+    ]);
+    let seqs: Vec<Result<Vec<u64>, &str>> = results
+        .iter()
+        .map(|r| match r {
+            Ok(acks) => Ok(acks.iter().map(|a| a.seq).collect()),
+            Err(e) => Err(e.code()),
+        })
+        .collect();
+    assert_eq!(
+        seqs,
+        vec![Ok(vec![0, 1]), Err("forbidden"), Ok(vec![0]), Ok(vec![2])]
+    );
+    assert_eq!((log.size("a"), log.size("b")), (Some(3), Some(1)));
+    // The chain runs through the batch: each entry's prev is the hash the one before was acked with.
+    let acks = results[0].as_ref().unwrap();
+    let text = String::from_utf8(log.log_text("a").unwrap()).unwrap();
+    let prevs: Vec<String> = text
+        .lines()
+        .map(|l| {
+            let env: Value = serde_json::from_str(l).unwrap();
+            let body: Value =
+                serde_json::from_slice(&base64_decode(env["payload"].as_str().unwrap())).unwrap();
+            body["prev"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(prevs[1], acks[0].hash);
+    assert_eq!(prevs[2], acks[1].hash);
+    log.checkpoint(true).unwrap();
+    let out = verify(&export(dir.path(), "a"), &registry(dir.path()));
+    assert_eq!(
+        out.code,
+        warren_receiptd::verify::EXIT_VERIFIED,
+        "{}",
+        out.message
+    );
+}
+
+/// A write's requests take their rate tokens together: a batch over the scope's remaining
+/// burst is refused whole and leaves the tokens for a write that fits.
+#[test]
+fn a_batch_over_the_rate_takes_no_tokens_and_appends_nothing() {
+    let dir = tmp();
+    let mut cfg = config(dir.path());
+    cfg.rate_per_sec = 0.0;
+    cfg.rate_burst = 2.0;
+    let mut log = Log::open(cfg).unwrap();
+    let three = (0..3).map(|i| request("a", Kind::Query, i)).collect();
+    let refused = log
+        .append_writes(vec![Write {
+            requests: three,
+            role: Role::Toolfs,
+        }])
+        .pop()
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(refused, AppendError::RateLimited(_)), "{refused}");
+    assert_eq!(log.size("a"), None);
+    let two = (0..2).map(|i| request("a", Kind::Query, i)).collect();
+    let acks = log
+        .append_writes(vec![Write {
+            requests: two,
+            role: Role::Toolfs,
+        }])
+        .pop()
+        .unwrap()
+        .unwrap();
+    assert_eq!(acks.len(), 2);
 }

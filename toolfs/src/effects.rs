@@ -4,8 +4,8 @@
 //! into a deny.
 //!
 //! Both are **queued off the call's path** (design.md "Receipts"): a call's result is returned
-//! as soon as its effect receipt is queued, and one writer task appends the queue in order over
-//! one connection to receiptd's operator socket (`<runtime>/receipts.sock`; receiptd knows
+//! as soon as its effect receipt is queued, and one writer task appends the queue in order (what
+//! is queued together in one batch write) over one connection to receiptd's operator socket (`<runtime>/receipts.sock`; receiptd knows
 //! toolfs by its uid). The queue fails closed: a call takes its place before it runs, and gets no
 //! place (so does not run) while the queue is full or the writer cannot write. The writer never
 //! drops a receipt: it retries, with backoff, until receiptd takes it. What a crash of toolfs
@@ -27,6 +27,10 @@ pub const QUEUE_CAP: usize = 4096;
 /// The writer's first and longest wait between two tries of an append receiptd did not take.
 const RETRY_FIRST: Duration = Duration::from_millis(10);
 const RETRY_MAX: Duration = Duration::from_secs(1);
+/// The most receipts, and about the most bytes, one write to receiptd carries (its limits are
+/// 256 requests and 512 KiB a batch).
+const BATCH_MAX: usize = 64;
+const BATCH_BYTES: usize = 256 * 1024;
 
 /// The receipt an envelope names.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -158,47 +162,104 @@ async fn connect(socket: &Path) -> Result<Appender, String> {
         .map_err(|e| format!("cannot reach receiptd at {}: {e}", socket.display()))
 }
 
-/// Appends the queue in order, one at a time; an append receiptd does not take is retried until
-/// it does (receiptd restarting, over its rate limit or below its free-space floor), and while
-/// it is being retried no call gets a place in the queue.
+/// Appends the queue in order: whatever is queued when the writer is free goes in one batch
+/// write (all or none, so a retried batch is never half written twice), one receipt alone as a
+/// plain append. A write receiptd does not take is retried until it does (receiptd restarting,
+/// over its rate limit or below its free-space floor), and while it is being retried no call
+/// gets a place in the queue.
 async fn write_queue(socket: PathBuf, mut rx: mpsc::Receiver<Vec<u8>>, state: Arc<QueueState>) {
     let mut conn: Option<Appender> = None;
-    while let Some(request) = rx.recv().await {
-        let mut wait = RETRY_FIRST;
-        loop {
-            let appender = match conn.take() {
-                Some(a) => Ok(a),
-                None => connect(&socket).await,
-            };
-            let result = match appender {
-                Ok(a) => a
-                    .append(&request)
-                    .await
-                    .map(|_| a)
-                    .map_err(|e| e.to_string()),
-                Err(e) => Err(e),
-            };
-            match result {
-                Ok(a) => {
-                    conn = Some(a);
-                    if state.failing.swap(false, Ordering::AcqRel) {
-                        tracing::info!("receiptd takes toolfs's receipts again");
+    let mut queued: Vec<Vec<u8>> = Vec::new();
+    while rx.recv_many(&mut queued, BATCH_MAX).await > 0 {
+        for batch in batches(&queued) {
+            let mut wait = RETRY_FIRST;
+            loop {
+                let appender = match conn.take() {
+                    Some(a) => Ok(a),
+                    None => connect(&socket).await,
+                };
+                let result = match appender {
+                    Ok(a) => {
+                        let written = match batch {
+                            [one] => a.append(one).await.map(drop),
+                            many => a.append_batch(many).await.map(drop),
+                        };
+                        written.map(|()| a).map_err(|e| e.to_string())
                     }
-                    break;
-                }
-                Err(e) => {
-                    if !state.failing.swap(true, Ordering::AcqRel) {
-                        tracing::error!(
-                            queued = state.unwritten.load(Ordering::Acquire),
-                            "receipt not written, retrying (calls are refused until it is): {e}"
-                        );
+                    Err(e) => Err(e),
+                };
+                match result {
+                    Ok(a) => {
+                        conn = Some(a);
+                        if state.failing.swap(false, Ordering::AcqRel) {
+                            tracing::info!("receiptd takes toolfs's receipts again");
+                        }
+                        break;
                     }
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(RETRY_MAX);
+                    Err(e) => {
+                        if !state.failing.swap(true, Ordering::AcqRel) {
+                            tracing::error!(
+                                queued = state.unwritten.load(Ordering::Acquire),
+                                "receipts not written, retrying (calls are refused until they are): {e}"
+                            );
+                        }
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(RETRY_MAX);
+                    }
                 }
             }
+            state.unwritten.fetch_sub(batch.len(), Ordering::AcqRel);
+            state.written.notify_waiters();
         }
-        state.unwritten.fetch_sub(1, Ordering::AcqRel);
-        state.written.notify_waiters();
+        queued.clear();
+    }
+}
+
+/// `queued` cut, in order, into batch writes of at most [`BATCH_BYTES`] (a receipt larger than
+/// that goes alone).
+fn batches(queued: &[Vec<u8>]) -> Vec<&[Vec<u8>]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, r) in queued.iter().enumerate() {
+        if i > start && bytes + r.len() + 1 > BATCH_BYTES {
+            out.push(&queued[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += r.len() + 1;
+    }
+    if start < queued.len() {
+        out.push(&queued[start..]);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_keep_the_order_and_stay_under_the_byte_limit() {
+        let r = |n: usize| vec![b'x'; n];
+        let queued = vec![
+            r(10),
+            r(BATCH_BYTES / 2),
+            r(BATCH_BYTES / 2),
+            r(BATCH_BYTES * 2),
+            r(1),
+        ];
+        let sizes: Vec<Vec<usize>> = batches(&queued)
+            .iter()
+            .map(|b| b.iter().map(Vec::len).collect())
+            .collect();
+        assert_eq!(
+            sizes,
+            vec![
+                vec![10, BATCH_BYTES / 2],
+                vec![BATCH_BYTES / 2],
+                vec![BATCH_BYTES * 2],
+                vec![1],
+            ]
+        );
+        assert!(batches(&[]).is_empty());
     }
 }

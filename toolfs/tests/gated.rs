@@ -323,7 +323,7 @@ async fn an_effect_receipt_receiptd_refuses_is_retried_and_calls_are_refused_mea
     assert_eq!(refused.receipt.as_ref().unwrap().kind, "decision");
     let journal = d.journal().len();
     assert!(
-        d.log().contains("receipt not written, retrying"),
+        d.log().contains("receipts not written, retrying"),
         "{}",
         d.log()
     );
@@ -360,7 +360,7 @@ async fn a_stopping_toolfs_writes_its_queued_receipts_first() {
     let env = call_envelope(&root, "echo", br#"{"n":1}"#).await;
     assert_eq!(env.status, Status::Ok, "{env:?}");
     for _ in 0..500 {
-        if d.log().contains("receipt not written, retrying") {
+        if d.log().contains("receipts not written, retrying") {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
