@@ -32,6 +32,11 @@ pub struct BridgeOptions {
     /// FOPEN_DIRECT_IO on every open file (right for synthetic trees such as /tool, whose sizes
     /// mean nothing). Files reporting size 0 get it regardless.
     pub direct_io_all: bool,
+    /// Every file opened for reading and writing is a call file (toolfs's `/tool`): its first
+    /// write is answered at once and sent with the first read, one round trip for both (see
+    /// `docs/bridge.md`). Never for a tree whose writes must fail where they are made (`/gate`'s
+    /// ctl files, a file server).
+    pub call_files: bool,
     /// How long the kernel may cache names and attributes (LOOKUP and GETATTR answers).
     pub entry_timeout: Duration,
     /// The owner shown for every file (the server's uids mean nothing in the namespace).
@@ -50,6 +55,7 @@ impl Default for BridgeOptions {
     fn default() -> BridgeOptions {
         BridgeOptions {
             direct_io_all: true,
+            call_files: false,
             entry_timeout: Duration::from_secs(60),
             uid: 0,
             gid: 0,
@@ -92,6 +98,7 @@ impl Bridge {
         };
         let settings = session::Settings::new(
             opts.direct_io_all,
+            opts.call_files,
             opts.entry_timeout,
             owner,
             client.msize(),

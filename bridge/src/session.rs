@@ -36,6 +36,7 @@ const INIT_FLAGS: u32 = abi::FUSE_ASYNC_READ | abi::FUSE_BIG_WRITES | abi::FUSE_
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Settings {
     pub direct_io_all: bool,
+    pub call_files: bool,
     pub ttl: Duration,
     pub owner: Owner,
     /// Data bytes one Tread/Twrite can carry on this connection.
@@ -44,10 +45,17 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
-    pub(crate) fn new(direct_io_all: bool, ttl: Duration, owner: Owner, msize: u32) -> Settings {
+    pub(crate) fn new(
+        direct_io_all: bool,
+        call_files: bool,
+        ttl: Duration,
+        owner: Owner,
+        msize: u32,
+    ) -> Settings {
         let rpc_max = msize.saturating_sub(warren_9p::wire::IOHDRSZ).max(1);
         Settings {
             direct_io_all,
+            call_files,
             ttl,
             owner,
             rpc_max,
@@ -61,6 +69,70 @@ pub(crate) struct OpenFile {
     pub fid: Fid,
     pub client: Client,
     pub generation: u64,
+    /// A call file opened for reading and writing: a write may wait to go out with the next
+    /// read (`Session::write`).
+    pub defers_writes: bool,
+    /// The write answered but not yet sent.
+    deferred: std::sync::Mutex<Option<DeferredWrite>>,
+}
+
+/// A write the kernel was told succeeded, to be sent before (pipelined with) the next request
+/// on the handle.
+pub(crate) struct DeferredWrite {
+    pub offset: u64,
+    pub data: Vec<u8>,
+}
+
+impl OpenFile {
+    pub(crate) fn new(fid: Fid, client: Client, generation: u64, defers_writes: bool) -> OpenFile {
+        OpenFile {
+            fid,
+            client,
+            generation,
+            defers_writes,
+            deferred: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn deferred(&self) -> std::sync::MutexGuard<'_, Option<DeferredWrite>> {
+        self.deferred.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps `data` to send later, if this handle defers writes and holds none yet.
+    pub(crate) fn defer(&self, offset: u64, data: &[u8]) -> bool {
+        let mut deferred = self.deferred();
+        if !self.defers_writes || deferred.is_some() {
+            return false;
+        }
+        *deferred = Some(DeferredWrite {
+            offset,
+            data: data.to_vec(),
+        });
+        true
+    }
+
+    pub(crate) fn take_deferred(&self) -> Option<DeferredWrite> {
+        self.deferred().take()
+    }
+
+    /// Sends the deferred write, if there is one, and waits for it: its error is the caller's
+    /// (the next request on the handle is where a deferred write's refusal surfaces).
+    pub(crate) async fn send_deferred(&self) -> Result<(), Errno> {
+        match self.take_deferred() {
+            Some(w) => written(self.fid.write(w.offset, &w.data).await, w.data.len()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A deferred write's outcome: all of it taken, or the error it surfaces as (a short write
+/// cannot be told to a caller who was told it all went: EIO).
+pub(crate) fn written(result: Result<u32, Errno>, len: usize) -> Result<(), Errno> {
+    match result {
+        Ok(n) if n as usize == len => Ok(()),
+        Ok(_) => Err(Errno::EIO),
+        Err(e) => Err(e),
+    }
 }
 
 /// A successful answer, and what to undo if the kernel never receives it.

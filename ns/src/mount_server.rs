@@ -59,6 +59,9 @@ pub struct ServedMounts {
 enum Presentation {
     /// warren's synthetic trees: direct I/O on every file, the connection is the capability.
     Synthetic,
+    /// toolfs's `/tool`: synthetic, and every file opened for reading and writing is a call
+    /// file, whose first write the bridge sends with its first read.
+    CallFiles,
     /// A file server (diod, another host's export): page cache for sized files, and the
     /// mount's SPEC words as the attach name.
     FileServer,
@@ -243,6 +246,9 @@ impl ServedMounts {
             .arg("--runas")
             .arg(format!("{bridge_uid}:{bridge_uid}"))
             .stdin(std::process::Stdio::null());
+        if presentation == Presentation::CallFiles {
+            cmd.arg("--call-files");
+        }
         if presentation == Presentation::FileServer {
             cmd.arg("--sized-files")
                 .arg("--aname")
@@ -288,11 +294,15 @@ impl ServedMounts {
     fn spawn_remade(&self, fuse: OwnedFd, mount: &Mount, remake: Remake) -> io::Result<()> {
         let conn = remake.connect(&self.dirs)?;
         let (ours, bridges) = UnixStream::pair()?;
+        let presentation = match remake {
+            Remake::Tool { .. } => Presentation::CallFiles,
+            _ => Presentation::Synthetic,
+        };
         self.spawn_bridge(
             fuse,
             conn,
             mount,
-            Presentation::Synthetic,
+            presentation,
             Some(OwnedFd::from(bridges)),
         )?;
         serve_reconnects(ours, self.dirs.clone(), remake);

@@ -37,6 +37,10 @@ pub struct CallOpen {
     args: Vec<u8>,
     /// o₀: the offset of the first read.
     first_read_at: Option<u64>,
+    /// Why an argument write was refused, if one was: the call is then poisoned and never runs
+    /// (its first read answers with an error), because a reader may already have sent that read
+    /// before it saw the refusal (the bridge sends a call's write with its first read).
+    refused: Option<String>,
     phase: Phase,
     slot: Arc<CallSlot>,
 }
@@ -118,6 +122,7 @@ impl CallOpen {
             tool,
             args: Vec::new(),
             first_read_at: None,
+            refused: None,
             phase: Phase::Writing,
             slot: Arc::new(slot),
         }
@@ -129,6 +134,9 @@ impl CallOpen {
             return Err(Errno::EBUSY);
         }
         if self.args.len() + data.len() > max_arg_bytes {
+            self.refused = Some(format!(
+                "a write took the arguments over {max_arg_bytes} bytes (EFBIG); nothing ran"
+            ));
             return Err(Errno::EFBIG);
         }
         self.args.extend_from_slice(data);
@@ -186,6 +194,15 @@ impl CallOpen {
     /// all that succeeds, starts it in a task of its own.
     async fn start(&self, dispatcher: &Arc<Dispatcher>) -> Phase {
         let name = self.tool.def.name.as_str();
+        if let Some(why) = &self.refused {
+            let env = Envelope::new(
+                name,
+                Status::Error,
+                Taint::Trusted,
+                format!("invalid arguments: {why}"),
+            );
+            return Phase::Done(Arc::new(env.to_canonical()));
+        }
         let prepared = match args::prepare(&self.args, &self.tool.def.validator) {
             Ok(a) => a,
             Err(e) => {

@@ -4,7 +4,7 @@
 //! the mount goes away.
 //!
 //!   warren-bridge --fuse-fd 3 --9p-fd 4 [--ctl-fd 5] [--owner UID:GID] [--runas UID:GID]
-//!                 [--entry-timeout-ms N] [--sized-files] [--uname U] [--aname A]
+//!                 [--entry-timeout-ms N] [--sized-files] [--call-files] [--uname U] [--aname A]
 //!
 //! The control socket (optional) takes one path per line, each a name to drop from the kernel's
 //! cache (a grant shrank), and answers each line `ok` or `error: <why>`.
@@ -53,6 +53,10 @@ struct Args {
     /// size is not 0, instead of direct I/O on every file.
     #[arg(long)]
     sized_files: bool,
+    /// Every file opened for reading and writing is a call file (toolfs's /tool): its first
+    /// write goes out with its first read.
+    #[arg(long)]
+    call_files: bool,
     #[arg(long, default_value = "warren")]
     uname: String,
     #[arg(long, default_value = "")]
@@ -139,6 +143,7 @@ fn run(args: Args) -> io::Result<()> {
     let p9 = NinePStream::new(p9)?;
     let mut opts = BridgeOptions {
         direct_io_all: !args.sized_files,
+        call_files: args.call_files,
         entry_timeout: Duration::from_millis(args.entry_timeout_ms),
         uid: args.owner.0,
         gid: args.owner.1,

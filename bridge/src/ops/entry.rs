@@ -112,11 +112,12 @@ impl Session {
         att.client.rpc(created).await?;
         let node = dir.walk(&[name]).await?;
         let mut entry = self.entry_reply(parent, name, node, att.generation).await?;
-        let fh = self.add_file(OpenFile {
-            fid: opened,
-            client: att.client.clone(),
-            generation: att.generation,
-        });
+        let fh = self.add_file(OpenFile::new(
+            opened,
+            att.client.clone(),
+            att.generation,
+            false,
+        ));
         let open = abi::fuse_open_out {
             fh,
             open_flags: self.open_flags(0),
@@ -142,11 +143,12 @@ impl Session {
             .open(flags & (oflags::ACCMODE | libc::O_APPEND as u32 | oflags::TRUNC))
             .await?;
         let mut entry = self.entry_reply(parent, name, node, att.generation).await?;
-        let fh = self.add_file(OpenFile {
-            fid: opened,
-            client: att.client.clone(),
-            generation: att.generation,
-        });
+        let fh = self.add_file(OpenFile::new(
+            opened,
+            att.client.clone(),
+            att.generation,
+            false,
+        ));
         let open = abi::fuse_open_out {
             fh,
             open_flags: self.open_flags(stat.size),

@@ -8,7 +8,7 @@ use warren_9p::{Errno, oflags};
 
 use crate::attr;
 use crate::reply::{self, DirentBuf};
-use crate::session::{OpenFile, Reply, Session};
+use crate::session::{OpenFile, Reply, Session, written};
 
 impl Session {
     /// A fresh fid cloned from the node's and Tlopen'ed: one FUSE open is one 9P open, which is
@@ -30,11 +30,16 @@ impl Session {
             f & (oflags::ACCMODE | libc::O_APPEND as u32)
         });
         fid.open(lflags).await?;
-        let fh = self.add_file(OpenFile {
+        // Only a reader-and-writer's write may wait for its read: a write-only open has no
+        // read to carry its write, and must see its error at once.
+        let defers_writes =
+            self.settings.call_files && flags.is_some_and(|f| f & oflags::ACCMODE == oflags::RDWR);
+        let fh = self.add_file(OpenFile::new(
             fid,
-            client: att.client.clone(),
-            generation: att.generation,
-        });
+            att.client.clone(),
+            att.generation,
+            defers_writes,
+        ));
         let open_flags = if flags.is_some() {
             self.open_flags(size)
         } else {
@@ -68,9 +73,23 @@ impl Session {
 
     /// One Tread, unless the kernel asked for more than one 9P message can carry (a small
     /// msize): a short read means end of file to the page cache, so then read on.
+    /// A deferred write goes out with the read, pipelined on the fid (the server serves one
+    /// fid's requests in order, so the read sees it): one round trip for both. If the server
+    /// refused the write, the read fails with the write's errno and its own answer is dropped
+    /// (toolfs runs nothing on a call whose write was refused: specs/tool-tree.md §4).
     pub(super) async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Reply, Errno> {
         let file = self.file(fh)?;
-        let mut data = file.fid.read(offset, size).await?;
+        let mut data = match file.take_deferred() {
+            Some(w) => {
+                let (sent, read) = tokio::join!(
+                    file.fid.write(w.offset, &w.data),
+                    file.fid.read(offset, size)
+                );
+                written(sent, w.data.len())?;
+                read?
+            }
+            None => file.fid.read(offset, size).await?,
+        };
         while data.len() < size as usize
             && data.len() % self.settings.rpc_max as usize == 0
             && !data.is_empty()
@@ -87,18 +106,22 @@ impl Session {
         Ok(Reply::plain(data))
     }
 
+    /// On a call file opened for reading and writing, a write that fits one Twrite is answered
+    /// at once and sent with the next read; a later write first sends (and waits for) the one
+    /// before it, so the writes reach the server in order and a refused one fails the next.
     pub(super) async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<Reply, Errno> {
         let file = self.file(fh)?;
+        if data.len() <= self.settings.rpc_max as usize && file.defer(offset, data) {
+            return Ok(write_out(data.len() as u32));
+        }
+        file.send_deferred().await?;
         let written = if data.len() <= self.settings.rpc_max as usize {
             file.fid.write(offset, data).await?
         } else {
             file.fid.write_all(offset, data).await?;
             data.len() as u32
         };
-        Ok(Reply::plain(reply::body(&abi::fuse_write_out {
-            size: written,
-            padding: 0,
-        })))
+        Ok(write_out(written))
     }
 
     /// Treaddir from the kernel's cookie; entries packed as `fuse_dirent`s until `size` is
@@ -141,8 +164,12 @@ impl Session {
     /// Clunks the open fid before answering, so whatever the server does at clunk (a transaction
     /// file withdrawing an unstarted call) has happened when RELEASE returns. A read still
     /// running on the handle keeps the fid alive; it is clunked when that read ends.
+    /// A write still deferred is sent first (what a server does with written-then-closed bytes,
+    /// such as toolfs's withdrawn receipt, sees them); its error has nowhere to go (close(2)
+    /// sends no FLUSH here), and its call never runs.
     pub(super) async fn release(&self, fh: u64) -> Result<Reply, Errno> {
         let file = self.files().remove(&fh).ok_or(Errno::EBADF)?;
+        let _ = file.send_deferred().await;
         if let Ok(file) = Arc::try_unwrap(file) {
             // The fid is gone on our side either way; a clunk error changes nothing for the caller.
             let _ = file.fid.clunk().await;
@@ -152,6 +179,7 @@ impl Session {
 
     pub(super) async fn fsync(&self, fh: u64) -> Result<Reply, Errno> {
         let file = self.file(fh)?;
+        file.send_deferred().await?;
         file.client
             .rpc(FCall::TFSync { fid: file.fid.id() })
             .await?;
@@ -169,4 +197,8 @@ impl Session {
         };
         Ok(Reply::plain(reply::body(&attr::statfs_out(&statfs))))
     }
+}
+
+fn write_out(size: u32) -> Reply {
+    Reply::plain(reply::body(&abi::fuse_write_out { size, padding: 0 }))
 }

@@ -98,6 +98,8 @@ pub struct Mounted {
 pub struct Setup {
     pub call_delay: Duration,
     pub reconnect: bool,
+    /// `BridgeOptions::call_files`.
+    pub call_files: bool,
 }
 
 impl Default for Setup {
@@ -105,6 +107,7 @@ impl Default for Setup {
         Setup {
             call_delay: Duration::from_millis(5),
             reconnect: false,
+            call_files: false,
         }
     }
 }
@@ -134,6 +137,7 @@ impl Mounted {
         let mut opts = BridgeOptions {
             direct_io_all: true,
             entry_timeout: Duration::from_secs(60),
+            call_files: setup.call_files,
             ..Default::default()
         };
         if setup.reconnect {

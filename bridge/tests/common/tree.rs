@@ -28,6 +28,10 @@ pub struct Stats {
     /// Reads of `slow` whose handler was dropped before finishing: the server's Tflush.
     pub slow_reads_flushed: AtomicUsize,
     pub calls_run: AtomicUsize,
+    /// Writes a `call` took (its arguments).
+    pub call_writes: AtomicUsize,
+    /// The arguments of every `call` clunked before it ran.
+    pub withdrawn: Mutex<Vec<Vec<u8>>>,
     /// (name, mode) of every chmod, create and mkdir, as the server received them.
     pub modes: Mutex<Vec<(String, u32)>>,
 }
@@ -289,7 +293,12 @@ impl FileTree for TestTree {
 
     async fn write(&self, fid: &mut TreeFid, offset: u64, data: &[u8]) -> Result<u32> {
         match &fid.node {
-            Node::Call if fid.result.is_none() => fid.input.extend_from_slice(data),
+            // A call refuses arguments that start `REFUSE` (as toolfs refuses them over its cap).
+            Node::Call if data.starts_with(b"REFUSE") => return Err(Errno::EFBIG),
+            Node::Call if fid.result.is_none() => {
+                fid.input.extend_from_slice(data);
+                self.0.stats.call_writes.fetch_add(1, Ordering::SeqCst);
+            }
             Node::Call => return Err(Errno::EBUSY),
             Node::Created(name) => {
                 let mut created = self.0.created.lock().unwrap();
@@ -303,6 +312,12 @@ impl FileTree for TestTree {
             _ => return Err(Errno::EACCES),
         }
         Ok(data.len() as u32)
+    }
+
+    async fn clunk(&self, fid: TreeFid) {
+        if fid.node == Node::Call && fid.result.is_none() && !fid.input.is_empty() {
+            self.0.stats.withdrawn.lock().unwrap().push(fid.input);
+        }
     }
 
     async fn readdir(&self, fid: &mut TreeFid, offset: u64, _count: u32) -> Result<Vec<DirEntry>> {
