@@ -10,7 +10,9 @@ use std::process::Command;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
-use common::{Mounted, Setup, call_result, python, run, wait_until};
+use common::{
+    Mounted, PY_BUFFERED_CALL, PY_UNBUFFERED_CALL, Setup, call_result, python, run, wait_until,
+};
 
 fn mounted(call_files: bool) -> Option<Mounted> {
     Mounted::start_with(Setup {
@@ -74,10 +76,11 @@ fn the_call_idioms_run_unchanged_with_call_files() {
     }
     let path = m.path("call");
     let path = path.to_str().unwrap();
-    let unbuffered = "import sys\nf = open(sys.argv[1], 'r+b', buffering=0)\nf.write(b'{\"x\":1}')\nsys.stdout.buffer.write(f.read())";
-    assert_eq!(python(unbuffered, &[path]), call_result(r#"{"x":1}"#));
-    let buffered = "import sys\nf = open(sys.argv[1], 'r+b')\nf.write(b'{\"y\":2}')\nf.flush()\nsys.stdout.buffer.write(f.read())";
-    assert_eq!(python(buffered, &[path]), call_result(r#"{"y":2}"#));
+    assert_eq!(
+        python(PY_UNBUFFERED_CALL, &[path]),
+        call_result(r#"{"x":1}"#)
+    );
+    assert_eq!(python(PY_BUFFERED_CALL, &[path]), call_result(r#"{"y":2}"#));
     assert_eq!(m.stats.calls_run.load(SeqCst), 4);
     m.unmount().unwrap();
 }

@@ -9,7 +9,10 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::{Mounted, Setup, call_result, python, run, wait_bounded, wait_until};
+use common::{
+    Mounted, PY_BUFFERED_CALL, PY_UNBUFFERED_CALL, Setup, call_result, python, run, wait_bounded,
+    wait_until,
+};
 
 /// N threads × R rounds of call transactions with os.open/os.write/os.read/os.close, each with
 /// its own input written in two pieces. Prints the number of transactions whose result was not
@@ -92,10 +95,11 @@ fn python_unbuffered_and_buffered_read_write_run_one_transaction() {
     let Some(m) = Mounted::start() else { return };
     let path = m.path("call");
     let path = path.to_str().unwrap();
-    let unbuffered = "import sys\nf = open(sys.argv[1], 'r+b', buffering=0)\nf.write(b'{\"x\":1}')\nsys.stdout.buffer.write(f.read())";
-    assert_eq!(python(unbuffered, &[path]), call_result(r#"{"x":1}"#));
-    let buffered = "import sys\nf = open(sys.argv[1], 'r+b')\nf.write(b'{\"y\":2}')\nf.flush()\nsys.stdout.buffer.write(f.read())";
-    assert_eq!(python(buffered, &[path]), call_result(r#"{"y":2}"#));
+    assert_eq!(
+        python(PY_UNBUFFERED_CALL, &[path]),
+        call_result(r#"{"x":1}"#)
+    );
+    assert_eq!(python(PY_BUFFERED_CALL, &[path]), call_result(r#"{"y":2}"#));
     m.unmount().unwrap();
 }
 

@@ -194,23 +194,19 @@ impl CallOpen {
     /// all that succeeds, starts it in a task of its own.
     async fn start(&self, dispatcher: &Arc<Dispatcher>) -> Phase {
         let name = self.tool.def.name.as_str();
-        if let Some(why) = &self.refused {
-            let env = Envelope::new(
-                name,
-                Status::Error,
-                Taint::Trusted,
-                format!("invalid arguments: {why}"),
-            );
-            return Phase::Done(Arc::new(env.to_canonical()));
-        }
-        let prepared = match args::prepare(&self.args, &self.tool.def.validator) {
+        let parsed = match &self.refused {
+            Some(why) => Err(why.clone()),
+            None => args::prepare(&self.args, &self.tool.def.validator).map_err(|e| e.to_string()),
+        };
+        let prepared = match parsed {
             Ok(a) => a,
-            Err(e) => {
+            Err(why) => {
+                // Untrusted: the reason may quote the arguments.
                 let env = Envelope::new(
                     name,
                     Status::Error,
                     Taint::Untrusted,
-                    format!("invalid arguments: {e}"),
+                    format!("invalid arguments: {why}"),
                 );
                 return Phase::Done(Arc::new(env.to_canonical()));
             }

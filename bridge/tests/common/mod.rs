@@ -274,6 +274,11 @@ pub fn python(script: &str, args: &[&str]) -> String {
 }
 
 /// The result the test tree's `call` gives for `input`.
+/// A call through `open(path, 'r+b', buffering=0)`: write `{"x":1}`, read the result.
+pub const PY_UNBUFFERED_CALL: &str = "import sys\nf = open(sys.argv[1], 'r+b', buffering=0)\nf.write(b'{\"x\":1}')\nsys.stdout.buffer.write(f.read())";
+/// The same through a buffered `r+b` file (write `{"y":2}`, flush, read).
+pub const PY_BUFFERED_CALL: &str = "import sys\nf = open(sys.argv[1], 'r+b')\nf.write(b'{\"y\":2}')\nf.flush()\nsys.stdout.buffer.write(f.read())";
+
 pub fn call_result(input: &str) -> String {
     format!("{}{input}", String::from_utf8_lossy(RESULT_PREFIX))
 }
