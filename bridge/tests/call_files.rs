@@ -10,9 +10,7 @@ use std::process::Command;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
-use common::{
-    Mounted, PY_BUFFERED_CALL, PY_UNBUFFERED_CALL, Setup, call_result, python, run, wait_until,
-};
+use common::{Mounted, Setup, assert_python_calls, call_result, python, run, wait_until};
 
 fn mounted(call_files: bool) -> Option<Mounted> {
     Mounted::start_with(Setup {
@@ -76,11 +74,7 @@ fn the_call_idioms_run_unchanged_with_call_files() {
     }
     let path = m.path("call");
     let path = path.to_str().unwrap();
-    assert_eq!(
-        python(PY_UNBUFFERED_CALL, &[path]),
-        call_result(r#"{"x":1}"#)
-    );
-    assert_eq!(python(PY_BUFFERED_CALL, &[path]), call_result(r#"{"y":2}"#));
+    assert_python_calls(path);
     assert_eq!(m.stats.calls_run.load(SeqCst), 4);
     m.unmount().unwrap();
 }

@@ -10,8 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::{
-    Mounted, PY_BUFFERED_CALL, PY_UNBUFFERED_CALL, Setup, call_result, python, run, wait_bounded,
-    wait_until,
+    Mounted, Setup, assert_python_calls, call_result, python, run, wait_bounded, wait_until,
 };
 
 /// N threads × R rounds of call transactions with os.open/os.write/os.read/os.close, each with
@@ -95,11 +94,7 @@ fn python_unbuffered_and_buffered_read_write_run_one_transaction() {
     let Some(m) = Mounted::start() else { return };
     let path = m.path("call");
     let path = path.to_str().unwrap();
-    assert_eq!(
-        python(PY_UNBUFFERED_CALL, &[path]),
-        call_result(r#"{"x":1}"#)
-    );
-    assert_eq!(python(PY_BUFFERED_CALL, &[path]), call_result(r#"{"y":2}"#));
+    assert_python_calls(path);
     m.unmount().unwrap();
 }
 

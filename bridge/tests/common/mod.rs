@@ -279,6 +279,15 @@ pub const PY_UNBUFFERED_CALL: &str = "import sys\nf = open(sys.argv[1], 'r+b', b
 /// The same through a buffered `r+b` file (write `{"y":2}`, flush, read).
 pub const PY_BUFFERED_CALL: &str = "import sys\nf = open(sys.argv[1], 'r+b')\nf.write(b'{\"y\":2}')\nf.flush()\nsys.stdout.buffer.write(f.read())";
 
+/// Both Python idioms on the call file at `path` give their own results.
+pub fn assert_python_calls(path: &str) {
+    assert_eq!(
+        python(PY_UNBUFFERED_CALL, &[path]),
+        call_result(r#"{"x":1}"#)
+    );
+    assert_eq!(python(PY_BUFFERED_CALL, &[path]), call_result(r#"{"y":2}"#));
+}
+
 pub fn call_result(input: &str) -> String {
     format!("{}{input}", String::from_utf8_lossy(RESULT_PREFIX))
 }
