@@ -71,7 +71,7 @@ pub(crate) struct OpenFile {
     pub generation: u64,
     /// A call file opened for reading and writing: a write may wait to go out with the next
     /// read (`Session::write`).
-    pub defers_writes: bool,
+    defers_writes: bool,
     /// The write answered but not yet sent.
     deferred: std::sync::Mutex<Option<DeferredWrite>>,
 }

@@ -19,18 +19,24 @@ fn mounted(call_files: bool) -> Option<Mounted> {
     })
 }
 
+/// `call` opened for reading and writing, `args` written with one write(2).
+fn call_written(m: &Mounted, args: &[u8]) -> std::fs::File {
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.path("call"))
+        .unwrap();
+    f.write_all(args).unwrap();
+    f
+}
+
 /// The property itself: after write(2) returned, the server has not seen the write (it goes with
 /// the read); without the option it has.
 #[test]
 fn a_call_files_first_write_goes_out_with_its_first_read() {
     for call_files in [false, true] {
         let Some(m) = mounted(call_files) else { return };
-        let mut f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(m.path("call"))
-            .unwrap();
-        f.write_all(br#"{"x":1}"#).unwrap();
+        let mut f = call_written(&m, br#"{"x":1}"#);
         let seen = m.stats.call_writes.load(SeqCst);
         assert_eq!(
             seen,
@@ -117,13 +123,7 @@ fn a_refused_deferred_write_fails_the_read_that_carried_it() {
 #[test]
 fn a_deferred_write_closed_unread_reaches_the_server_before_the_clunk() {
     let Some(m) = mounted(true) else { return };
-    let mut f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(m.path("call"))
-        .unwrap();
-    f.write_all(br#"{"w":1}"#).unwrap();
-    drop(f);
+    drop(call_written(&m, br#"{"w":1}"#));
     // RELEASE is asynchronous to close(2).
     assert!(
         wait_until(Duration::from_secs(5), || {

@@ -99,13 +99,9 @@ pub struct Write {
     pub role: Role,
 }
 
-/// An admitted entry not yet stamped, signed or chained.
+/// An admitted request, not yet stamped, signed or chained, and who appends it.
 struct NewEntry {
-    scope: String,
-    kind: Kind,
-    subject: Value,
-    digests: Value,
-    policy_hash: Option<String>,
+    req: AppendRequest,
     appender: String,
 }
 
@@ -361,49 +357,39 @@ impl Log {
     /// all or none: a refused write takes nothing from the others, and a failed commit fails
     /// them all. One result per write, in order.
     pub fn append_writes(&mut self, writes: Vec<Write>) -> Vec<Result<Vec<Ack>, AppendError>> {
-        let mut results: Vec<Option<Result<Vec<Ack>, AppendError>>> = Vec::new();
+        // One look at the free space for the whole commit, not one per write.
+        let free = self.free_bytes();
         let mut entries = Vec::new();
-        let mut counts = Vec::new();
-        for write in writes {
-            match self.admit(&write) {
-                Ok(()) => {
-                    counts.push(Some(write.requests.len()));
-                    let appender = write.role.appender();
-                    entries.extend(write.requests.into_iter().map(|r| NewEntry {
-                        scope: r.scope,
-                        kind: r.kind,
-                        subject: r.subject,
-                        digests: r.digests,
-                        policy_hash: r.policy_hash,
-                        appender: appender.clone(),
-                    }));
-                    results.push(None);
-                }
-                Err(e) => {
-                    counts.push(None);
-                    results.push(Some(Err(e)));
-                }
-            }
-        }
-        let mut committed = match self.commit_entries(entries) {
-            Ok(acks) => Ok(acks.into_iter()),
-            Err(e) => Err(e),
-        };
-        results
+        // Per write: how many of `entries` are its, or why it was refused.
+        let admitted: Vec<Result<usize, AppendError>> = writes
             .into_iter()
-            .zip(counts)
-            .map(|(refused, count)| match (refused, count, &mut committed) {
-                (Some(refused), _, _) => refused,
-                (None, Some(n), Ok(acks)) => Ok(acks.by_ref().take(n).collect()),
-                (None, _, Err(e)) => Err(e.clone()),
-                (None, None, Ok(_)) => unreachable!("a write is admitted or refused"),
+            .map(|write| {
+                self.admit(&write, &free)?;
+                let (n, appender) = (write.requests.len(), write.role.appender());
+                entries.extend(write.requests.into_iter().map(|req| NewEntry {
+                    req,
+                    appender: appender.clone(),
+                }));
+                Ok(n)
+            })
+            .collect();
+        let mut committed = self.commit_entries(entries).map(Vec::into_iter);
+        admitted
+            .into_iter()
+            .map(|admitted| match (admitted, &mut committed) {
+                (Err(refused), _) => Err(refused),
+                (Ok(n), Ok(acks)) => Ok(acks.by_ref().take(n).collect()),
+                (Ok(_), Err(e)) => Err(e.clone()),
             })
             .collect()
     }
 
     /// Checks one write before it is staged: its kinds against the role, the signer, the
     /// scopes' rates (all of the write's tokens or none) and the free-space floor.
-    fn admit(&mut self, write: &Write) -> Result<(), AppendError> {
+    fn admit(&mut self, write: &Write, free: &Result<u64, AppendError>) -> Result<(), AppendError> {
+        let Some(first) = write.requests.first() else {
+            return Err(AppendError::Invalid("a write with no request".into()));
+        };
         for req in &write.requests {
             write.role.may_append(req.kind)?;
         }
@@ -411,7 +397,7 @@ impl Log {
             return Err(AppendError::NoSigner(e.clone()));
         }
         self.take_tokens(&write.requests)?;
-        self.check_floor(&write.requests[0])
+        self.check_floor(free.clone()?, first)
     }
 
     /// receiptd's own receipt (boot, rotation, floor) in [`SYSTEM_SCOPE`].
@@ -419,12 +405,15 @@ impl Log {
         if let Err(e) = &self.signer {
             return Err(AppendError::NoSigner(e.clone()));
         }
-        let mut acks = self.commit_entries(vec![NewEntry {
+        let req = AppendRequest {
             scope: SYSTEM_SCOPE.to_owned(),
             kind: Kind::Boot,
             subject,
             digests: Value::Null,
             policy_hash: None,
+        };
+        let mut acks = self.commit_entries(vec![NewEntry {
+            req,
             appender: Role::Receiptd.appender(),
         }])?;
         Ok(acks.pop().expect("one ack per entry"))
@@ -486,8 +475,7 @@ impl Log {
 
     /// Refuses at the floor (not at ENOSPC), receipting the first refusal of each episode and the
     /// recovery.
-    fn check_floor(&mut self, req: &AppendRequest) -> Result<(), AppendError> {
-        let free = self.free_bytes()?;
+    fn check_floor(&mut self, free: u64, req: &AppendRequest) -> Result<(), AppendError> {
         let floor = self.cfg.min_free_bytes;
         if free >= floor {
             if self.floor_refusing {
@@ -527,7 +515,7 @@ impl Log {
         let mut hlc = self.hlc.clone();
         let mut rows = Vec::with_capacity(entries.len());
         let mut acks = Vec::with_capacity(entries.len());
-        for e in entries {
+        for NewEntry { req: e, appender } in entries {
             let (head, frontier) = match moved.get_mut(&e.scope) {
                 Some(st) => st,
                 None => {
@@ -550,7 +538,7 @@ impl Log {
                 subject: e.subject,
                 digests: e.digests,
                 policy_hash: e.policy_hash,
-                appender: e.appender,
+                appender,
             };
             let payload = body.canonical();
             let mut env = Envelope::new(RECEIPT_PAYLOAD_TYPE, &payload);

@@ -24,17 +24,20 @@ use crate::access::{AppendError, Role};
 use crate::batch::{self, Batcher};
 use crate::log::{Ack, Log, Write};
 use crate::receipt::AppendRequest;
-use crate::sync::Durability;
+use crate::sync::{Durability, Syncer};
 
 /// What every connection's tree shares: the log, and the appends waiting for its next commit.
 pub struct Shared {
     pub log: Mutex<Log>,
     pub batcher: Batcher,
+    /// The log's fsync thread (an append under `--durable=fsync` waits on it, not on the log).
+    syncer: Arc<Syncer>,
 }
 
 impl Shared {
     pub fn new(log: Log) -> Shared {
         Shared {
+            syncer: Arc::clone(log.syncer()),
             log: Mutex::new(log),
             batcher: Batcher::default(),
         }
@@ -177,11 +180,11 @@ impl ReceiptsTree {
             role: self.role,
         };
         let acks = batch::append(&self.shared, write).await?;
-        let syncer = Arc::clone(self.shared.log().syncer());
+        let syncer = &self.shared.syncer;
         if syncer.mode() == Durability::Fsync {
-            let generation = acks.iter().map(|a| a.generation).max().unwrap_or(0);
+            // One commit: every ack of the write has the same generation.
             syncer
-                .wait(generation)
+                .wait(acks[0].generation)
                 .await
                 .map_err(AppendError::Storage)?;
         }
