@@ -13,7 +13,7 @@ use warren_gate::{Answer, Verdict};
 
 use crate::args::{self, Arguments};
 use crate::dispatch::{Dispatcher, Runnable};
-use crate::effects::{ReceiptRef, ReceiptSlot};
+use crate::effects::{ReceiptRef, ReceiptSlot, ran_kind};
 use crate::envelope::{Envelope, Status, Taint, content_digest};
 use crate::grant::GrantedTool;
 use crate::tree::CallSlot;
@@ -321,8 +321,8 @@ impl CallOpen {
 }
 
 /// Runs an allowed call, marks the session's context untrusted if the result is a tool's, and
-/// queues the effect receipt in the place taken before it ran; the envelope names it by the
-/// decision that allowed the call.
+/// queues the receipt of its run (`effect`, or `query` for a read-tier call: [`ran_kind`]) in the
+/// place taken before it ran; the envelope names it by the decision that allowed the call.
 async fn run_and_receipt(
     dispatcher: &Dispatcher,
     tool: &GrantedTool,
@@ -347,14 +347,16 @@ async fn run_and_receipt(
     if let Some(ack) = &answer.receipt {
         subject["decision"] = json!({"seq": ack.seq, "hash": ack.hash});
     }
+    let kind = ran_kind(&answer.tier);
     effect.send(
         dispatcher.session(),
-        "effect",
+        kind,
         subject,
         json!({"args": content_digest(&args.canonical), "result": env.digest}),
     );
     services.hops.effect(started.elapsed());
-    env.receipt = Some(ReceiptRef::effect(
+    env.receipt = Some(ReceiptRef::ran(
+        kind,
         dispatcher.session(),
         answer.receipt.clone(),
     ));

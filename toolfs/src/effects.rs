@@ -35,7 +35,8 @@ const BATCH_BYTES: usize = 256 * 1024;
 /// The receipt an envelope names.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReceiptRef {
-    /// `effect` (the tool ran) or `decision` (the gate's receipt of a deny).
+    /// `effect` or `query` (the tool ran: [`ran_kind`]) or `decision` (the gate's receipt of a
+    /// deny).
     pub kind: String,
     /// The receipt scope: the session id.
     pub scope: String,
@@ -63,16 +64,25 @@ impl ReceiptRef {
         }
     }
 
-    /// The (queued) effect receipt in `scope` of the call `decision` allowed.
-    pub fn effect(scope: &str, decision: Option<Ack>) -> ReceiptRef {
+    /// The (queued) receipt of kind `kind` ([`ran_kind`]) in `scope` of the call `decision`
+    /// allowed.
+    pub fn ran(kind: &str, scope: &str, decision: Option<Ack>) -> ReceiptRef {
         ReceiptRef {
-            kind: "effect".into(),
+            kind: kind.into(),
             scope: scope.to_owned(),
             seq: None,
             hash: None,
             decision,
         }
     }
+}
+
+/// The kind of the receipt of a call that ran, from the tier the gate decided it by: `query` for
+/// a read-tier tool, `effect` for every other (design.md "Receipts": query receipts are chained
+/// unsigned and covered by receiptd's signed checkpoints; effect receipts are signed one by one).
+/// A read-tier call raised by a risk pattern is decided as `destructive`, so it stays `effect`.
+pub fn ran_kind(tier: &str) -> &'static str {
+    if tier == "read" { "query" } else { "effect" }
 }
 
 struct QueueState {

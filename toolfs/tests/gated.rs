@@ -22,14 +22,15 @@ fn receipt_seq(env: &Envelope, kind: &str) -> u64 {
     r.seq.unwrap_or_else(|| panic!("no seq: {env:?}"))
 }
 
-/// The effect receipt a call's envelope names: queued, found in the scope by the decision that
-/// allowed the call once the writer has appended it (waited for, up to 10 s).
-async fn effect_receipt(d: &Daemon, env: &Envelope) -> Value {
+/// The receipt of kind `kind` (`query` for a read-tier tool, else `effect`) a call's envelope
+/// names: queued, found in the scope by the decision that allowed the call once the writer has
+/// appended it (waited for, up to 10 s). Returns its body and the signatures of its envelope.
+async fn ran_receipt(d: &Daemon, env: &Envelope, kind: &str) -> (Value, Vec<Value>) {
     let r = env
         .receipt
         .as_ref()
         .unwrap_or_else(|| panic!("no receipt: {env:?}"));
-    assert_eq!(r.kind, "effect", "{env:?}");
+    assert_eq!(r.kind, kind, "{env:?}");
     let decision = r
         .decision
         .as_ref()
@@ -38,14 +39,17 @@ async fn effect_receipt(d: &Daemon, env: &Envelope) -> Value {
         let bodies = d.stack().receipts(&r.scope).await;
         if let Some(b) = bodies
             .iter()
-            .find(|b| b["kind"] == "effect" && b["subject"]["decision"]["seq"] == decision.seq)
+            .find(|b| b["kind"] == kind && b["subject"]["decision"]["seq"] == decision.seq)
         {
             assert_eq!(b["subject"]["decision"]["hash"], decision.hash.as_str());
-            return b.clone();
+            let seq = b["seq"].as_u64().unwrap() as usize;
+            let envelope = &d.stack().envelopes(&r.scope).await[seq];
+            let signatures = envelope["signatures"].as_array().unwrap().clone();
+            return (b.clone(), signatures);
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("no effect receipt for decision #{} written", decision.seq)
+    panic!("no {kind} receipt for decision #{} written", decision.seq)
 }
 
 fn body_at(bodies: &[Value], seq: u64) -> &Value {
@@ -78,8 +82,10 @@ fn field<'a>(request: &'a str, name: &str) -> &'a str {
 }
 
 /// Design "How a tool call flows": a read-tier call is allowed, its decision receipt is in
-/// receiptd's log before its effect receipt, and the envelope names the (queued) effect receipt
-/// by its decision; the effect's digests are those of the arguments and of the result.
+/// receiptd's log before the receipt of its run, and the envelope names that (queued) receipt
+/// by its decision; its digests are those of the arguments and of the result. Design
+/// "Receipts": a read-tier call's run is a `query` receipt, chained unsigned (a signed
+/// checkpoint covers it); the decision is signed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_call_is_decided_run_and_receipted_in_that_order() {
     let d = Daemon::start_gated(&[]);
@@ -90,7 +96,11 @@ async fn a_read_call_is_decided_run_and_receipted_in_that_order() {
     assert_eq!(env.status, Status::Ok, "{env:?}");
     let r = env.receipt.as_ref().unwrap();
     assert_eq!(r.scope, rec.session);
-    let effect = effect_receipt(&d, &env).await;
+    let (effect, signatures) = ran_receipt(&d, &env, "query").await;
+    assert!(
+        signatures.is_empty(),
+        "a signed query receipt: {signatures:?}"
+    );
     let effect_seq = effect["seq"].as_u64().unwrap();
     let bodies = d.stack().receipts(&rec.session).await;
     assert_eq!(effect["appender"], "toolfs");
@@ -101,6 +111,14 @@ async fn a_read_call_is_decided_run_and_receipted_in_that_order() {
     assert!(decision_seq < effect_seq, "{bodies:#?}");
     let decision = body_at(&bodies, decision_seq);
     assert_eq!(decision["kind"], "decision");
+    let envelopes = d.stack().envelopes(&rec.session).await;
+    assert_eq!(
+        envelopes[decision_seq as usize]["signatures"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
     assert_eq!(decision["appender"], "gate");
     assert_eq!(decision["subject"]["tool"], "echo");
     assert_eq!(decision["subject"]["verdict"], "allow");
@@ -151,7 +169,9 @@ async fn an_exec_call_waits_for_its_answer_and_a_deny_never_runs() {
     .unwrap();
     let env = first.await.unwrap();
     assert_eq!(env.status, Status::Ok, "{env:?}");
-    effect_receipt(&d, &env).await;
+    // Not read-tier: the run is an `effect` receipt, signed on its own.
+    let (_, signatures) = ran_receipt(&d, &env, "effect").await;
+    assert_eq!(signatures.len(), 1, "{signatures:?}");
     assert_eq!(
         std::fs::read_to_string(path.join("ran.txt")).unwrap(),
         "ran\n"
@@ -277,7 +297,7 @@ async fn operator_connections_are_gated_in_sessions_of_their_own() {
     let a = call_envelope(&op1, "echo", br#"{"n":1}"#).await;
     let b = call_envelope(&op2, "echo", br#"{"n":2}"#).await;
     let (ra, rb) = (a.receipt.clone().unwrap(), b.receipt.clone().unwrap());
-    assert_eq!(ra.kind, "effect");
+    assert_eq!(ra.kind, "query");
     assert_eq!(ra.scope.len(), 32);
     assert_ne!(ra.scope, rb.scope);
     let bodies = d.stack().receipts(&ra.scope).await;
@@ -289,6 +309,28 @@ async fn operator_connections_are_gated_in_sessions_of_their_own() {
     );
 }
 
+/// A granted writable `shell` whose every ask an operator allows at once: its runs are `effect`
+/// receipts, which receiptd takes from toolfs's uid alone (read-tier runs are `query` receipts,
+/// which operators may append too, specs/receipts.md §6).
+/// Returns the connection, its root and the file each run appends a line to.
+async fn auto_allowed_shell(d: &Daemon) -> (warren_9p::Client, Fid, std::path::PathBuf) {
+    let (path, fd) = tool_root(d, "work");
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let mut rec = record_with_root(&["shell"], path_str(&path));
+    rec.tools[0].roots[0].writable = true;
+    let (c, root) = d.granted(&rec, &[std::os::fd::AsFd::as_fd(&fd)]).await;
+    d.stack().approve_every_ask();
+    (c, root, path.join("ran.txt"))
+}
+
+fn shell_args(n: u32) -> Vec<u8> {
+    format!(r#"{{"command":"echo {n} >> ran.txt"}}"#).into_bytes()
+}
+
+fn lines(path: &std::path::Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |t| t.lines().count())
+}
+
 /// Effect receipts are queued off the call's path and never dropped. receiptd here refuses
 /// toolfs's effect receipts (it expects them from another uid) while it takes the gate's
 /// decisions: the call that ran returns at once with its effect queued; the writer retries; the
@@ -298,9 +340,8 @@ async fn operator_connections_are_gated_in_sessions_of_their_own() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_effect_receipt_receiptd_refuses_is_retried_and_calls_are_refused_meanwhile() {
     let mut d = Daemon::start_gated_in(temp_dir(), &["--toolfs-uid", "4242"], &[]);
-    let rec = record(&["echo"]);
-    let (_c, root) = d.granted(&rec, &[]).await;
-    let first = call_envelope(&root, "echo", br#"{"n":1}"#).await;
+    let (_c, root, ran_txt) = auto_allowed_shell(&d).await;
+    let first = call_envelope(&root, "shell", &shell_args(1)).await;
     assert_eq!(first.status, Status::Ok, "{first:?}");
     let r = first.receipt.as_ref().unwrap();
     assert!(r.decision.is_some(), "{first:?}");
@@ -308,7 +349,7 @@ async fn an_effect_receipt_receiptd_refuses_is_retried_and_calls_are_refused_mea
     let mut ran = 1;
     let mut refused = None;
     for n in 2..200 {
-        let env = call_envelope(&root, "echo", format!(r#"{{"n":{n}}}"#).as_bytes()).await;
+        let env = call_envelope(&root, "shell", &shell_args(n)).await;
         if env.status == Status::Ok {
             ran += 1;
         }
@@ -321,7 +362,7 @@ async fn an_effect_receipt_receiptd_refuses_is_retried_and_calls_are_refused_mea
     let refused = refused.expect("calls kept running while effect receipts were not written");
     assert_eq!(refused.content, "receipts_unavailable", "{refused:?}");
     assert_eq!(refused.receipt.as_ref().unwrap().kind, "decision");
-    let journal = d.journal().len();
+    let runs_then = lines(&ran_txt);
     assert!(
         d.log().contains("receipts not written, retrying"),
         "{}",
@@ -330,10 +371,10 @@ async fn an_effect_receipt_receiptd_refuses_is_retried_and_calls_are_refused_mea
 
     d.stack_mut().kill_receiptd();
     d.stack_mut().start_receiptd(&[]);
-    effect_receipt(&d, &first).await;
+    ran_receipt(&d, &first, "effect").await;
     let mut again = None;
     for n in 1000..1200 {
-        let env = call_envelope(&root, "echo", format!(r#"{{"n":{n}}}"#).as_bytes()).await;
+        let env = call_envelope(&root, "shell", &shell_args(n)).await;
         if env.status == Status::Ok {
             again = Some(env);
             break;
@@ -341,12 +382,12 @@ async fn an_effect_receipt_receiptd_refuses_is_retried_and_calls_are_refused_mea
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let again = again.expect("calls stayed refused after receiptd took effect receipts again");
-    effect_receipt(&d, &again).await;
+    ran_receipt(&d, &again, "effect").await;
     // The refused call did not run; every call that ran has its effect receipt, none dropped.
-    assert_eq!(journal, 2 * ran, "{:?}", d.journal());
-    let bodies = d.stack().receipts(&rec.session).await;
-    let effects = bodies.iter().filter(|b| b["kind"] == "effect").count();
-    assert_eq!(effects, ran + 1, "{bodies:#?}");
+    assert_eq!(runs_then, ran);
+    let bodies = d.stack().receipts(&r.scope).await;
+    let runs = bodies.iter().filter(|b| b["kind"] == "effect").count();
+    assert_eq!(runs, ran + 1, "{bodies:#?}");
 }
 
 /// A stopping toolfs writes what it queued before it goes. receiptd refuses toolfs's receipts
@@ -356,9 +397,10 @@ async fn an_effect_receipt_receiptd_refuses_is_retried_and_calls_are_refused_mea
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopping_toolfs_writes_its_queued_receipts_first() {
     let mut d = Daemon::start_gated_in(temp_dir(), &["--toolfs-uid", "4242"], &[]);
-    let (_c, root) = d.granted(&record(&["echo"]), &[]).await;
-    let env = call_envelope(&root, "echo", br#"{"n":1}"#).await;
+    let (_c, root, ran_txt) = auto_allowed_shell(&d).await;
+    let env = call_envelope(&root, "shell", &shell_args(1)).await;
     assert_eq!(env.status, Status::Ok, "{env:?}");
+    assert_eq!(lines(&ran_txt), 1);
     for _ in 0..500 {
         if d.log().contains("receipts not written, retrying") {
             break;
@@ -378,7 +420,7 @@ async fn a_stopping_toolfs_writes_its_queued_receipts_first() {
     );
     d.stack_mut().kill_receiptd();
     d.stack_mut().start_receiptd(&[]);
-    effect_receipt(&d, &env).await;
+    ran_receipt(&d, &env, "effect").await;
     for _ in 0..500 {
         if !d.is_running() {
             return;

@@ -83,7 +83,7 @@ impl Entry {
                 }
                 w
             }
-            "effect" => {
+            "effect" | "query" => {
                 let mut w = format!("ran: {}", text("status"));
                 if let Some(seq) = s["decision"]["seq"].as_u64() {
                     w.push_str(&format!(" (decision #{seq})"));
@@ -260,7 +260,7 @@ pub async fn effects_pending(socket: &Path, scope: &str) -> Result<usize> {
             {
                 allowed.insert(e.seq);
             }
-            "effect" => {
+            "effect" | "query" => {
                 if let Some(seq) = e.subject()["decision"]["seq"].as_u64() {
                     effected.insert(seq);
                 }

@@ -256,14 +256,18 @@ fn log_prints_receipts_in_words_and_follows_new_ones() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let lines: Vec<&str> = words.lines().collect();
-    assert_eq!(lines.len(), 2, "a decision and an effect:\n{words}");
+    assert_eq!(
+        lines.len(),
+        2,
+        "a decision and a query (echo is read-tier):\n{words}"
+    );
     assert!(
         lines[0].contains(" decision ") && lines[0].contains("echo") && lines[0].contains("allow"),
         "{words}"
     );
     assert!(lines[0].contains(&scope[..8]));
     assert!(
-        lines[1].contains(" effect ") && lines[1].contains("ran: ok (decision #0)"),
+        lines[1].contains(" query ") && lines[1].contains("ran: ok (decision #0)"),
         "{words}"
     );
 
@@ -276,7 +280,7 @@ fn log_prints_receipts_in_words_and_follows_new_ones() {
         .iter()
         .map(|o| o["kind"].as_str().unwrap())
         .collect();
-    assert_eq!(kinds, ["decision", "effect"]);
+    assert_eq!(kinds, ["decision", "query"]);
     assert_eq!(objects[0]["verdict"], "allow");
     assert_eq!(objects[1]["seq"], 1);
 
@@ -314,7 +318,7 @@ fn log_prints_receipts_in_words_and_follows_new_ones() {
             kinds.push(v["kind"].as_str().unwrap().to_owned());
         }
     }
-    assert_eq!(kinds, ["decision", "effect"]);
+    assert_eq!(kinds, ["decision", "query"]);
     let _ = follow.kill();
     let _ = follow.wait();
 }

@@ -402,7 +402,8 @@ fn each_daemon_killed_during_calls_comes_back_and_no_call_runs_without_a_decisio
         let Outcome::Envelope(v) = o else { continue };
         match v["status"].as_str().unwrap() {
             "ok" => {
-                assert_eq!(v["receipt"]["kind"], "effect", "{label}: {v}");
+                // echo is read-tier: its run is a query receipt (design.md "Receipts").
+                assert_eq!(v["receipt"]["kind"], "query", "{label}: {v}");
                 assert!(
                     v["receipt"]["decision"]["seq"].is_u64(),
                     "{label}: an effect receipt not named by its decision: {v}"
@@ -429,7 +430,10 @@ fn each_daemon_killed_during_calls_comes_back_and_no_call_runs_without_a_decisio
         for r in &receipts {
             follower.wait_for(scope, r["seq"].as_u64().unwrap());
         }
-        for r in receipts.iter().filter(|r| r["kind"] == "effect") {
+        for r in receipts
+            .iter()
+            .filter(|r| r["kind"] == "effect" || r["kind"] == "query")
+        {
             let seq = r["subject"]["decision"]["seq"]
                 .as_u64()
                 .unwrap_or_else(|| panic!("an effect without its decision: {r}"));

@@ -318,6 +318,20 @@ impl Stack {
 
     /// The bodies of the receipts in `scope`, in log order.
     pub async fn receipts(&self, scope: &str) -> Vec<Value> {
+        self.envelopes(scope)
+            .await
+            .iter()
+            .map(|entry| {
+                let payload = base64::engine::general_purpose::STANDARD
+                    .decode(entry["payload"].as_str().expect("a DSSE payload"))
+                    .unwrap();
+                serde_json::from_slice(&payload).unwrap()
+            })
+            .collect()
+    }
+
+    /// The DSSE envelopes of `scope`'s log, in order (none for an unknown scope).
+    pub async fn envelopes(&self, scope: &str) -> Vec<Value> {
         let c = Client::connect_unix(self.runtime.join("receipts.sock"))
             .await
             .expect("connect receipts.sock");
@@ -329,13 +343,7 @@ impl Stack {
         let text = log.read_to_end(0).await.unwrap();
         text.split(|b| *b == b'\n')
             .filter(|l| !l.is_empty())
-            .map(|line| {
-                let entry: Value = serde_json::from_slice(line).unwrap();
-                let payload = base64::engine::general_purpose::STANDARD
-                    .decode(entry["payload"].as_str().expect("a DSSE payload"))
-                    .unwrap();
-                serde_json::from_slice(&payload).unwrap()
-            })
+            .map(|line| serde_json::from_slice(line).unwrap())
             .collect()
     }
 }
