@@ -58,7 +58,7 @@ impl Envelope {
 
     /// The canonical (RFC 8785) bytes: what the log stores, chains and puts in the Merkle tree.
     pub fn canonical(&self) -> Vec<u8> {
-        serde_json_canonicalizer::to_vec(self).expect("an envelope always serialises")
+        warren_jcs::to_vec(self).expect("an envelope always serialises")
     }
 }
 

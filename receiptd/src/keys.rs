@@ -174,7 +174,7 @@ pub struct Registry {
 
 impl Registry {
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = serde_json_canonicalizer::to_vec(self).expect("a registry always serialises");
+        let mut out = warren_jcs::to_vec(self).expect("a registry always serialises");
         out.push(b'\n');
         out
     }

@@ -109,7 +109,7 @@ pub struct Body {
 
 impl Body {
     pub fn canonical(&self) -> Vec<u8> {
-        serde_json_canonicalizer::to_vec(self).expect("a body always serialises")
+        warren_jcs::to_vec(self).expect("a body always serialises")
     }
 }
 

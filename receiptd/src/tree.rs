@@ -150,7 +150,7 @@ impl ReceiptsTree {
     fn content(&self, node: &Node) -> Result<Vec<u8>> {
         let log = self.shared.log();
         let json_line = |v: serde_json::Value| {
-            let mut out = serde_json_canonicalizer::to_vec(&v).map_err(|_| Errno::EIO)?;
+            let mut out = warren_jcs::to_vec(&v).map_err(|_| Errno::EIO)?;
             out.push(b'\n');
             Ok(out)
         };
@@ -204,9 +204,7 @@ impl ReceiptsTree {
             .trim();
         let mut log = self.shared.log();
         match cmd {
-            "rotate" => {
-                Ok(serde_json_canonicalizer::to_vec(&json!({"key": log.rotate()?})).expect("json"))
-            }
+            "rotate" => Ok(warren_jcs::to_vec(&json!({"key": log.rotate()?})).expect("json")),
             "checkpoint" => {
                 log.checkpoint(true)?;
                 Ok(b"{\"ok\":true}".to_vec())
@@ -238,10 +236,8 @@ fn parent_of(node: &Node) -> Node {
 }
 
 fn error_reply(e: &AppendError) -> Vec<u8> {
-    serde_json_canonicalizer::to_vec(
-        &json!({"error": {"code": e.code(), "message": e.to_string()}}),
-    )
-    .expect("json")
+    warren_jcs::to_vec(&json!({"error": {"code": e.code(), "message": e.to_string()}}))
+        .expect("json")
 }
 
 #[async_trait::async_trait]

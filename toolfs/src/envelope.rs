@@ -57,7 +57,7 @@ impl Envelope {
     /// The canonical (RFC 8785) bytes: what a call file's read returns.
     pub fn to_canonical(&self) -> Vec<u8> {
         // Serialising a struct of strings and enums cannot fail.
-        serde_json_canonicalizer::to_vec(self).expect("envelope serialises")
+        warren_jcs::to_vec(self).expect("envelope serialises")
     }
 
     /// Parses an envelope a call file returned (for clients: the CLI, tests).
