@@ -2,6 +2,10 @@
 //! connection a trusted peer hands over on `<runtime>/gate.ctl`; keeps `gate.db` in its data dir;
 //! receipts every decision through receiptd.
 
+// The daemons on a call's path allocate per request; mimalloc: docs/decisions.md "Allocator".
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;

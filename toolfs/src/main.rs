@@ -1,6 +1,10 @@
 //! `warren-toolfs`: serves `/tool` on the operator socket `<runtime>/tool.sock` and on every
 //! connection a trusted peer hands over on `<runtime>/toolfs.ctl`.
 
+// The daemons on a call's path allocate per request; mimalloc: docs/decisions.md "Allocator".
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -9,6 +9,10 @@
 //! The control socket (optional) takes one path per line, each a name to drop from the kernel's
 //! cache (a grant shrank), and answers each line `ok` or `error: <why>`.
 
+// The daemons on a call's path allocate per request; mimalloc: docs/decisions.md "Allocator".
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;

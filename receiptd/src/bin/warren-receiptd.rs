@@ -1,5 +1,9 @@
 //! warren-receiptd: the receipt daemon. See `specs/receipts.md` and `docs/receipts.md`.
 
+// The daemons on a call's path allocate per request; mimalloc: docs/decisions.md "Allocator".
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
