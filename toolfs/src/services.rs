@@ -128,7 +128,7 @@ impl HopTimes {
         let (rn, ru) = self.run.mean_us();
         let (en, eu) = self.effect.mean_us();
         format!(
-            "decide (incl. ask waits) {dn} x {du:.1} us, run {rn} x {ru:.1} us, effect receipt queued {en} x {eu:.1} us"
+            "decide (incl. ask waits) {dn} x {du:.1} us, run {rn} x {ru:.1} us, receipt of the run queued {en} x {eu:.1} us"
         )
     }
 }
