@@ -94,8 +94,8 @@ pub fn canonical_value(text: &str) -> Result<Value, String> {
         return Err("args: must be a JSON object".into());
     }
     check_numbers(&value)?;
-    let canonical = warren_jcs::to_string(&value).map_err(|e| format!("args: {e}"))?;
-    if canonical != text {
+    let canonical = warren_jcs::value_to_vec(&value).map_err(|e| format!("args: {e}"))?;
+    if canonical != text.as_bytes() {
         return Err("args: not in RFC 8785 canonical form (toolfs sends the canonical bytes; duplicate keys, \
                     whitespace, key order or number spelling differ)"
             .into());
@@ -126,7 +126,7 @@ fn check_numbers(v: &Value) -> Result<(), String> {
 /// The fingerprint of a call, as 64 lowercase hex digits.
 pub fn fingerprint(tool: &str, args: &Value, session: &str) -> String {
     let body = serde_json::json!({ "tool": tool, "args": args, "session": session, "canon": CANON_VERSION });
-    let bytes = warren_jcs::to_vec(&body).expect("a JSON value always canonicalises");
+    let bytes = warren_jcs::value_to_vec(&body).expect("a JSON value always canonicalises");
     hex::encode(Sha256::digest(&bytes))
 }
 

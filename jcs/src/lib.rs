@@ -28,17 +28,16 @@ pub type Error = serde_json::Error;
 
 /// The RFC 8785 bytes of `value`.
 pub fn to_vec<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, Error> {
-    let value = serde_json::to_value(value)?;
-    if is_plain(&value) {
-        serde_json::to_vec(&value)
-    } else {
-        serde_json_canonicalizer::to_vec(&value).map_err(serde::ser::Error::custom)
-    }
+    value_to_vec(&serde_json::to_value(value)?)
 }
 
-/// [`to_vec`] as a string (JSON text is UTF-8).
-pub fn to_string<T: Serialize + ?Sized>(value: &T) -> Result<String, Error> {
-    Ok(String::from_utf8(to_vec(value)?).expect("JSON text is UTF-8"))
+/// [`to_vec`] of a value already parsed (no copy into a new tree).
+pub fn value_to_vec(value: &Value) -> Result<Vec<u8>, Error> {
+    if is_plain(value) {
+        serde_json::to_vec(value)
+    } else {
+        serde_json_canonicalizer::to_vec(value).map_err(serde::ser::Error::custom)
+    }
 }
 
 /// Whether serde_json writes `value` exactly as JCS does (module docs).
@@ -115,7 +114,7 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(4000))]
         #[test]
         fn agrees_with_serde_json_canonicalizer(v in value()) {
-            prop_assert_eq!(to_vec(&v).unwrap(), reference(&v));
+            prop_assert_eq!(value_to_vec(&v).unwrap(), reference(&v));
         }
     }
 
@@ -154,8 +153,8 @@ mod tests {
             payload: "p",
         };
         assert_eq!(
-            to_string(&s).unwrap(),
-            r#"{"payload":"p","payloadType":"t","z":1}"#
+            to_vec(&s).unwrap(),
+            br#"{"payload":"p","payloadType":"t","z":1}"#
         );
     }
 }

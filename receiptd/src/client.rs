@@ -155,7 +155,7 @@ pub async fn export(
         out.write_all(line)?;
         out.write_all(b"\n")?;
     }
-    out.write_all(&warren_jcs::to_vec(
+    out.write_all(&warren_jcs::value_to_vec(
         &serde_json::json!({"checkpoint": head}),
     )?)?;
     out.write_all(b"\n")?;

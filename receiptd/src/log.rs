@@ -78,13 +78,13 @@ pub struct Ack {
 impl Ack {
     /// The reply a caller reads from `append`.
     pub fn reply(&self) -> Vec<u8> {
-        warren_jcs::to_vec(&self.json()).expect("ack serialises")
+        warren_jcs::value_to_vec(&self.json()).expect("ack serialises")
     }
 
     /// The reply to a batch: one ack per request, in order.
     pub fn batch_reply(acks: &[Ack]) -> Vec<u8> {
-        let all: Vec<Value> = acks.iter().map(Ack::json).collect();
-        warren_jcs::to_vec(&all).expect("acks serialise")
+        let all = Value::Array(acks.iter().map(Ack::json).collect());
+        warren_jcs::value_to_vec(&all).expect("acks serialise")
     }
 
     fn json(&self) -> Value {

@@ -150,7 +150,7 @@ impl ReceiptsTree {
     fn content(&self, node: &Node) -> Result<Vec<u8>> {
         let log = self.shared.log();
         let json_line = |v: serde_json::Value| {
-            let mut out = warren_jcs::to_vec(&v).map_err(|_| Errno::EIO)?;
+            let mut out = warren_jcs::value_to_vec(&v).map_err(|_| Errno::EIO)?;
             out.push(b'\n');
             Ok(out)
         };
@@ -204,7 +204,7 @@ impl ReceiptsTree {
             .trim();
         let mut log = self.shared.log();
         match cmd {
-            "rotate" => Ok(warren_jcs::to_vec(&json!({"key": log.rotate()?})).expect("json")),
+            "rotate" => Ok(warren_jcs::value_to_vec(&json!({"key": log.rotate()?})).expect("json")),
             "checkpoint" => {
                 log.checkpoint(true)?;
                 Ok(b"{\"ok\":true}".to_vec())
@@ -236,7 +236,7 @@ fn parent_of(node: &Node) -> Node {
 }
 
 fn error_reply(e: &AppendError) -> Vec<u8> {
-    warren_jcs::to_vec(&json!({"error": {"code": e.code(), "message": e.to_string()}}))
+    warren_jcs::value_to_vec(&json!({"error": {"code": e.code(), "message": e.to_string()}}))
         .expect("json")
 }
 

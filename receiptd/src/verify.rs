@@ -31,7 +31,7 @@ pub fn export(db_path: &Path, scope: &str, out: &mut impl Write) -> anyhow::Resu
         out.write_all(b"\n")?;
     }
     for note in store::checkpoints(&tx, scope, size)? {
-        let line = warren_jcs::to_vec(&serde_json::json!({"checkpoint": note}))?;
+        let line = warren_jcs::value_to_vec(&serde_json::json!({"checkpoint": note}))?;
         out.write_all(&line)?;
         out.write_all(b"\n")?;
     }
@@ -151,8 +151,8 @@ impl Verifier {
         {
             let row = i + 1;
             let value = parse_strict(line).map_err(|e| invalid(format!("line {row}: {e}")))?;
-            let canonical =
-                warren_jcs::to_vec(&value).map_err(|e| invalid(format!("line {row}: {e}")))?;
+            let canonical = warren_jcs::value_to_vec(&value)
+                .map_err(|e| invalid(format!("line {row}: {e}")))?;
             if canonical != line {
                 return Err(invalid(format!(
                     "line {row}: not in RFC 8785 canonical form"

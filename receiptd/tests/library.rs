@@ -459,3 +459,52 @@ fn a_batch_over_the_rate_takes_no_tokens_and_appends_nothing() {
         .unwrap();
     assert_eq!(acks.len(), 2);
 }
+
+/// A query receipt has no signature of its own: the hash chain and the signed checkpoint over it
+/// are what vouch for it (design.md "Receipts"). So an export whose checkpoint is gone does not
+/// verify, and a query entry that carries a signature is refused as such.
+#[test]
+fn a_query_receipt_rests_on_the_checkpoint_over_it() {
+    let dir = tmp();
+    let mut log = open(dir.path());
+    log.append(request("s", Kind::Decision, 0), Role::Gate)
+        .unwrap();
+    log.append(request("s", Kind::Query, 1), Role::Toolfs)
+        .unwrap();
+    log.shutdown();
+    let export = String::from_utf8(export(dir.path(), "s")).unwrap();
+    let registry = registry(dir.path());
+    assert_eq!(verify(export.as_bytes(), &registry).code, EXIT_VERIFIED);
+    let lines: Vec<&str> = export.lines().collect();
+    let entry = |line: &str| serde_json::from_str::<Value>(line).unwrap();
+    let (decision, query) = (entry(lines[0]), entry(lines[1]));
+    assert_eq!(decision["signatures"].as_array().unwrap().len(), 1);
+    assert_eq!(query["signatures"], serde_json::json!([]));
+
+    let without_checkpoints: String = lines
+        .iter()
+        .filter(|l| !l.starts_with(r#"{"checkpoint""#))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let out = verify(without_checkpoints.as_bytes(), &registry);
+    assert_eq!(out.code, EXIT_INVALID, "{}", out.message);
+    assert!(
+        out.message.contains("not covered by a signature"),
+        "{}",
+        out.message
+    );
+
+    let mut signed_query = query.clone();
+    signed_query["signatures"] = decision["signatures"].clone();
+    let mut forged: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    forged[1] =
+        String::from_utf8(serde_json_canonicalizer::to_vec(&signed_query).unwrap()).unwrap();
+    let forged = forged.join("\n") + "\n";
+    let out = verify(forged.as_bytes(), &registry);
+    assert_eq!(out.code, EXIT_INVALID, "{}", out.message);
+    assert!(
+        out.message.contains("query receipts are unsigned"),
+        "{}",
+        out.message
+    );
+}

@@ -82,7 +82,7 @@ pub fn prepare(
 ) -> Result<Arguments, ArgumentError> {
     let value = parse_strict(bytes)?;
     validate(validator, &value)?;
-    let canonical = warren_jcs::to_vec(&value)
+    let canonical = warren_jcs::value_to_vec(&value)
         .map_err(|e| ArgumentError(format!("(root): cannot canonicalise: {e}")))?;
     Ok(Arguments { value, canonical })
 }

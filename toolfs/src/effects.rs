@@ -19,6 +19,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc};
+use warren_gate::policy::Tier;
 use warren_gate::receipts::Ack;
 use warren_receiptd::client::Appender;
 
@@ -82,7 +83,11 @@ impl ReceiptRef {
 /// unsigned and covered by receiptd's signed checkpoints; effect receipts are signed one by one).
 /// A read-tier call raised by a risk pattern is decided as `destructive`, so it stays `effect`.
 pub fn ran_kind(tier: &str) -> &'static str {
-    if tier == "read" { "query" } else { "effect" }
+    if tier == Tier::Read.as_str() {
+        "query"
+    } else {
+        "effect"
+    }
 }
 
 struct QueueState {
@@ -246,6 +251,21 @@ fn batches(queued: &[Vec<u8>]) -> Vec<&[Vec<u8>]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use warren_gate::policy::ToolClass;
+
+    /// Of every tier the gate can answer with (a raised call is answered `destructive`), only a
+    /// core read's run goes unsigned.
+    #[test]
+    fn only_a_read_tier_run_is_a_query() {
+        let labels = Tier::ALL
+            .into_iter()
+            .map(|t| ToolClass::Core(t).label())
+            .chain([ToolClass::Dynamic.label(), ToolClass::Unmapped.label()]);
+        for label in labels {
+            let expect = if label == "read" { "query" } else { "effect" };
+            assert_eq!(ran_kind(label), expect, "{label}");
+        }
+    }
 
     #[test]
     fn batches_keep_the_order_and_stay_under_the_byte_limit() {

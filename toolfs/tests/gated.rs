@@ -129,17 +129,24 @@ async fn a_read_call_is_decided_run_and_receipted_in_that_order() {
     assert_eq!(d.journal().len(), 2, "{:?}", d.journal());
 }
 
+/// A session granted `shell` over a fresh writable root: its connection, root fid, the root's
+/// host path and the session id.
+async fn writable_shell(d: &Daemon) -> (warren_9p::Client, Fid, std::path::PathBuf, String) {
+    let (path, fd) = tool_root(d, "work");
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let mut rec = record_with_root(&["shell"], path_str(&path));
+    rec.tools[0].roots[0].writable = true;
+    let (c, root) = d.granted(&rec, &[std::os::fd::AsFd::as_fd(&fd)]).await;
+    (c, root, path, rec.session)
+}
+
 /// An exec-tier call blocks until the operator answers `allow once <fp-prefix>`, then runs; an
 /// identical call asks again (the token was spent) with `untrusted_context` (the session has
 /// been handed a tool's result); `deny` returns a denied envelope and the tool does not run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exec_call_waits_for_its_answer_and_a_deny_never_runs() {
     let d = Daemon::start_gated(&[]);
-    let (path, fd) = tool_root(&d, "work");
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
-    let mut rec = record_with_root(&["shell"], path_str(&path));
-    rec.tools[0].roots[0].writable = true;
-    let (_c, root) = d.granted(&rec, &[std::os::fd::AsFd::as_fd(&fd)]).await;
+    let (_c, root, path, _) = writable_shell(&d).await;
     let root = std::sync::Arc::new(root);
     let gate = d.stack().gate_operator().await;
     let args = br#"{"command":"echo ran >> ran.txt"}"#;
@@ -201,11 +208,7 @@ async fn an_exec_call_waits_for_its_answer_and_a_deny_never_runs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flushed_wait_withdraws_the_ask() {
     let d = Daemon::start_gated(&[]);
-    let (path, fd) = tool_root(&d, "work");
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
-    let mut rec = record_with_root(&["shell"], path_str(&path));
-    rec.tools[0].roots[0].writable = true;
-    let (_c, root) = d.granted(&rec, &[std::os::fd::AsFd::as_fd(&fd)]).await;
+    let (_c, root, path, session) = writable_shell(&d).await;
     let root = std::sync::Arc::new(root);
     let gate = d.stack().gate_operator().await;
     let pending = {
@@ -227,7 +230,7 @@ async fn a_flushed_wait_withdraws_the_ask() {
     for _ in 0..1000 {
         let withdrawn = d
             .stack()
-            .receipts(&rec.session)
+            .receipts(&session)
             .await
             .into_iter()
             .any(|b| b["kind"] == "withdrawn" && b["subject"]["pending"] == id);
@@ -241,7 +244,7 @@ async fn a_flushed_wait_withdraws_the_ask() {
     }
     panic!(
         "the ask was not withdrawn; receipts {:#?}",
-        d.stack().receipts(&rec.session).await
+        d.stack().receipts(&session).await
     );
 }
 
@@ -314,11 +317,7 @@ async fn operator_connections_are_gated_in_sessions_of_their_own() {
 /// which operators may append too, specs/receipts.md §6).
 /// Returns the connection, its root and the file each run appends a line to.
 async fn auto_allowed_shell(d: &Daemon) -> (warren_9p::Client, Fid, std::path::PathBuf) {
-    let (path, fd) = tool_root(d, "work");
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
-    let mut rec = record_with_root(&["shell"], path_str(&path));
-    rec.tools[0].roots[0].writable = true;
-    let (c, root) = d.granted(&rec, &[std::os::fd::AsFd::as_fd(&fd)]).await;
+    let (c, root, path, _) = writable_shell(d).await;
     d.stack().approve_every_ask();
     (c, root, path.join("ran.txt"))
 }
