@@ -4,6 +4,7 @@
 pub mod cli;
 pub mod confine;
 pub mod covers;
+pub mod handles;
 pub mod inode;
 pub mod launch;
 pub mod mount_server;

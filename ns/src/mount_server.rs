@@ -34,12 +34,15 @@ use warren_daemon::identity::Role;
 use warren_toolfs::{GrantRecord, RootGrant, ToolGrant};
 
 use crate::confine::fuse::MountServer;
-use crate::spec::{Access, LocalServer, Mount, Server, Spec};
+use crate::handles::ToolRoot;
+use crate::spec::{Access, LocalServer, Mount, Server};
 
 /// Serves `mount tool …` lines through the running toolfs and a `warren-bridge` per mount.
 pub struct ServedMounts {
     dirs: Dirs,
-    spec: Spec,
+    /// The tools' roots, held open since nsd took the spec in: a grant is built from these,
+    /// never by opening a path again.
+    tool_roots: Vec<ToolRoot>,
     session: String,
     namespace: String,
     bridge_binary: PathBuf,
@@ -81,16 +84,17 @@ pub trait NsView: Send + Sync {
 }
 
 impl ServedMounts {
+    /// `tool_roots`: the handles the namespace's tool authorities name (`crate::handles`);
     /// `bridge_binary`: the `warren-bridge` executable.
     pub fn new(
         dirs: Dirs,
-        spec: &Spec,
+        tool_roots: Vec<ToolRoot>,
         namespace: &str,
         bridge_binary: PathBuf,
     ) -> io::Result<ServedMounts> {
         Ok(ServedMounts {
             dirs,
-            spec: spec.clone(),
+            tool_roots,
             session: new_session_id()?,
             namespace: namespace.to_string(),
             bridge_binary,
@@ -182,34 +186,19 @@ impl ServedMounts {
         &self.session
     }
 
-    /// The grant for `mount tool PATH NAMES…`: each named tool with its own authority from the
-    /// spec's `tool` lines, and an O_PATH fd per host directory.
+    /// The grant for `mount tool PATH NAMES…`: each named tool with its own authority, and a
+    /// new descriptor of each of its held root directories (nothing is opened by name here).
     fn tool_grant(&self, mount: &Mount) -> io::Result<(GrantRecord, Vec<OwnedFd>)> {
         let mut tools = Vec::new();
         let mut fds = Vec::new();
         for name in &mount.spec {
             let mut roots = Vec::new();
-            for authority in self.spec.tools.iter().filter(|t| &t.name == name) {
-                for host in &authority.host_paths {
-                    let dir = nix::fcntl::open(
-                        host.as_str(),
-                        nix::fcntl::OFlag::O_PATH
-                            | nix::fcntl::OFlag::O_DIRECTORY
-                            | nix::fcntl::OFlag::O_CLOEXEC,
-                        nix::sys::stat::Mode::empty(),
-                    )
-                    .map_err(|e| {
-                        io::Error::new(
-                            io::Error::from(e).kind(),
-                            format!("tool {name}: {host}: {e}"),
-                        )
-                    })?;
-                    fds.push(dir);
-                    roots.push(RootGrant {
-                        path: host.clone(),
-                        writable: authority.access == Access::Write,
-                    });
-                }
+            for root in self.tool_roots.iter().filter(|r| &r.tool == name) {
+                fds.push(root.dir.try_clone()?);
+                roots.push(RootGrant {
+                    path: root.path.clone(),
+                    writable: root.access == Access::Write,
+                });
             }
             tools.push(ToolGrant {
                 name: name.clone(),

@@ -1,27 +1,19 @@
-//! Narrowing from inside a namespace (issue 4): a child spec written to a namespace's own `/ns`
-//! names paths in the PARENT's view. nsd resolves each of them from the parent's own bind sources
-//! (or, for a tool authority, from the parent's authority for the same tool) with
-//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)` — `RESOLVE_NO_XDEV`
-//! too under a non-recursive parent bind — so neither `..` nor a symlink planted in the parent's
-//! bind can reach outside it. The resolved handles, not strings, are what the child is built
-//! from; `covers(parent, child)` then checks the result (design.md, "Namespace specs").
+//! Narrowing from inside: a child spec written to a namespace's own `/ns` names paths in the
+//! PARENT's view. nsd resolves each of them beneath the parent's own handles — a bind beneath
+//! the bind source it falls under, a tool authority beneath the parent's root for the same tool
+//! (`crate::handles`) — with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+//! RESOLVE_NO_MAGICLINKS)`, `RESOLVE_NO_XDEV` too under a non-recursive parent bind, so neither
+//! `..`, a symlink planted in the parent's tree, nor a swap of a parent's path by name can reach
+//! outside it. The child is built from the handles this opens, never from names, and
+//! `covers(parent, child)` then checks the result, handle against handle (specs/namespace.md,
+//! "Narrowing").
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::path::Path;
+use std::os::fd::{AsFd, OwnedFd};
 
 use crate::confine::sys::{self, Dir};
 use crate::covers::{Widened, Widening, covers};
-use crate::inode::open_path;
+use crate::handles::{Built, Handles, ToolRoot};
 use crate::spec::Spec;
-
-/// A child spec made buildable: `build` names every bind source by a handle nsd holds
-/// (`/proc/self/fd/N` of an fd in `held`, valid in nsd for as long as `held` lives), and every
-/// tool authority by the real path it resolved to.
-#[derive(Debug)]
-pub struct Narrowed {
-    pub build: Spec,
-    pub held: Vec<OwnedFd>,
-}
 
 const BENEATH: u64 =
     libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
@@ -51,8 +43,8 @@ fn split_under<'a, T>(roots: &'a [(String, T)], path: &str) -> Option<(&'a T, St
 
 #[cfg(test)]
 thread_local! {
-    /// Planted violation: resolve child paths like host paths and skip `covers`, so the
-    /// property test can be shown to fail.
+    /// Planted violation: resolve child paths following symlinks and `..` and skip `covers`,
+    /// so the property test can be shown to fail.
     static UNCHECKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
@@ -78,29 +70,39 @@ fn open_beneath(root: &OwnedFd, rest: &str, same_mount: bool) -> std::io::Result
     sys::openat2(Dir::Fd(root.as_fd()), path, libc::O_PATH, 0, resolve)
 }
 
-fn fd_path(fd: &OwnedFd) -> String {
-    format!("/proc/self/fd/{}", fd.as_raw_fd())
+/// A directory beneath `root`: a tool root must be one.
+fn open_dir_beneath(root: &OwnedFd, rest: &str) -> std::io::Result<OwnedFd> {
+    let fd = open_beneath(root, rest, true)?;
+    let meta = nix::sys::stat::fstat(fd.as_fd())?;
+    if meta.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        return Err(std::io::Error::from_raw_os_error(libc::ENOTDIR));
+    }
+    Ok(fd)
 }
 
-/// Resolves `child` (paths in the parent's view) against `parent` (paths as nsd built it) and
-/// checks that it widens nothing. Refused whole: every widening is named, in the child's words.
-pub fn narrow(parent: &Spec, child: &Spec) -> Result<Narrowed, Widening> {
-    let mut out = Vec::new();
-    let mut held = Vec::new();
-    let mut build = child.clone();
-    // What each build name was called in the child spec, to name widenings in its words.
-    let mut words: Vec<(String, String)> = Vec::new();
+/// `root` joined with the components of `rest` (a child's root, in its parent's naming).
+fn joined(root: &str, rest: &str) -> String {
+    if rest.is_empty() {
+        root.to_string()
+    } else {
+        format!("{}/{rest}", root.trim_end_matches('/'))
+    }
+}
 
-    // The parent's view: each bind target with the source nsd built it from.
-    let parent_binds: Vec<(String, (Option<OwnedFd>, bool))> = parent
+/// Resolves `child` (paths in the parent's view) beneath `parent_handles`, the handles `parent`
+/// (the parent's build spec) was built from, and checks that it widens nothing. Refused whole:
+/// every widening is named, in the child's words.
+pub fn narrow(parent: &Spec, parent_handles: &Handles, child: &Spec) -> Result<Built, Widening> {
+    let mut out = Vec::new();
+    let mut handles = Handles::default();
+    let mut build = child.clone();
+
+    // The parent's view: each bind target with the handle nsd built it from.
+    let parent_binds: Vec<(String, (Option<&OwnedFd>, bool))> = parent
         .binds
         .iter()
-        .map(|b| {
-            (
-                b.path.clone(),
-                (open_path(Path::new(&b.host)).ok(), b.recursive),
-            )
-        })
+        .enumerate()
+        .map(|(i, b)| (b.path.clone(), (parent_handles.bind(i), b.recursive)))
         .collect();
     for b in &mut build.binds {
         let asked = b.host.clone();
@@ -112,7 +114,7 @@ pub fn narrow(parent: &Spec, child: &Spec) -> Result<Narrowed, Widening> {
             Some(((None, _), _)) => Err(Widened::Unresolvable {
                 what: "bind".into(),
                 host: asked.clone(),
-                error: "the parent's own bind source is gone".into(),
+                error: "the parent holds no handle for its own bind".into(),
             }),
             Some(((Some(root), recursive), rest)) => {
                 open_beneath(root, &rest, !recursive).map_err(|e| Widened::Unresolvable {
@@ -123,21 +125,17 @@ pub fn narrow(parent: &Spec, child: &Spec) -> Result<Narrowed, Widening> {
             }
         };
         match resolved {
-            Ok(fd) => {
-                b.host = fd_path(&fd);
-                words.push((b.host.clone(), asked));
-                held.push(fd);
-            }
+            Ok(fd) => b.host = handles.hold_bind(fd, &asked),
             Err(w) => out.push(w),
         }
     }
 
     for t in &mut build.tools {
-        let roots: Vec<(String, String)> = parent
-            .tools
+        let roots: Vec<(String, &ToolRoot)> = parent_handles
+            .tool_roots()
             .iter()
-            .filter(|p| p.name == t.name)
-            .flat_map(|p| p.host_paths.iter().map(|h| (h.clone(), h.clone())))
+            .filter(|r| r.tool == t.name)
+            .map(|r| (r.path.clone(), r))
             .collect();
         let what = format!("tool {} authority", t.name);
         for h in &mut t.host_paths {
@@ -147,9 +145,13 @@ pub fn narrow(parent: &Spec, child: &Spec) -> Result<Narrowed, Widening> {
                     what: what.clone(),
                     host: asked.clone(),
                 }),
-                Some((root, rest)) => open_path(Path::new(root))
-                    .and_then(|r| open_beneath(&r, &rest, true))
-                    .and_then(|fd| std::fs::read_link(fd_path(&fd)))
+                Some((root, rest)) => open_dir_beneath(&root.dir, &rest)
+                    .map(|dir| ToolRoot {
+                        tool: t.name.clone(),
+                        path: joined(&root.path, &rest),
+                        access: t.access,
+                        dir,
+                    })
                     .map_err(|e| Widened::Unresolvable {
                         what: what.clone(),
                         host: asked.clone(),
@@ -157,12 +159,7 @@ pub fn narrow(parent: &Spec, child: &Spec) -> Result<Narrowed, Widening> {
                     }),
             };
             match resolved {
-                // The authority goes to toolfs as a path its worker binds at: the real one,
-                // which has no symlink in it (it was reached without following any).
-                Ok(real) => {
-                    *h = real.to_string_lossy().into_owned();
-                    words.push((h.clone(), asked));
-                }
+                Ok(root) => *h = handles.hold_tool_root(root, &asked),
                 Err(w) => out.push(w),
             }
         }
@@ -172,16 +169,16 @@ pub fn narrow(parent: &Spec, child: &Spec) -> Result<Narrowed, Widening> {
         // Unresolved paths are already named; the rest of the spec is checked too.
         build.binds.retain(|b| b.host.starts_with("/proc/self/fd/"));
         for t in &mut build.tools {
-            t.host_paths.retain(|h| words.iter().any(|(b, _)| b == h));
+            t.host_paths.retain(|h| h.starts_with("/proc/self/fd/"));
         }
     }
     if let Err(Widening(more)) = covers(parent, &build)
         && !unchecked()
     {
-        out.extend(more.into_iter().map(|w| in_child_words(w, &words)));
+        out.extend(more.into_iter().map(|w| in_child_words(w, &handles)));
     }
     if out.is_empty() {
-        Ok(Narrowed { build, held })
+        Ok(Built { build, handles })
     } else {
         Err(Widening(out))
     }
@@ -195,13 +192,8 @@ fn beneath_error(e: &std::io::Error) -> String {
     }
 }
 
-fn in_child_words(w: Widened, words: &[(String, String)]) -> Widened {
-    let word = |host: String| {
-        words
-            .iter()
-            .find(|(b, _)| *b == host)
-            .map_or(host, |(_, a)| a.clone())
-    };
+fn in_child_words(w: Widened, handles: &Handles) -> Widened {
+    let word = |host: String| handles.words_for(&host).unwrap_or(host);
     match w {
         Widened::PathNotUnderParent { what, host } => Widened::PathNotUnderParent {
             what,
@@ -227,9 +219,11 @@ fn in_child_words(w: Widened, words: &[(String, String)]) -> Widened {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inode::{ancestry, ident};
+    use crate::handles::handle_name;
+    use crate::inode::{ancestry, ident, open_path};
     use crate::spec::{Access, Bind, parse};
     use std::os::unix::fs::symlink;
+    use std::path::Path;
 
     fn spec(text: &str) -> Spec {
         parse("t.ns", text).unwrap_or_else(|e| panic!("{e}\n{text}"))
@@ -252,8 +246,25 @@ mod tests {
         })
     }
 
+    /// `parent` as nsd takes an operator's spec in (its paths opened once, as handles), then
+    /// `child` narrowed from those handles.
+    fn narrow_from(parent: &Spec, child: &Spec) -> Result<Built, Widening> {
+        let p = opened(parent);
+        narrow(&p.build, &p.handles, child)
+    }
+
+    fn opened(spec: &Spec) -> Built {
+        let nowhere = crate::ProtectedDirs {
+            runtime: "/nonexistent/warren/run".into(),
+            data: "/nonexistent/warren/data".into(),
+            secrets: "/nonexistent/warren/secrets".into(),
+        };
+        let guard = crate::confine::guard::Guard::new(&nowhere).unwrap();
+        crate::handles::open_spec(spec, &guard).unwrap()
+    }
+
     fn refused(parent: &Spec, child: &Spec) -> Vec<Widened> {
-        match narrow(parent, child) {
+        match narrow_from(parent, child) {
             Ok(n) => panic!("not refused: {:?}", n.build),
             Err(e) => e.0,
         }
@@ -264,11 +275,12 @@ mod tests {
         let (_t, p) = tree();
         let parent = spec(&format!("bind -w {} /data\nnet loopback", p("data")));
         let child = spec("bind -r /data/a /a\nbind -w /data/c /c\nnet none");
-        let n = narrow(&parent, &child).unwrap();
-        assert_eq!(n.held.len(), 2);
+        let n = narrow_from(&parent, &child).unwrap();
         let want = ident(open_path(Path::new(&p("data/a"))).unwrap().as_fd()).unwrap();
-        assert!(ident(n.held[0].as_fd()).unwrap().same_file(&want));
-        assert_eq!(n.build.binds[0].host, fd_path(&n.held[0]));
+        let held = n.handles.bind(0).unwrap();
+        assert!(ident(held.as_fd()).unwrap().same_file(&want));
+        assert!(n.handles.bind(1).is_some() && n.handles.bind(2).is_none());
+        assert_eq!(n.build.binds[0].host, handle_name(held));
         assert_eq!(n.build.binds[0].path, "/a");
         // The same spec is refused when the parent's bind sits elsewhere: a view path is not a
         // host path.
@@ -303,7 +315,7 @@ mod tests {
         }
         // `..` that stays beneath is the same directory as its plain spelling.
         child.binds[0].host = "/data/a/../c".into();
-        narrow(&parent, &child).unwrap();
+        narrow_from(&parent, &child).unwrap();
     }
 
     /// A symlink planted in the parent's bind is never followed, whether it points out or in.
@@ -324,8 +336,8 @@ mod tests {
     #[test]
     fn a_parent_with_two_tools_cannot_make_a_child_with_three() {
         let parent = spec("mount tool /tool echo fs_read");
-        narrow(&parent, &spec("mount tool /tool echo")).unwrap();
-        narrow(&parent, &spec("mount tool /t fs_read echo")).unwrap();
+        narrow_from(&parent, &spec("mount tool /tool echo")).unwrap();
+        narrow_from(&parent, &spec("mount tool /t fs_read echo")).unwrap();
         let got = refused(&parent, &spec("mount tool /tool echo fs_read shell"));
         assert!(got.contains(&Widened::ToolNotGranted {
             name: "shell".into()
@@ -347,7 +359,7 @@ mod tests {
             "mount tool /tool fs_read fs_write\ntool fs_read -w {w}\ntool fs_write -r {w}",
             w = p("tools/w")
         ));
-        let ok = narrow(
+        let ok = narrow_from(
             &parent,
             &spec(&format!(
                 "mount tool /tool fs_read\ntool fs_read -r {}",
@@ -355,7 +367,13 @@ mod tests {
             )),
         )
         .unwrap();
-        assert_eq!(ok.build.tools[0].host_paths, vec![p("tools/w/x")]);
+        // Built from a handle beneath the parent's root; shown to the worker at the path the
+        // child named.
+        let root = &ok.handles.tool_roots()[0];
+        assert_eq!(root.path, p("tools/w/x"));
+        assert_eq!(ok.build.tools[0].host_paths, vec![handle_name(&root.dir)]);
+        let want = ident(open_path(Path::new(&p("tools/w/x"))).unwrap().as_fd()).unwrap();
+        assert!(ident(root.dir.as_fd()).unwrap().same_file(&want));
         let asks = [
             // a path the tool lacks
             (format!("tool fs_read -r {}", p("outside")), "not under"),
@@ -364,11 +382,11 @@ mod tests {
         ];
         for (line, says) in asks {
             let text = format!("mount tool /tool fs_read fs_write\n{line}");
-            let e = narrow(&parent, &spec(&text)).unwrap_err();
+            let e = narrow_from(&parent, &spec(&text)).unwrap_err();
             assert!(e.to_string().contains(says), "{line}: {e}");
         }
         // Another tool's authority is not this one's.
-        let e = narrow(
+        let e = narrow_from(
             &parent,
             &spec(&format!(
                 "mount tool /tool fs_read fs_write\ntool fs_read -r {}\ntool fs_write -r {}",
@@ -378,6 +396,40 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("tool fs_write authority"), "{e}");
+    }
+
+    /// The escape a review found: a parent swaps the directory of a tool root it can write for
+    /// a symlink, before the clone and again after it was accepted. The child's authority is
+    /// the directory that was checked, beneath the handle nsd holds; no name is walked again.
+    #[test]
+    fn a_swapped_name_never_moves_an_authority() {
+        let (_t, p) = tree();
+        std::fs::write(p("tools/w/x/f"), "inside").unwrap();
+        std::fs::write(p("etc/f"), "the host's").unwrap();
+        let parent = opened(&spec(&format!(
+            "mount tool /tool fs_read\ntool fs_read -r {}",
+            p("tools/w")
+        )));
+        // Swapped by name after nsd took the parent in.
+        std::fs::rename(p("tools/w"), p("tools/w.real")).unwrap();
+        symlink(p("etc"), p("tools/w")).unwrap();
+        let child = narrow(
+            &parent.build,
+            &parent.handles,
+            &spec(&format!(
+                "mount tool /tool fs_read\ntool fs_read -r {}",
+                p("tools/w/x")
+            )),
+        )
+        .unwrap();
+        let root = &child.handles.tool_roots()[0];
+        assert_eq!(root.path, p("tools/w/x"), "shown where the child named it");
+        // Swapped again after the child was accepted (a rename over the checked directory).
+        std::fs::rename(p("tools/w.real/x"), p("tools/x.moved")).unwrap();
+        symlink(p("etc"), p("tools/w.real/x")).unwrap();
+        let f = sys::openat2(Dir::Fd(root.dir.as_fd()), "f", libc::O_RDONLY, 0, BENEATH).unwrap();
+        let got = std::io::read_to_string(std::fs::File::from(f)).unwrap();
+        assert_eq!(got, "inside");
     }
 
     /// Each kind of widening the issue names is refused whole, and named.
@@ -410,11 +462,11 @@ mod tests {
                 Some(_) => format!("mount tool /tool echo\n{line}"),
                 None => format!("{base}\n{line}"),
             };
-            let e = narrow(&parent, &spec(&text)).unwrap_err();
+            let e = narrow_from(&parent, &spec(&text)).unwrap_err();
             assert!(e.to_string().contains(says), "{line}: {e}");
         }
         // The same base with the parent's own key and mounts is fine.
-        narrow(
+        narrow_from(
             &parent,
             &spec(&format!(
                 "{base}\nmount ns /ns\nmount -k k1 unix!{} /srv",
@@ -526,11 +578,11 @@ mod tests {
             let root = spec(&format!("bind -w {} /data", p("data")));
             let child = spec("bind -r /data/out /o");
             UNCHECKED.with(|u| u.set(true));
-            let n = narrow(&root, &child);
+            let n = narrow_from(&root, &child);
             UNCHECKED.with(|u| u.set(false));
             let n = n.unwrap();
             assert!(within(&root, &n.build).is_err());
-            assert!(narrow(&root, &child).is_err());
+            assert!(narrow_from(&root, &child).is_err());
         }
 
         proptest! {
@@ -546,15 +598,15 @@ mod tests {
                     d = p("data")
                 ));
                 // Every accepted level stays alive (its handles name its binds).
-                let mut chain: Vec<(Spec, Vec<OwnedFd>)> = vec![(root, Vec::new())];
+                let mut chain: Vec<Built> = vec![opened(&root)];
                 for asked in levels {
-                    let parent = &chain.last().unwrap().0;
-                    match narrow(parent, &asked) {
+                    let parent = chain.last().unwrap();
+                    match narrow(&parent.build, &parent.handles, &asked) {
                         Ok(n) => {
-                            for (ancestor, _) in &chain {
-                                prop_assert_eq!(within(ancestor, &n.build), Ok(()));
+                            for ancestor in &chain {
+                                prop_assert_eq!(within(&ancestor.build, &n.build), Ok(()));
                             }
-                            chain.push((n.build, n.held));
+                            chain.push(n);
                         }
                         Err(e) => prop_assert!(!e.0.is_empty()),
                     }

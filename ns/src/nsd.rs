@@ -28,6 +28,8 @@ use tokio::sync::watch;
 use warren_9p::synthetic::{self, RpcReply};
 use warren_9p::{Errno, FileTree, Result};
 
+use crate::confine::guard::Guard;
+use crate::handles::{Built, Handles};
 use crate::mount_server::{NsView, ServedMounts, new_session_id};
 use crate::run::{PayloadStdio, RunOptions, Running, spawn};
 use crate::spec::{self, Spec};
@@ -58,10 +60,10 @@ impl Status {
 pub(crate) struct Space {
     /// The spec as it was written (a child's paths in its parent's view).
     spec: Spec,
-    /// The spec nsd builds: a cloned child's bind sources name the handles in `held`.
+    /// The spec nsd builds: every bind source and tool root named by a handle in `handles`.
     build: Spec,
-    /// Kept open for as long as the namespace is listed: `build` names them by fd number.
-    _held: Vec<std::os::fd::OwnedFd>,
+    /// Kept open for as long as the namespace is listed (`crate::handles`).
+    handles: Handles,
     /// The namespace whose own `/ns` cloned it.
     parent: Option<u64>,
     status: watch::Sender<Status>,
@@ -159,6 +161,11 @@ impl Space {
     /// The spec nsd builds it from (bind sources by the handles it holds).
     pub(crate) fn build(&self) -> &Spec {
         &self.build
+    }
+
+    /// The handles `build` names.
+    pub(crate) fn handles(&self) -> &Handles {
+        &self.handles
     }
 
     /// Its running command, while it runs.
@@ -399,33 +406,28 @@ impl Nsd {
         let parent = self.shared.spaces.lock().unwrap().get(&parent_id).cloned();
         let parent =
             parent.ok_or_else(|| Refusal::new(Errno::ENOENT, "the parent namespace is gone"))?;
-        let narrowed = crate::narrow::narrow(&parent.build, &spec).map_err(|e| {
-            tracing::warn!("/ns/clone in namespace {parent_id}: refused: {e}");
-            Refusal::new(Errno::EPERM, &format!("refused: {}", e.line()))
-        })?;
-        Ok(self
-            .insert_space(spec, narrowed.build, narrowed.held, info)
-            .0)
+        let narrowed =
+            crate::narrow::narrow(&parent.build, &parent.handles, &spec).map_err(|e| {
+                tracing::warn!("/ns/clone in namespace {parent_id}: refused: {e}");
+                Refusal::new(Errno::EPERM, &format!("refused: {}", e.line()))
+            })?;
+        Ok(self.insert_space(spec, narrowed, info).0)
     }
 
-    /// Enters a namespace in the tree (as `created`) and returns its id. A non-root
-    /// operator's is built from handles opened with their credentials (`crate::reach`): nsd
-    /// builds as root, and must not show them a path they cannot reach on the host.
+    /// Enters an operator's namespace in the tree (as `created`) and returns its id. What its
+    /// spec names is opened now, once, and it is built from those handles (`crate::handles`); a
+    /// non-root operator's with their credentials (`crate::reach`): nsd builds as root, and
+    /// must not show them a path they cannot reach on the host.
     pub(crate) fn add_space(&self, spec: Spec, info: Info) -> std::io::Result<(u64, Arc<Space>)> {
-        let (build, held) = match info.operator_uid {
-            0 => (spec.clone(), Vec::new()),
-            uid => crate::reach::open_as(&spec, uid)?,
+        let guard = Guard::new(&self.shared.opts.protected)?;
+        let built = match info.operator_uid {
+            0 => crate::handles::open_spec(&spec, &guard)?,
+            uid => crate::reach::open_as(&spec, uid, &guard)?,
         };
-        Ok(self.insert_space(spec, build, held, info))
+        Ok(self.insert_space(spec, built, info))
     }
 
-    fn insert_space(
-        &self,
-        spec: Spec,
-        build: Spec,
-        held: Vec<std::os::fd::OwnedFd>,
-        info: Info,
-    ) -> (u64, Arc<Space>) {
+    fn insert_space(&self, spec: Spec, built: Built, info: Info) -> (u64, Arc<Space>) {
         let id = {
             let mut next = self.shared.next_id.lock().unwrap();
             let id = *next;
@@ -436,8 +438,8 @@ impl Nsd {
         let space = Arc::new(Space {
             parent: info.parent,
             spec,
-            build,
-            _held: held,
+            build: built.build,
+            handles: built.handles,
             status,
             running: Mutex::new(None),
             info: Mutex::new(info),
@@ -499,7 +501,8 @@ impl Nsd {
                 let running = match running {
                     Ok(r) => Arc::new(r),
                     Err(e) => {
-                        space.status.send_replace(Status::Failed(e.to_string()));
+                        let why = space.handles.in_words(&e.to_string());
+                        space.status.send_replace(Status::Failed(why));
                         return Err(Errno::from_io(&e));
                     }
                 };
@@ -544,7 +547,7 @@ impl Nsd {
         })?;
         let served = ServedMounts::new(
             self.shared.opts.protected.clone(),
-            &space.build,
+            space.handles.all_roots()?,
             &id.to_string(),
             bridge,
         )?

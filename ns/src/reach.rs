@@ -4,16 +4,15 @@
 //! the `warren` group see a file under a directory they cannot search (`/root/x`, another
 //! user's 0700 home). Instead nsd opens every bind source with the operator's filesystem
 //! credentials — fsuid, fsgid and supplementary groups, set on a thread of its own, as Linux
-//! keeps them per thread — and builds from those handles (`/proc/self/fd/N`), never from the
-//! names again. Tool authority paths and absolute key paths are checked the same way (they go
-//! on by name, as a cloned child's authority does: docs/gaps.md).
+//! keeps them per thread — and builds from those handles (`crate::handles`), never from the
+//! names again: bind sources and tool roots alike. Absolute key paths are checked the same way
+//! (no keyed mount is served yet).
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::Path;
 
-use crate::inode::open_path;
+use crate::confine::guard::Guard;
+use crate::handles::{Built, OpenError, open_spec};
 use crate::spec::Spec;
 
 /// The credentials the host gives `uid`: its passwd group and every group it is a member of.
@@ -68,39 +67,32 @@ impl Credentials {
     }
 }
 
-/// `spec` made buildable for operator `uid`: every bind source opened as they would open it
-/// (the build names each by its handle, which must stay open in `held`); tool authorities and
-/// absolute key paths checked the same way. Refused, naming the path, when they cannot.
-pub fn open_as(spec: &Spec, uid: u32) -> io::Result<(Spec, Vec<OwnedFd>)> {
+/// `spec` made buildable for operator `uid`: every bind source and tool root opened once, as
+/// they would open it, and held (`crate::handles`); absolute key paths checked the same way.
+/// Refused, naming the path, when they cannot.
+pub fn open_as(spec: &Spec, uid: u32, guard: &Guard) -> io::Result<Built> {
     let creds = Credentials::of(uid)?;
-    let refused = |what: &str, path: &str, e: io::Error| {
-        io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!("uid {uid} cannot reach {what} `{path}` on the host: {e}"),
-        )
-    };
     let opened = std::thread::scope(|s| {
         s.spawn(|| {
             creds.assume()?;
-            let mut build = spec.clone();
-            let mut held = Vec::new();
-            for b in &mut build.binds {
-                let fd = open_path(Path::new(&b.host)).map_err(|e| refused("bind", &b.host, e))?;
-                b.host = format!("/proc/self/fd/{}", fd.as_raw_fd());
-                held.push(fd);
-            }
-            for t in &spec.tools {
-                for h in &t.host_paths {
-                    let what = format!("tool {} authority", t.name);
-                    open_path(Path::new(h)).map_err(|e| refused(&what, h, e))?;
-                }
-            }
+            let built = open_spec(spec, guard).map_err(|e| match e {
+                OpenError::Unreachable { what, path, source } => io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!("uid {uid} cannot reach {what} `{path}` on the host: {source}"),
+                ),
+                refused => refused.into(),
+            })?;
             for m in &spec.mounts {
                 if let Some(key) = m.key.as_deref().filter(|k| k.starts_with('/')) {
-                    std::fs::File::open(key).map_err(|e| refused("key", key, e))?;
+                    std::fs::File::open(key).map_err(|e| {
+                        io::Error::new(
+                            io::ErrorKind::PermissionDenied,
+                            format!("uid {uid} cannot reach key `{key}` on the host: {e}"),
+                        )
+                    })?;
                 }
             }
-            Ok((build, held))
+            Ok(built)
         })
         .join()
     });
@@ -142,6 +134,15 @@ impl Fixture {
 mod tests {
     use super::*;
 
+    fn nowhere() -> Guard {
+        Guard::new(&crate::ProtectedDirs {
+            runtime: "/nonexistent/warren/run".into(),
+            data: "/nonexistent/warren/data".into(),
+            secrets: "/nonexistent/warren/secrets".into(),
+        })
+        .unwrap()
+    }
+
     /// As `nobody`, a directory under a 0700 one is refused (by name), while a bind it can reach
     /// is opened and named by its handle; root's own credentials are untouched on the calling
     /// thread.
@@ -155,18 +156,15 @@ mod tests {
         let (open_dir, inner) = (f.path("open"), f.path("private/inner"));
         let text = format!("bind -r {open_dir} /o\nbind -r {inner} /p\n");
         let spec = crate::spec::parse("<t>", &text).unwrap();
-        let e = open_as(&spec, 65534).unwrap_err();
+        let e = open_as(&spec, 65534, &nowhere()).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
         assert!(e.to_string().contains(&format!("bind `{inner}`")), "{e}");
         // Root (the caller) still searches it: only the check's thread changed credentials.
         assert!(std::fs::metadata(&inner).is_ok());
 
         let reachable = crate::spec::parse("<t>", &format!("bind -r {open_dir} /o\n")).unwrap();
-        let (build, held) = open_as(&reachable, 65534).unwrap();
-        assert_eq!(held.len(), 1);
-        assert_eq!(
-            build.binds[0].host,
-            format!("/proc/self/fd/{}", held[0].as_raw_fd())
-        );
+        let built = open_as(&reachable, 65534, &nowhere()).unwrap();
+        let held = built.handles.bind(0).unwrap();
+        assert_eq!(built.build.binds[0].host, crate::handles::handle_name(held));
     }
 }

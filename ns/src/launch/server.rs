@@ -321,20 +321,25 @@ fn start(
         let served = if spec.mounts.is_empty() {
             None
         } else {
-            let served = ServedMounts::new(opts.protected.clone(), &spec, &id.to_string(), bridge)?
-                .with_connections(connections)
-                .operator(request.operator)
-                .attach_as(
-                    nix::unistd::User::from_uid(cred.uid.into())
-                        .ok()
-                        .flatten()
-                        .map(|u| u.name),
-                )
-                // `mount ns` outside an operator namespace: its own view, narrowing.
-                .ns_view(Arc::new(ScopedView {
-                    nsd: nsd.for_operator(cred.uid),
-                    id,
-                }));
+            let served = ServedMounts::new(
+                opts.protected.clone(),
+                space.handles().all_roots()?,
+                &id.to_string(),
+                bridge,
+            )?
+            .with_connections(connections)
+            .operator(request.operator)
+            .attach_as(
+                nix::unistd::User::from_uid(cred.uid.into())
+                    .ok()
+                    .flatten()
+                    .map(|u| u.name),
+            )
+            // `mount ns` outside an operator namespace: its own view, narrowing.
+            .ns_view(Arc::new(ScopedView {
+                nsd: nsd.for_operator(cred.uid),
+                id,
+            }));
             Some(Arc::new(served))
         };
         let session = match &served {
@@ -342,7 +347,8 @@ fn start(
             None => new_session_id()?,
         };
         opts.mount_server = served.clone().map(|s| s as Arc<dyn crate::MountServer>);
-        let mut running = spawn(space.build(), &request.argv, &opts)?;
+        let mut running = spawn(space.build(), &request.argv, &opts)
+            .map_err(|e| io::Error::new(e.kind(), space.handles().in_words(&e.to_string())))?;
         let pty_master = running.take_pty_master();
         Ok::<_, io::Error>((served, session, Arc::new(running), pty_master))
     })();
