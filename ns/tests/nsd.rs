@@ -79,10 +79,7 @@ async fn ns_tree_clones_runs_waits_and_kills() {
     f.write_all(0, format!("bind -r {runtime} /x\n").as_bytes())
         .await
         .unwrap();
-    assert_eq!(
-        f.read_to_end(0).await,
-        Err(Errno(libc::EACCES as u32))
-    );
+    assert_eq!(f.read_to_end(0).await, Err(Errno(libc::EACCES as u32)));
     let why = String::from_utf8(f.read_to_end(0).await.unwrap()).unwrap();
     assert!(why.contains("warren's runtime dir"), "{why}");
 
