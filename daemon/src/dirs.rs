@@ -172,8 +172,8 @@ pub fn make_own_dir(path: &Path) -> io::Result<OwnedFd> {
 }
 
 /// Opens a daemon's file (a database, a lock, a key) read-write without following a symlink,
-/// creating it 0600 if `create` and it is missing; refuses one that is not a regular file, not
-/// the caller's, or writable by group or others. Its directory must be one [`make_dir`] vouched
+/// creating it 0600 if `create` and it is missing, making it 0600 if others could read it;
+/// refuses one that is not a regular file, not the caller's, or writable by group or others. Its directory must be one [`make_dir`] vouched
 /// for (only its owner can put a file there).
 pub fn open_own_file(path: &Path, create: bool) -> io::Result<File> {
     let file = OpenOptions::new()
@@ -190,7 +190,12 @@ pub fn open_own_file(path: &Path, create: bool) -> io::Result<File> {
             ),
             _ => io::Error::new(e.kind(), format!("{}: {e}", path.display())),
         })?;
-    check_own_file(path, &file.metadata()?)?;
+    let meta = file.metadata()?;
+    check_own_file(path, &meta)?;
+    if meta.mode() & 0o077 != 0 {
+        // Readable by others: private from now on (the check above refused a writable one).
+        fchmod(&file, Mode::from_bits_truncate(0o600)).map_err(|e| with_path(e, "chmod", path))?;
+    }
     Ok(file)
 }
 
