@@ -39,7 +39,13 @@ pub fn keys(dirs: &Dirs) -> Result<ExitCode> {
 }
 
 /// Exit 0 verified, 1 invalid, 2 usage, 5 unknown key, 6 key used after its retirement.
-pub fn verify(dirs: &Dirs, file: &Path, keys: Option<&Path>) -> Result<ExitCode> {
+pub fn verify(
+    dirs: &Dirs,
+    file: &Path,
+    keys: Option<&Path>,
+    head: Option<&Path>,
+    size: Option<u64>,
+) -> Result<ExitCode> {
     use warren_receiptd::verify::EXIT_USAGE;
     let usage = |msg: String| {
         eprintln!("warren verify: {msg}");
@@ -65,7 +71,16 @@ pub fn verify(dirs: &Dirs, file: &Path, keys: Option<&Path>) -> Result<ExitCode>
             }
         }
     };
-    let outcome = warren_receiptd::verify(&export, &registry);
+    let head = match head.map(|p| (p, std::fs::read_to_string(p))) {
+        None => None,
+        Some((_, Ok(text))) => Some(text),
+        Some((p, Err(e))) => return usage(format!("--head {}: {e}", p.display())),
+    };
+    let require = warren_receiptd::Require {
+        head: head.as_deref(),
+        size,
+    };
+    let outcome = warren_receiptd::verify_with(&export, &registry, require);
     eprintln!("{}", outcome.message);
     Ok(ExitCode::from(u8::try_from(outcome.code).unwrap_or(1)))
 }
