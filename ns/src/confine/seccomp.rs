@@ -1,4 +1,4 @@
-//! Step 6 (syscalls): three stacked seccomp filters, installed last before the payload runs.
+//! Step 6 (syscalls): four stacked seccomp filters, installed last before the payload runs.
 //! The kernel runs every filter and takes the most severe answer, so they compose:
 //!
 //! 1. a deny-list answering EPERM (seccompiler): the mount API, namespace entry, tracing,
