@@ -90,6 +90,12 @@ pub struct Require<'a> {
     pub head: Option<&'a str>,
     /// The export must cover at least this many entries.
     pub size: Option<u64>,
+    /// With `head`, for an export that ends before it: a consistency proof from the export's
+    /// last checkpoint to the head, as `/receipts/<scope>/proof/consistency/<m>-<n>` serves it
+    /// (JSON with `old_size`, `new_size` and `proof`). It cannot make the export complete; it
+    /// shows whether the export's entries are the start of the head's log (left out after,
+    /// not changed) or not (a different history).
+    pub proof: Option<&'a str>,
 }
 
 /// Verifies an export against a key registry. Never panics on any input.
@@ -341,10 +347,20 @@ impl Verifier {
         if let Some(text) = require.head {
             let cp = self.signed_checkpoint("--head", text)?;
             if cp.size > self.covered {
+                let prefix = match require.proof {
+                    None => String::new(),
+                    Some(proof) => {
+                        self.consistent(proof, &cp)?;
+                        format!(
+                            "; the consistency proof shows its {} entries are the first of that log (the rest were left out, not changed)",
+                            self.covered
+                        )
+                    }
+                };
                 return Err(Failure {
                     code: EXIT_INCOMPLETE,
                     message: format!(
-                        "incomplete: the export ends at checkpoint size {}, but the checkpoint given with --head is of size {}: the {} entries after it are not in this export",
+                        "incomplete: the export ends at checkpoint size {}, but the checkpoint given with --head is of size {}: the {} entries after it are not in this export{prefix}",
                         self.covered,
                         cp.size,
                         cp.size - self.covered
@@ -382,6 +398,42 @@ impl Verifier {
             );
         }
         Ok(reach.join(", "))
+    }
+
+    /// `proof` (JSON) proves the tree of the export's `covered` entries is the start of `head`'s.
+    fn consistent(&self, proof: &str, head: &Checkpoint) -> Result<(), Failure> {
+        #[derive(serde::Deserialize)]
+        struct Consistency {
+            old_size: u64,
+            new_size: u64,
+            proof: Vec<String>,
+        }
+        let parsed: Consistency =
+            serde_json::from_str(proof).map_err(|e| invalid(format!("--proof: {e}")))?;
+        if (parsed.old_size, parsed.new_size) != (self.covered, head.size) {
+            return Err(invalid(format!(
+                "--proof: it is from size {} to {}, not from the export's {} to the head's {}",
+                parsed.old_size, parsed.new_size, self.covered, head.size
+            )));
+        }
+        let path = parsed
+            .proof
+            .iter()
+            .map(|h| {
+                hex::decode(h)
+                    .ok()
+                    .and_then(|b| merkle::Hash::try_from(b.as_slice()).ok())
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| invalid("--proof: a hash is not 32 bytes of hex".into()))?;
+        let old_root = &self.roots[self.covered as usize - 1];
+        if !merkle::verify_consistency(self.covered, head.size, old_root, &head.root, &path) {
+            return Err(invalid(format!(
+                "--proof: the consistency proof from size {} to {} does not verify: the export is not the start of the log the head signs",
+                self.covered, head.size
+            )));
+        }
+        Ok(())
     }
 
     fn checkpoint(&mut self, row: usize, text: &str) -> Result<(), Failure> {

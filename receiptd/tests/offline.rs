@@ -220,6 +220,44 @@ fn a_stale_export_is_refused_when_the_newer_head_or_size_is_required() {
         msg.contains("the 192 entries after it are not in this export"),
         "{msg}"
     );
+    // With the consistency proof the tree serves: still incomplete, but shown to be a cut of the
+    // same log, not another history; a proof that does not verify, or for other sizes, is not.
+    let proof = log.consistency_proof("sess-1", stale_size, size).unwrap();
+    std::fs::write(v.join("proof"), proof.to_string()).unwrap();
+    let with_proof = [
+        "stale.jsonl",
+        keys[0],
+        keys[1],
+        "--head",
+        "head",
+        "--proof",
+        "proof",
+    ];
+    let (code, msg) = run_verifier(v, &with_proof);
+    assert_eq!(code, 3, "{msg}");
+    assert!(msg.contains("are the first of that log"), "{msg}");
+    let mut bad = proof.clone();
+    let first = bad["proof"][0].as_str().unwrap().to_owned();
+    let flipped = format!(
+        "{}{}",
+        if first.starts_with('0') { "1" } else { "0" },
+        &first[1..]
+    );
+    bad["proof"][0] = flipped.into();
+    std::fs::write(v.join("proof"), bad.to_string()).unwrap();
+    let (code, msg) = run_verifier(v, &with_proof);
+    assert_eq!(code, 1, "{msg}");
+    assert!(msg.contains("does not verify"), "{msg}");
+    let other_sizes = log
+        .consistency_proof("sess-1", stale_size + 1, size)
+        .unwrap();
+    std::fs::write(v.join("proof"), other_sizes.to_string()).unwrap();
+    assert_eq!(run_verifier(v, &with_proof).0, 1);
+    assert_eq!(
+        run_verifier(v, &["stale.jsonl", keys[0], keys[1], "--proof", "proof"]).0,
+        2
+    );
+
     let size_arg = size.to_string();
     let (code, msg) = run_verifier(v, &["stale.jsonl", keys[0], keys[1], "--size", &size_arg]);
     assert_eq!(code, 3, "{msg}");

@@ -102,6 +102,12 @@ enum Command {
         /// The export must hold at least this many entries.
         #[arg(long)]
         size: Option<u64>,
+        /// With --head, for an export that ends before it: a consistency proof from the
+        /// export's last checkpoint to the head (`warren cat
+        /// /receipts/SCOPE/proof/consistency/M-N > FILE`), to tell a cut export from a
+        /// different history.
+        #[arg(long, requires = "head")]
+        proof: Option<std::path::PathBuf>,
     },
     /// Receipts in plain words, one line each (time, scope, seq, kind, tool, decision or
     /// effect and why, digest prefix), in clock order; `-f` follows new ones as they land.
@@ -190,7 +196,17 @@ fn main() -> ExitCode {
             keys,
             head,
             size,
-        } => receipts::verify(&dirs, &file, keys.as_deref(), head.as_deref(), size),
+            proof,
+        } => receipts::verify(
+            &dirs,
+            &file,
+            keys.as_deref(),
+            receipts::Require {
+                head: head.as_deref(),
+                size,
+                proof: proof.as_deref(),
+            },
+        ),
         Command::Doctor { json } => doctor::doctor(json),
         Command::Log {
             scope,

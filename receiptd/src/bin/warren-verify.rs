@@ -1,21 +1,22 @@
-//! warren-verify EXPORT --keys REGISTRY [--head CHECKPOINT] [--size N]: verifies a receipts
-//! export offline. Exit 0 verified, 1 invalid, 2 usage, 3 incomplete (ends before --head or
+//! warren-verify EXPORT --keys REGISTRY [--head CHECKPOINT [--proof CONSISTENCY]] [--size N]:
+//! verifies a receipts export offline. Exit 0 verified, 1 invalid, 2 usage, 3 incomplete (ends before --head or
 //! --size), 5 unknown key, 6 key used after its retirement.
 
 use std::process::ExitCode;
 
 use warren_receiptd::verify::{EXIT_USAGE, Require, verify_with};
 
-const USAGE: &str = "usage: warren-verify EXPORT --keys REGISTRY [--head CHECKPOINT] [--size N]";
+const USAGE: &str = "usage: warren-verify EXPORT --keys REGISTRY [--head CHECKPOINT [--proof CONSISTENCY]] [--size N]";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
-    let (mut export, mut keys, mut head, mut size) = (None, None, None, None);
+    let (mut export, mut keys, mut head, mut size, mut proof) = (None, None, None, None, None);
     while let Some(arg) = args.next() {
         let slot = match arg.as_str() {
             "--keys" => &mut keys,
             "--head" => &mut head,
             "--size" => &mut size,
+            "--proof" => &mut proof,
             _ if export.is_none() && !arg.starts_with("--") => {
                 export = Some(arg);
                 continue;
@@ -35,13 +36,19 @@ fn main() -> ExitCode {
         (Ok(e), Ok(k)) => (e, k),
         (Err(e), _) | (_, Err(e)) => return usage(e),
     };
-    let head = match head.as_deref().map(read).transpose() {
-        Ok(h) => h,
-        Err(e) => return usage(e),
+    if proof.is_some() && head.is_none() {
+        return usage("--proof goes with --head".into());
+    }
+    let text = |path: Option<String>, flag: &str| match path.as_deref().map(read).transpose() {
+        Ok(bytes) => bytes
+            .map(String::from_utf8)
+            .transpose()
+            .map_err(|_| format!("{flag}: not UTF-8 text")),
+        Err(e) => Err(e),
     };
-    let head = match head.map(String::from_utf8).transpose() {
-        Ok(h) => h,
-        Err(_) => return usage("--head: not UTF-8 text".into()),
+    let (head, proof) = match (text(head, "--head"), text(proof, "--proof")) {
+        (Ok(h), Ok(p)) => (h, p),
+        (Err(e), _) | (_, Err(e)) => return usage(e),
     };
     let size = match size.map(|s| s.parse::<u64>()).transpose() {
         Ok(s) => s,
@@ -50,6 +57,7 @@ fn main() -> ExitCode {
     let require = Require {
         head: head.as_deref(),
         size,
+        proof: proof.as_deref(),
     };
     let outcome = verify_with(&export, &keys, require);
     if outcome.code == 0 {
