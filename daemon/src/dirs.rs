@@ -1,6 +1,18 @@
-//! warren's three directories. None of them may ever enter a namespace (nsd checks by inode).
+//! warren's three directories, and how they and the daemons' files in them are opened: never
+//! through a symlink, never one another user could have planted. None of the directories may
+//! ever enter a namespace (nsd checks by inode).
 
-use std::path::PathBuf;
+use std::ffi::OsStr;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, open, openat};
+use nix::sys::stat::{FileStat, Mode, fchmod, fstat, mkdirat};
+use nix::unistd::fchown;
 
 /// The runtime dir holds the daemons' sockets and the `warren up` lock; the data dir holds their
 /// databases; the secrets dir holds the receipt signing key and nothing else.
@@ -48,5 +60,305 @@ impl Dirs {
     /// The control socket of a daemon (trusted peers only): `toolfs` → `<runtime>/toolfs.ctl`.
     pub fn control(&self, daemon: &str) -> PathBuf {
         self.runtime.join(format!("{daemon}.ctl"))
+    }
+}
+
+/// Opens the directory `path`, creating what is missing, without following a symlink at any
+/// step: each component is opened (or made) from its parent's fd with `O_NOFOLLOW |
+/// O_DIRECTORY`, and the last one is given `uid`, `gid` and `mode` on its fd. Refused, before
+/// anything is changed: a component that is a symlink or not a directory; a component whose
+/// parent others may write to (write for others, or for a group other than root's), unless that
+/// parent is sticky and the component belongs to root or `uid`; and a last component that
+/// existed but belongs to neither root nor `uid`, or that others may write to. Missing
+/// components above the last are made 0755 (root's, or the caller's). Returns the directory's fd.
+pub fn make_dir(path: &Path, uid: u32, gid: u32, mode: u32) -> io::Result<OwnedFd> {
+    let absolute = std::path::absolute(path)?;
+    let refuse = |why: String| io::Error::new(io::ErrorKind::PermissionDenied, why);
+    let names: Vec<&OsStr> = absolute
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(Ok(n)),
+            Component::ParentDir => Some(Err(())),
+            _ => None,
+        })
+        .collect::<Result<_, ()>>()
+        .map_err(|()| refuse(format!("{}: `..` in warren's directory", path.display())))?;
+    let search = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let mut dir = open(Path::new("/"), search | OFlag::O_PATH, Mode::empty())?;
+    let mut here = PathBuf::from("/");
+    let mut dir_stat = fstat(&dir)?;
+    for (i, name) in names.iter().enumerate() {
+        let last = i + 1 == names.len();
+        here.push(name);
+        // The last component is read-only opened (fchown and fchmod need more than O_PATH);
+        // those above need search permission only.
+        let flags = search | if last { OFlag::O_RDONLY } else { OFlag::O_PATH };
+        let parent = here.parent().unwrap_or(Path::new("/"));
+        let parent_shared = writable_by_others(&dir_stat);
+        if parent_shared && dir_stat.st_mode & libc::S_ISVTX == 0 {
+            return Err(refuse(format!(
+                "{} (mode {:o}) is writable by others and not sticky, so anyone could replace \
+                 {}: choose a directory only root can write to",
+                parent.display(),
+                dir_stat.st_mode & 0o7777,
+                here.display()
+            )));
+        }
+        let mut created = false;
+        let child = match openat(&dir, *name, flags, Mode::empty()) {
+            Err(Errno::ENOENT) => {
+                let new_mode = if last { 0o700 } else { 0o755 };
+                match mkdirat(&dir, *name, Mode::from_bits_truncate(new_mode)) {
+                    Ok(()) => created = true,
+                    Err(Errno::EEXIST) => {}
+                    Err(e) => return Err(with_path(e, "create", &here)),
+                }
+                openat(&dir, *name, flags, Mode::empty())
+            }
+            other => other,
+        }
+        .map_err(|e| match e {
+            Errno::ELOOP | Errno::ENOTDIR => refuse(format!(
+                "{} is a symlink or not a directory; warren follows no symlink to its \
+                 directories",
+                here.display()
+            )),
+            e => with_path(e, "open", &here),
+        })?;
+        let child_stat = fstat(&child)?;
+        let child_is_ours = child_stat.st_uid == 0 || child_stat.st_uid == uid;
+        if parent_shared && !child_is_ours {
+            return Err(refuse(format!(
+                "{} belongs to uid {}, in the world-writable {}: refusing it (remove it, or \
+                 choose another directory)",
+                here.display(),
+                child_stat.st_uid,
+                parent.display()
+            )));
+        }
+        if last && !created && (!child_is_ours || writable_by_others(&child_stat)) {
+            return Err(refuse(format!(
+                "{} exists with owner uid {} and mode {:o}: warren refuses a directory of its \
+                 own that belongs to someone else or that others may write to",
+                here.display(),
+                child_stat.st_uid,
+                child_stat.st_mode & 0o7777
+            )));
+        }
+        if last {
+            if (child_stat.st_uid, child_stat.st_gid) != (uid, gid) {
+                fchown(&child, Some(uid.into()), Some(gid.into()))
+                    .map_err(|e| with_path(e, "chown", &here))?;
+            }
+            if child_stat.st_mode & 0o7777 != mode {
+                fchmod(&child, Mode::from_bits_truncate(mode))
+                    .map_err(|e| with_path(e, "chmod", &here))?;
+            }
+        }
+        dir = child;
+        dir_stat = child_stat;
+    }
+    Ok(dir)
+}
+
+/// [`make_dir`] for a daemon's own directory: the caller's uid and gid, mode 0700.
+pub fn make_own_dir(path: &Path) -> io::Result<OwnedFd> {
+    make_dir(
+        path,
+        nix::unistd::geteuid().as_raw(),
+        nix::unistd::getegid().as_raw(),
+        0o700,
+    )
+}
+
+/// Opens a daemon's file (a database, a lock, a key) read-write without following a symlink,
+/// creating it 0600 if `create` and it is missing, making it 0600 if others could read it;
+/// refuses one that is not a regular file, not the caller's, or writable by group or others. Its directory must be one [`make_dir`] vouched
+/// for (only its owner can put a file there).
+pub fn open_own_file(path: &Path, create: bool) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(create)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{} is a symlink: refusing it", path.display()),
+            ),
+            _ => io::Error::new(e.kind(), format!("{}: {e}", path.display())),
+        })?;
+    let meta = file.metadata()?;
+    check_own_file(path, &meta)?;
+    if meta.mode() & 0o077 != 0 {
+        // Readable by others: private from now on (the check above refused a writable one).
+        fchmod(&file, Mode::from_bits_truncate(0o600)).map_err(|e| with_path(e, "chmod", path))?;
+    }
+    Ok(file)
+}
+
+/// Refuses `path` if it exists and is a symlink, not a regular file, not the caller's, or
+/// writable by group or others (SQLite's `-wal` and `-shm` beside a database).
+pub fn check_own_file_if_present(path: &Path) -> io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) => check_own_file(path, &meta),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+    }
+}
+
+fn check_own_file(path: &Path, meta: &std::fs::Metadata) -> io::Result<()> {
+    let me = nix::unistd::geteuid().as_raw();
+    if !meta.file_type().is_file() || meta.uid() != me || meta.mode() & 0o022 != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} ({}, owner uid {}, mode {:o}) is not a private file of uid {me}: refusing it",
+                path.display(),
+                if meta.file_type().is_symlink() {
+                    "a symlink"
+                } else if meta.file_type().is_file() {
+                    "a file"
+                } else {
+                    "not a regular file"
+                },
+                meta.uid(),
+                meta.mode() & 0o7777
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Write permission for others, or for a group other than root's.
+fn writable_by_others(st: &FileStat) -> bool {
+    st.st_mode & 0o002 != 0 || (st.st_mode & 0o020 != 0 && st.st_gid != 0)
+}
+
+fn with_path(e: Errno, what: &str, path: &Path) -> io::Error {
+    let e = io::Error::from(e);
+    io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    const STRANGER: u32 = 4242;
+
+    /// A base directory with `mode` (tests run as root, as CI does).
+    fn base(mode: u32) -> tempfile::TempDir {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "needs root (CI runs as root)"
+        );
+        let t = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+        t
+    }
+
+    fn mode_of(p: &Path) -> u32 {
+        std::fs::symlink_metadata(p).unwrap().mode() & 0o7777
+    }
+
+    fn refused(r: io::Result<impl std::fmt::Debug>) -> String {
+        let e = r.expect_err("refused");
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        e.to_string()
+    }
+
+    #[test]
+    fn a_symlink_planted_at_the_dir_or_above_it_is_not_followed() {
+        let shared = base(0o1777);
+        let target = base(0o755);
+        let link = shared.path().join("run");
+        std::os::unix::fs::symlink(target.path(), &link).unwrap();
+        std::os::unix::fs::lchown(&link, Some(STRANGER), Some(STRANGER)).unwrap();
+        let e = refused(make_dir(&link, 0, 0, 0o750));
+        assert!(e.contains("symlink"), "{e}");
+        let e = refused(make_dir(&link.join("sub"), 0, 0, 0o750));
+        assert!(e.contains("symlink"), "{e}");
+        let meta = std::fs::metadata(target.path()).unwrap();
+        assert_eq!((meta.uid(), mode_of(target.path())), (0, 0o755));
+        assert!(!target.path().join("sub").exists());
+    }
+
+    #[test]
+    fn a_world_writable_ancestor_that_is_not_sticky_is_refused() {
+        let open = base(0o777);
+        let e = refused(make_dir(&open.path().join("a/run"), 0, 0, 0o750));
+        assert!(e.contains("not sticky"), "{e}");
+        assert!(!open.path().join("a").exists(), "nothing is made under it");
+        // Group-writable for a group other than root's counts as writable by others.
+        let group = base(0o770);
+        std::os::unix::fs::chown(group.path(), None, Some(STRANGER)).unwrap();
+        refused(make_dir(&group.path().join("run"), 0, 0, 0o750));
+    }
+
+    #[test]
+    fn a_foreign_child_of_a_sticky_ancestor_is_refused_and_ours_is_taken() {
+        let shared = base(0o1777);
+        let theirs = shared.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(STRANGER), Some(STRANGER)).unwrap();
+        let e = refused(make_dir(&theirs, 0, 0, 0o750));
+        assert!(e.contains("belongs to uid 4242"), "{e}");
+        refused(make_dir(&theirs.join("run"), 0, 0, 0o750));
+        assert_eq!(std::fs::metadata(&theirs).unwrap().uid(), STRANGER);
+        assert!(!theirs.join("run").exists());
+        // Ours (made here, or root's already) is taken, and given its owner and mode.
+        let ours = shared.path().join("ours/run");
+        make_dir(&ours, STRANGER, STRANGER, 0o750).unwrap();
+        let meta = std::fs::metadata(&ours).unwrap();
+        assert_eq!(
+            (meta.uid(), meta.gid(), mode_of(&ours)),
+            (STRANGER, STRANGER, 0o750)
+        );
+        assert_eq!(mode_of(&shared.path().join("ours")), 0o755);
+        make_dir(&ours, STRANGER, STRANGER, 0o700).unwrap();
+        assert_eq!(mode_of(&ours), 0o700);
+    }
+
+    #[test]
+    fn an_existing_dir_of_another_uid_or_writable_by_others_is_refused() {
+        let parent = base(0o755);
+        let theirs = parent.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(STRANGER), None).unwrap();
+        refused(make_dir(&theirs, 0, 0, 0o700));
+        let open = parent.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        refused(make_dir(&open, 0, 0, 0o700));
+        assert_eq!(mode_of(&open), 0o777, "refused before any change");
+    }
+
+    #[test]
+    fn a_planted_or_shared_file_is_refused() {
+        let dir = base(0o700);
+        let planted = dir.path().join("receipts.db");
+        std::fs::write(&planted, b"").unwrap();
+        std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o666)).unwrap();
+        std::os::unix::fs::chown(&planted, Some(STRANGER), Some(STRANGER)).unwrap();
+        let e = refused(open_own_file(&planted, true));
+        assert!(e.contains("owner uid 4242"), "{e}");
+        refused(check_own_file_if_present(&planted));
+        std::os::unix::fs::chown(&planted, Some(0), Some(0)).unwrap();
+        refused(open_own_file(&planted, true));
+        std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o600)).unwrap();
+        open_own_file(&planted, false).unwrap();
+        let link = dir.path().join("gate.db");
+        std::os::unix::fs::symlink(&planted, &link).unwrap();
+        let e = refused(open_own_file(&link, true));
+        assert!(e.contains("symlink"), "{e}");
+        refused(check_own_file_if_present(&link));
+        check_own_file_if_present(&dir.path().join("absent-wal")).unwrap();
+        let made = dir.path().join("new.db");
+        open_own_file(&made, true).unwrap();
+        assert_eq!(mode_of(&made), 0o600);
     }
 }

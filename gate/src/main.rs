@@ -55,7 +55,8 @@ fn main() -> anyhow::Result<()> {
         data: args.data_dir.clone(),
         ..Dirs::from_env()
     };
-    std::fs::create_dir_all(&dirs.data)?;
+    // Ours alone: no symlink, no other uid's, nobody else can write to it.
+    warren_daemon::dirs::make_own_dir(&dirs.data)?;
     let store = Store::open_exclusive(&dirs.data.join("gate.db"))?;
     let receipts = ReceiptSink::new(
         args.receipts_socket

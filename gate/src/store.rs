@@ -3,11 +3,9 @@
 //! delete or a restart.
 
 use std::cell::RefCell;
-use std::fs::OpenOptions;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
 use crate::policy::{Candidates, Rule, Selector, Verdict};
 
@@ -176,14 +174,20 @@ impl Store {
 
     fn open_with(path: &Path, exclusive: bool) -> anyhow::Result<Store> {
         // Create the file ourselves so it is 0600 from its first byte; SQLite gives its -wal
-        // and -shm files the database file's mode.
-        OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(0o600)
-            .open(path)?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-        let conn = Connection::open(path)?;
+        // and -shm files the database file's mode. A database (or -wal, -shm) that is a
+        // symlink, another uid's, or writable by others is refused, never adopted.
+        warren_daemon::dirs::open_own_file(path, true)?;
+        for suffix in ["-wal", "-shm"] {
+            let mut side = path.as_os_str().to_owned();
+            side.push(suffix);
+            warren_daemon::dirs::check_own_file_if_present(Path::new(&side))?;
+        }
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE
+                | OpenFlags::SQLITE_OPEN_NO_MUTEX
+                | OpenFlags::SQLITE_OPEN_NOFOLLOW,
+        )?;
         if exclusive {
             // Before the first WAL access, so the wal-index lives in heap memory.
             conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
@@ -514,6 +518,50 @@ mod tests {
             let n = stmt.get_status(rusqlite::StatementStatus::RePrepare);
             assert_eq!(n, 0, "{q} re-prepared {n} times");
         }
+    }
+
+    /// A `gate.db` another uid made (0666), a symlink in its place or a -wal of theirs is
+    /// refused, never adopted (the tests run as root, as CI does).
+    #[test]
+    fn a_database_another_user_planted_is_refused() {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "needs root (CI runs as root)"
+        );
+        let plant = |p: &Path, mode: u32, uid: u32| {
+            std::fs::write(p, b"").unwrap();
+            std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(mode))
+                .unwrap();
+            std::os::unix::fs::chown(p, Some(uid), Some(uid)).unwrap();
+        };
+        let (dir, path) = temp_db();
+        plant(&path, 0o666, 4242);
+        let err = Store::open_exclusive(&path)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(err.contains("owner uid 4242"), "{err}");
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!((meta.uid(), meta.mode() & 0o777), (4242, 0o666));
+        std::fs::remove_file(&path).unwrap();
+        let elsewhere = dir.path().join("elsewhere.db");
+        plant(&elsewhere, 0o600, 0);
+        std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
+        let err = Store::open_exclusive(&path)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(err.contains("symlink"), "{err}");
+        assert_eq!(std::fs::metadata(&elsewhere).unwrap().len(), 0);
+        std::fs::remove_file(&path).unwrap();
+        plant(&dir.path().join("gate.db-wal"), 0o644, 4242);
+        let err = Store::open_exclusive(&path)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(err.contains("gate.db-wal"), "{err}");
+        std::fs::remove_file(dir.path().join("gate.db-wal")).unwrap();
+        Store::open_exclusive(&path).unwrap();
     }
 
     fn temp_db() -> (tempfile::TempDir, std::path::PathBuf) {

@@ -366,6 +366,49 @@ fn net_loopback_and_none() {
     assert_eq!(verdict(&out), "blocked", "{}", text(&out.stderr));
 }
 
+/// Inside, `socket` and `socketpair` of a family other than AF_UNIX, AF_INET, AF_INET6 fail
+/// with EAFNOSUPPORT, the seccomp filter's answer (AF_NETLINK and AF_VSOCK work for anyone
+/// outside and AF_NETLINK in any network namespace, so nothing else refuses them), while the
+/// three allowed families still work.
+#[test]
+fn only_unix_and_inet_sockets_inside() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "needs root (CI runs the suite as root)"
+    );
+    let eafnosupport = std::io::Error::from_raw_os_error(libc::EAFNOSUPPORT).to_string();
+    for (probe, family) in [
+        ("socket-family", "netlink"),
+        ("socket-family", "vsock"),
+        ("socket-family", "packet"),
+        ("socket-family", "xdp"),
+        ("socketpair-family", "netlink"),
+    ] {
+        let out = nsd_run(&["--ro", PROBE], &[PROBE, probe, family]);
+        let err = text(&out.stderr);
+        assert_eq!(verdict(&out), "blocked", "{probe} {family}: {err}");
+        // Every socket type tried answered EAFNOSUPPORT, none anything else.
+        let answers: Vec<&str> = err.split("; ").collect();
+        assert!(
+            answers.len() == 4 && answers.iter().all(|a| a.contains(&eafnosupport)),
+            "{probe} {family}: {err}"
+        );
+    }
+    for (probe, family) in [
+        ("socket-family", "unix"),
+        ("socket-family", "inet"),
+        ("socketpair-family", "unix"),
+    ] {
+        let out = nsd_run(&["--ro", PROBE], &[PROBE, probe, family]);
+        assert_eq!(
+            verdict(&out),
+            "allowed",
+            "{probe} {family}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
 /// The escape suite (common/escape.rs), each probe in a `warren-nsd run` of its own with the
 /// grants it needs: every probe must be `blocked` inside and `allowed` in its control.
 #[test]
@@ -385,6 +428,6 @@ fn escape_suite() {
         findings.judge("run", p, &inside, &escape::run_control(p, &targets));
     }
     targets.assert_no_setid_bits();
-    assert!(probes.len() >= 44, "the suite shrank: {}", probes.len());
+    assert!(probes.len() >= 48, "the suite shrank: {}", probes.len());
     findings.assert_none();
 }

@@ -2,8 +2,8 @@
 //! key registry (the file `warren verify --keys` takes).
 
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use base64::Engine;
@@ -58,10 +58,30 @@ impl Signer {
         self.key.sign(msg).to_bytes()
     }
 
-    /// Reads the 32-byte seed at `path`, refusing a file that others could read.
+    /// Reads the 32-byte seed at `path`, refusing a symlink, a file of another uid, and one
+    /// that others could read or write.
     pub fn load(path: &Path) -> Result<Signer, String> {
-        let meta =
-            fs::metadata(path).map_err(|e| format!("signing key {}: {e}", path.display()))?;
+        let mut file = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP) => {
+                    format!("signing key {} is a symlink; refusing it", path.display())
+                }
+                _ => format!("signing key {}: {e}", path.display()),
+            })?;
+        let meta = file
+            .metadata()
+            .map_err(|e| format!("signing key {}: {e}", path.display()))?;
+        let me = nix::unistd::geteuid().as_raw();
+        if !meta.is_file() || meta.uid() != me {
+            return Err(format!(
+                "signing key {} is not a file of uid {me} (owner uid {}); refusing it",
+                path.display(),
+                meta.uid()
+            ));
+        }
         if meta.permissions().mode() & 0o077 != 0 {
             return Err(format!(
                 "signing key {} is readable by others (mode {:o}); refusing it",
@@ -69,7 +89,9 @@ impl Signer {
                 meta.permissions().mode() & 0o777
             ));
         }
-        let bytes = fs::read(path).map_err(|e| format!("signing key {}: {e}", path.display()))?;
+        let mut bytes = Vec::with_capacity(32);
+        file.read_to_end(&mut bytes)
+            .map_err(|e| format!("signing key {}: {e}", path.display()))?;
         let seed: [u8; 32] = bytes.as_slice().try_into().map_err(|_| {
             format!(
                 "signing key {} is {} bytes, not 32",
@@ -80,25 +102,23 @@ impl Signer {
         Ok(Signer::from_seed(seed))
     }
 
-    /// Writes the seed to `path` (mode 0600, created exclusively: an existing key is never
-    /// overwritten), its directory created 0700, and syncs both.
+    /// Writes the seed to `path` (mode 0600, created exclusively: an existing key, or a symlink
+    /// in its place, is never written through), its directory made 0700 and the caller's without
+    /// following a symlink (warren_daemon::dirs::make_own_dir), and syncs both.
     pub fn save_new(&self, path: &Path) -> std::io::Result<()> {
         let dir = path
             .parent()
             .ok_or_else(|| std::io::Error::other("key path has no directory"))?;
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)?;
-        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+        let dir_fd = warren_daemon::dirs::make_own_dir(dir)?;
         let mut file = fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(path)?;
         file.write_all(self.key.as_bytes())?;
         file.sync_all()?;
-        fs::File::open(dir)?.sync_all()
+        nix::unistd::fsync(&dir_fd).map_err(std::io::Error::from)
     }
 }
 

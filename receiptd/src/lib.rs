@@ -28,4 +28,4 @@ pub use access::{AppendError, Role};
 pub use log::{Ack, Log, LogConfig};
 pub use receipt::{AppendRequest, Kind};
 pub use sync::Durability;
-pub use verify::{VerifyOutcome, export, export_registry, verify};
+pub use verify::{Require, VerifyOutcome, export, export_registry, verify, verify_with};

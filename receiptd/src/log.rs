@@ -3,11 +3,11 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use anyhow::Context as _;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -155,15 +155,13 @@ impl Log {
     /// A missing or unusable key does not stop the open: appends are refused instead (fail
     /// closed), with the reason in every refusal.
     pub fn open(cfg: LogConfig) -> anyhow::Result<Log> {
-        fs::create_dir_all(&cfg.data_dir)?;
+        // Ours alone (no symlink, no other uid's, nobody else can write to it), so what is in
+        // it can only be what we or root put there.
+        warren_daemon::dirs::make_own_dir(&cfg.data_dir)
+            .with_context(|| format!("data dir {}", cfg.data_dir.display()))?;
         refuse_secrets_inside_data(&cfg.data_dir, &cfg.secrets_dir)?;
         let lock_path = cfg.data_dir.join("receipts.lock");
-        let lock_file = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .mode(0o600)
-            .open(&lock_path)?;
+        let lock_file = warren_daemon::dirs::open_own_file(&lock_path, true)?;
         let lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusiveNonblock)
             .map_err(|(_, e)| {
                 anyhow::anyhow!(

@@ -1,7 +1,5 @@
 //! The SQLite schema and the read queries shared by the daemon's log and offline export.
 
-use std::fs;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
@@ -39,18 +37,24 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 ";
 
 /// Opens (creating, mode 0600) the receipts database for writing: WAL, synchronous as given.
-pub fn open_rw(path: &Path, synchronous: &str) -> rusqlite::Result<Connection> {
-    if !path.exists() {
-        // Create the file ourselves so it is 0600 from its first instant; SQLite gives the -wal
-        // and -shm files the database file's mode.
-        let _ = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(path);
+/// The file, and its -wal and -shm if there, must be receiptd's own private files, not symlinks
+/// (warren_daemon::dirs::open_own_file): a database another uid planted, or could write to, is
+/// refused rather than adopted.
+pub fn open_rw(path: &Path, synchronous: &str) -> Result<Connection, OpenError> {
+    // Create the file ourselves so it is 0600 from its first instant; SQLite gives the -wal
+    // and -shm files the database file's mode.
+    warren_daemon::dirs::open_own_file(path, true)?;
+    for suffix in ["-wal", "-shm"] {
+        let mut side = path.as_os_str().to_owned();
+        side.push(suffix);
+        warren_daemon::dirs::check_own_file_if_present(Path::new(&side))?;
     }
-    let _ = fs::set_permissions(path, fs::Permissions::from_mode(0o600));
-    let conn = Connection::open(path)?;
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_NOFOLLOW,
+    )?;
     // Only a new database takes this (an existing one keeps its page size): see PAGE_SIZE.
     conn.pragma_update(None, "page_size", PAGE_SIZE)?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
@@ -60,11 +64,22 @@ pub fn open_rw(path: &Path, synchronous: &str) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
+/// Why [`open_rw`] failed: the file was refused, or SQLite failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Refused(#[from] std::io::Error),
+    #[error(transparent)]
+    Sqlite(#[from] rusqlite::Error),
+}
+
 /// Opens the database read-only (export, offline inspection).
 pub fn open_ro(path: &Path) -> rusqlite::Result<Connection> {
     let conn = Connection::open_with_flags(
         path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+            | OpenFlags::SQLITE_OPEN_NOFOLLOW,
     )?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
     Ok(conn)

@@ -3,7 +3,9 @@
 //! An export is JSON lines: first every entry of the scope up to its latest checkpoint (each line
 //! the canonical DSSE envelope, byte for byte as chained), then every checkpoint of the scope up
 //! to that size (`{"checkpoint":"<signed note>"}`). Verification needs only the export and the
-//! key registry.
+//! key registry. An export says nothing about entries after its last checkpoint: to require
+//! them, the verifier gives a checkpoint it got elsewhere ([`Require::head`]) or a size
+//! ([`Require::size`]), and an export that ends before it is refused ([`EXIT_INCOMPLETE`]).
 
 use std::io::Write;
 use std::path::Path;
@@ -14,7 +16,7 @@ use sha2::{Digest, Sha256};
 use crate::dsse::{self, Envelope, RECEIPT_PAYLOAD_TYPE};
 use crate::keys::{KeyRow, Registry};
 use crate::merkle::{self, Frontier};
-use crate::note::{self, SignedNote};
+use crate::note::{self, Checkpoint, SignedNote};
 use crate::receipt::{Body, GENESIS_PREV, Hlc, Kind, parse_strict};
 use crate::store;
 
@@ -49,13 +51,15 @@ pub fn export_registry(db_path: &Path, out: &mut impl Write) -> anyhow::Result<(
 pub const EXIT_VERIFIED: i32 = 0;
 pub const EXIT_INVALID: i32 = 1;
 pub const EXIT_USAGE: i32 = 2;
+/// Valid as far as it goes, but it ends before the checkpoint or size the verifier required.
+pub const EXIT_INCOMPLETE: i32 = 3;
 pub const EXIT_UNKNOWN_KEY: i32 = 5;
 pub const EXIT_KEY_RETIRED: i32 = 6;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VerifyOutcome {
-    /// The process exit code: 0 verified, 1 invalid, 2 usage, 5 unknown key, 6 key used after
-    /// its retirement.
+    /// The process exit code: 0 verified, 1 invalid, 2 usage, 3 incomplete (ends before what
+    /// [`Require`] asked for), 5 unknown key, 6 key used after its retirement.
     pub code: i32,
     /// What was verified, or the row and the reason it failed.
     pub message: String,
@@ -75,8 +79,32 @@ fn invalid(message: String) -> Failure {
     }
 }
 
+/// What the verifier requires beyond a valid export: that it reach entries the verifier knows
+/// exist from elsewhere.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Require<'a> {
+    /// A signed checkpoint (C2SP note) of the scope got elsewhere, e.g. its `head` read from
+    /// `/receipts/<scope>/head` when the export was handed over: it must verify under the
+    /// registry, the export must reach its size, and its root must be the root of the export's
+    /// first that many entries.
+    pub head: Option<&'a str>,
+    /// The export must cover at least this many entries.
+    pub size: Option<u64>,
+    /// With `head`, for an export that ends before it: a consistency proof from the export's
+    /// last checkpoint to the head, as `/receipts/<scope>/proof/consistency/<m>-<n>` serves it
+    /// (JSON with `old_size`, `new_size` and `proof`). It cannot make the export complete; it
+    /// shows whether the export's entries are the start of the head's log (left out after,
+    /// not changed) or not (a different history).
+    pub proof: Option<&'a str>,
+}
+
 /// Verifies an export against a key registry. Never panics on any input.
 pub fn verify(export: &[u8], registry: &[u8]) -> VerifyOutcome {
+    verify_with(export, registry, Require::default())
+}
+
+/// [`verify`], then refuses an export that ends before what `require` names.
+pub fn verify_with(export: &[u8], registry: &[u8], require: Require<'_>) -> VerifyOutcome {
     let registry = match Registry::parse(registry) {
         Ok(r) => r,
         Err(e) => {
@@ -100,13 +128,14 @@ pub fn verify(export: &[u8], registry: &[u8]) -> VerifyOutcome {
         covered: 0,
         in_checkpoints: false,
     };
-    match v.run(export) {
-        Ok(()) => VerifyOutcome {
+    match v.run(export).and_then(|()| v.require(require)) {
+        Ok(reach) => VerifyOutcome {
             code: EXIT_VERIFIED,
             message: format!(
-                "verified: scope {}, {} entries, {} checkpoints, the latest covering all of them",
+                "verified: scope {}, {} entries up to its checkpoint of size {}, {} checkpoints; {reach}",
                 v.scope.as_deref().unwrap_or("?"),
                 v.entries,
+                v.covered,
                 v.checkpoints
             ),
             entries: v.entries,
@@ -200,14 +229,14 @@ impl Verifier {
     }
 
     /// The key must have been in force at `at_ms` (valid_from and valid_until inclusive).
-    fn check_window(row: usize, key: &KeyRow, at_ms: u64) -> Result<(), Failure> {
+    fn check_window_at(at: &str, key: &KeyRow, at_ms: u64) -> Result<(), Failure> {
         if let Some(until) = key.valid_until
             && at_ms > until
         {
             return Err(Failure {
                 code: EXIT_KEY_RETIRED,
                 message: format!(
-                    "line {row}: signed at {at_ms} ms by key {}, retired at {until} ms (superseded by {})",
+                    "{at}: signed at {at_ms} ms by key {}, retired at {until} ms (superseded by {})",
                     key.keyid,
                     key.superseded_by.as_deref().unwrap_or("nothing")
                 ),
@@ -215,7 +244,7 @@ impl Verifier {
         }
         if at_ms < key.valid_from {
             return Err(invalid(format!(
-                "line {row}: signed at {at_ms} ms by key {}, valid only from {} ms",
+                "{at}: signed at {at_ms} ms by key {}, valid only from {} ms",
                 key.keyid, key.valid_from
             )));
         }
@@ -300,7 +329,7 @@ impl Verifier {
                     key.keyid
                 ))
             })?;
-            Self::check_window(row, key, body.hlc.wall_ms)?;
+            Self::check_window_at(&format!("line {row}"), key, body.hlc.wall_ms)?;
         } else if body.kind == Kind::Query && !env.signatures.is_empty() {
             return Err(invalid(format!("{at}: query receipts are unsigned")));
         }
@@ -312,17 +341,103 @@ impl Verifier {
         Ok(())
     }
 
-    fn checkpoint(&mut self, row: usize, text: &str) -> Result<(), Failure> {
-        let note = SignedNote::parse(text).map_err(|e| invalid(format!("line {row}: {e}")))?;
-        let cp = &note.checkpoint;
-        let scope = self.scope.clone().unwrap_or_default();
-        if !cp.origin.ends_with(&format!("/{scope}")) || !cp.origin.starts_with("warren.receipts/")
-        {
+    /// What the export reaches, checked against `require` (after [`Verifier::run`]).
+    fn require(&self, require: Require<'_>) -> Result<String, Failure> {
+        let mut reach = Vec::new();
+        if let Some(text) = require.head {
+            let cp = self.signed_checkpoint("--head", text)?;
+            if cp.size > self.covered {
+                let prefix = match require.proof {
+                    None => String::new(),
+                    Some(proof) => {
+                        self.consistent(proof, &cp)?;
+                        format!(
+                            "; the consistency proof shows its {} entries are the first of that log (the rest were left out, not changed)",
+                            self.covered
+                        )
+                    }
+                };
+                return Err(Failure {
+                    code: EXIT_INCOMPLETE,
+                    message: format!(
+                        "incomplete: the export ends at checkpoint size {}, but the checkpoint given with --head is of size {}: the {} entries after it are not in this export{prefix}",
+                        self.covered,
+                        cp.size,
+                        cp.size - self.covered
+                    ),
+                });
+            }
+            if cp.size == 0 || cp.root != self.roots[cp.size as usize - 1] {
+                return Err(invalid(format!(
+                    "--head: the checkpoint of size {} does not match the export's first {} entries (a different log)",
+                    cp.size, cp.size
+                )));
+            }
+            reach.push(format!(
+                "complete up to the checkpoint given with --head (size {})",
+                cp.size
+            ));
+        }
+        if let Some(size) = require.size {
+            if size > self.covered {
+                return Err(Failure {
+                    code: EXIT_INCOMPLETE,
+                    message: format!(
+                        "incomplete: the export ends at checkpoint size {}, but --size requires {size} entries: {} are not in this export",
+                        self.covered,
+                        size - self.covered
+                    ),
+                });
+            }
+            reach.push(format!("holds the {size} entries --size requires"));
+        }
+        if reach.is_empty() {
+            return Ok(
+                "this export says nothing about entries after it (--head or --size require them)"
+                    .into(),
+            );
+        }
+        Ok(reach.join(", "))
+    }
+
+    /// `proof` (JSON) proves the tree of the export's `covered` entries is the start of `head`'s.
+    fn consistent(&self, proof: &str, head: &Checkpoint) -> Result<(), Failure> {
+        #[derive(serde::Deserialize)]
+        struct Consistency {
+            old_size: u64,
+            new_size: u64,
+            proof: Vec<String>,
+        }
+        let parsed: Consistency =
+            serde_json::from_str(proof).map_err(|e| invalid(format!("--proof: {e}")))?;
+        if (parsed.old_size, parsed.new_size) != (self.covered, head.size) {
             return Err(invalid(format!(
-                "line {row}: checkpoint origin {:?} is not this scope's",
-                cp.origin
+                "--proof: it is from size {} to {}, not from the export's {} to the head's {}",
+                parsed.old_size, parsed.new_size, self.covered, head.size
             )));
         }
+        let path = parsed
+            .proof
+            .iter()
+            .map(|h| {
+                hex::decode(h)
+                    .ok()
+                    .and_then(|b| merkle::Hash::try_from(b.as_slice()).ok())
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| invalid("--proof: a hash is not 32 bytes of hex".into()))?;
+        let old_root = &self.roots[self.covered as usize - 1];
+        if !merkle::verify_consistency(self.covered, head.size, old_root, &head.root, &path) {
+            return Err(invalid(format!(
+                "--proof: the consistency proof from size {} to {} does not verify: the export is not the start of the log the head signs",
+                self.covered, head.size
+            )));
+        }
+        Ok(())
+    }
+
+    fn checkpoint(&mut self, row: usize, text: &str) -> Result<(), Failure> {
+        let cp = self.signed_checkpoint(&format!("line {row}"), text)?;
         if cp.size == 0 || cp.size > self.entries {
             return Err(invalid(format!(
                 "line {row}: checkpoint of size {} but the export holds {} entries",
@@ -341,6 +456,24 @@ impl Verifier {
                 cp.size
             )));
         }
+        self.covered = cp.size;
+        self.checkpoints += 1;
+        Ok(())
+    }
+
+    /// A checkpoint of this export's scope, signed by a registry key within its window (`at`
+    /// names it in errors).
+    fn signed_checkpoint(&self, at: &str, text: &str) -> Result<Checkpoint, Failure> {
+        let note = SignedNote::parse(text).map_err(|e| invalid(format!("{at}: {e}")))?;
+        let cp = note.checkpoint.clone();
+        let scope = self.scope.clone().unwrap_or_default();
+        if !cp.origin.ends_with(&format!("/{scope}")) || !cp.origin.starts_with("warren.receipts/")
+        {
+            return Err(invalid(format!(
+                "{at}: checkpoint origin {:?} is not this scope's",
+                cp.origin
+            )));
+        }
         // The signer: a registry row whose note name and key hash match a signature line.
         let mut known = false;
         for (name, hash, _) in &note.signatures {
@@ -355,27 +488,23 @@ impl Verifier {
                 if note.verify(name, &vk) {
                     if cp.origin != format!("{name}/{scope}") {
                         return Err(invalid(format!(
-                            "line {row}: checkpoint origin {:?} is not {name}/{scope}",
+                            "{at}: checkpoint origin {:?} is not {name}/{scope}",
                             cp.origin
                         )));
                     }
-                    Self::check_window(row, key, cp.time_ms)?;
-                    self.covered = cp.size;
-                    self.checkpoints += 1;
-                    return Ok(());
+                    Self::check_window_at(at, key, cp.time_ms)?;
+                    return Ok(cp);
                 }
             }
         }
         if known {
             Err(invalid(format!(
-                "line {row}: checkpoint signature does not verify"
+                "{at}: checkpoint signature does not verify"
             )))
         } else {
             Err(Failure {
                 code: EXIT_UNKNOWN_KEY,
-                message: format!(
-                    "line {row}: checkpoint signed by a key the registry does not hold"
-                ),
+                message: format!("{at}: checkpoint signed by a key the registry does not hold"),
             })
         }
     }

@@ -508,3 +508,109 @@ fn a_query_receipt_rests_on_the_checkpoint_over_it() {
         out.message
     );
 }
+
+/// Another uid than receiptd's (the tests run as root, as CI does).
+const STRANGER: u32 = 4242;
+
+fn plant(path: &std::path::Path, mode: u32, uid: u32) {
+    std::fs::write(path, b"").unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
+}
+
+fn owner_and_mode(path: &std::path::Path) -> (u32, u32) {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path).unwrap();
+    (m.uid(), m.mode() & 0o7777)
+}
+
+/// A `receipts.db` another user made (0666, theirs) is refused, not adopted: they could reopen
+/// it read-write; so is a symlink in its place, a -wal of theirs, and a data dir that is a
+/// symlink.
+#[test]
+fn a_database_another_user_planted_is_refused() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "needs root (CI runs as root)"
+    );
+    let dir = tmp();
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    let db = db(dir.path());
+    plant(&db, 0o666, STRANGER);
+    let err = format!(
+        "{:#}",
+        Log::open(config(dir.path())).err().expect("refused")
+    );
+    assert!(err.contains("owner uid 4242"), "{err}");
+    assert_eq!(owner_and_mode(&db), (STRANGER, 0o666), "left as it was");
+
+    std::fs::remove_file(&db).unwrap();
+    let elsewhere = dir.path().join("elsewhere.db");
+    plant(&elsewhere, 0o600, 0);
+    std::os::unix::fs::symlink(&elsewhere, &db).unwrap();
+    let err = format!(
+        "{:#}",
+        Log::open(config(dir.path())).err().expect("refused")
+    );
+    assert!(err.contains("symlink"), "{err}");
+    assert_eq!(
+        std::fs::metadata(&elsewhere).unwrap().len(),
+        0,
+        "not written"
+    );
+
+    std::fs::remove_file(&db).unwrap();
+    plant(&data.join("receipts.db-wal"), 0o666, STRANGER);
+    let err = format!(
+        "{:#}",
+        Log::open(config(dir.path())).err().expect("refused")
+    );
+    assert!(err.contains("receipts.db-wal"), "{err}");
+    std::fs::remove_file(data.join("receipts.db-wal")).unwrap();
+    open(dir.path());
+
+    // The data dir itself a symlink: not followed.
+    let other = tmp();
+    std::os::unix::fs::symlink(other.path(), other.path().join("data-link")).unwrap();
+    let cfg = warren_receiptd::LogConfig::new(
+        &other.path().join("data-link"),
+        &other.path().join("secrets"),
+    );
+    let err = format!("{:#}", Log::open(cfg).err().expect("refused"));
+    assert!(err.contains("symlink"), "{err}");
+}
+
+/// The signing key is opened without following a symlink and must be receiptd's own.
+#[test]
+fn a_signing_key_that_is_a_symlink_or_another_users_is_refused() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "needs root (CI runs as root)"
+    );
+    let dir = tmp();
+    let mut log = open(dir.path());
+    log.append_boot().unwrap();
+    log.shutdown();
+    drop(log);
+    let key = key_path(&dir.path().join("secrets"));
+    let moved = dir.path().join("moved.key");
+    std::fs::rename(&key, &moved).unwrap();
+    std::os::unix::fs::symlink(&moved, &key).unwrap();
+    let expect_refused = |what: &str| {
+        let mut log = open(dir.path());
+        let (req, role) = mixed("s", 0);
+        match log.append(req, role) {
+            Err(AppendError::NoSigner(why)) => assert!(why.contains(what), "{why}"),
+            other => panic!("expected NoSigner, got {other:?}"),
+        }
+    };
+    expect_refused("is a symlink");
+    std::fs::remove_file(&key).unwrap();
+    std::fs::rename(&moved, &key).unwrap();
+    std::os::unix::fs::chown(&key, Some(STRANGER), Some(STRANGER)).unwrap();
+    expect_refused("not a file of uid 0");
+    std::os::unix::fs::chown(&key, Some(0), Some(0)).unwrap();
+    let mut log = open(dir.path());
+    log.append_boot().unwrap();
+}

@@ -173,3 +173,136 @@ fn an_independent_python_checker_accepts_our_proofs_and_checkpoints() {
     assert_eq!(code, Some(1), "{msg}");
     assert!(msg.contains("inclusion proof of seq 9"), "{msg}");
 }
+
+/// An export cut at an older checkpoint (192 later entries left out) verifies only as what it
+/// is: the plain result says it covers nothing after its checkpoint, and with the newer head
+/// (`--head`, as read from `/receipts/<scope>/head`) or its size (`--size`) it is refused as
+/// incomplete (exit 3), while the full export passes both.
+#[test]
+fn a_stale_export_is_refused_when_the_newer_head_or_size_is_required() {
+    let dir = tmp();
+    let mut log = open(dir.path());
+    for i in 0..8 {
+        let (req, role) = mixed("sess-1", i);
+        log.append(req, role).unwrap();
+    }
+    log.checkpoint(true).unwrap();
+    let (stale_size, _) = log.head("sess-1").unwrap().unwrap();
+    let v = tmp();
+    let v = v.path();
+    std::fs::copy(env!("CARGO_BIN_EXE_warren-verify"), v.join("warren-verify")).unwrap();
+    std::fs::write(v.join("stale.jsonl"), export(dir.path(), "sess-1")).unwrap();
+    for i in 8..200 {
+        let (req, role) = mixed("sess-1", i);
+        log.append(req, role).unwrap();
+    }
+    log.checkpoint(true).unwrap();
+    let (size, head) = log.head("sess-1").unwrap().unwrap();
+    assert_eq!(size - stale_size, 192);
+    std::fs::write(v.join("head"), &head).unwrap();
+    std::fs::write(v.join("full.jsonl"), export(dir.path(), "sess-1")).unwrap();
+    std::fs::write(v.join("keys.json"), registry(dir.path())).unwrap();
+    let keys = ["--keys", "keys.json"];
+
+    let (code, msg) = run_verifier(v, &["stale.jsonl", keys[0], keys[1]]);
+    assert_eq!(code, 0, "{msg}");
+    assert!(
+        msg.contains(&format!(
+            "{stale_size} entries up to its checkpoint of size {stale_size}"
+        )) && msg.contains("this export says nothing about entries after it"),
+        "{msg}"
+    );
+    assert!(!msg.contains("all of them"), "{msg}");
+
+    let (code, msg) = run_verifier(v, &["stale.jsonl", keys[0], keys[1], "--head", "head"]);
+    assert_eq!(code, 3, "{msg}");
+    assert!(
+        msg.contains("the 192 entries after it are not in this export"),
+        "{msg}"
+    );
+    // With the consistency proof the tree serves: still incomplete, but shown to be a cut of the
+    // same log, not another history; a proof that does not verify, or for other sizes, is not.
+    let proof = log.consistency_proof("sess-1", stale_size, size).unwrap();
+    std::fs::write(v.join("proof"), proof.to_string()).unwrap();
+    let with_proof = [
+        "stale.jsonl",
+        keys[0],
+        keys[1],
+        "--head",
+        "head",
+        "--proof",
+        "proof",
+    ];
+    let (code, msg) = run_verifier(v, &with_proof);
+    assert_eq!(code, 3, "{msg}");
+    assert!(msg.contains("are the first of that log"), "{msg}");
+    let mut bad = proof.clone();
+    let first = bad["proof"][0].as_str().unwrap().to_owned();
+    let flipped = format!(
+        "{}{}",
+        if first.starts_with('0') { "1" } else { "0" },
+        &first[1..]
+    );
+    bad["proof"][0] = flipped.into();
+    std::fs::write(v.join("proof"), bad.to_string()).unwrap();
+    let (code, msg) = run_verifier(v, &with_proof);
+    assert_eq!(code, 1, "{msg}");
+    assert!(msg.contains("does not verify"), "{msg}");
+    let other_sizes = log
+        .consistency_proof("sess-1", stale_size + 1, size)
+        .unwrap();
+    std::fs::write(v.join("proof"), other_sizes.to_string()).unwrap();
+    assert_eq!(run_verifier(v, &with_proof).0, 1);
+    assert_eq!(
+        run_verifier(v, &["stale.jsonl", keys[0], keys[1], "--proof", "proof"]).0,
+        2
+    );
+
+    let size_arg = size.to_string();
+    let (code, msg) = run_verifier(v, &["stale.jsonl", keys[0], keys[1], "--size", &size_arg]);
+    assert_eq!(code, 3, "{msg}");
+    assert!(msg.contains("192 are not in this export"), "{msg}");
+
+    let (code, msg) = run_verifier(
+        v,
+        &[
+            "full.jsonl",
+            keys[0],
+            keys[1],
+            "--head",
+            "head",
+            "--size",
+            &size_arg,
+        ],
+    );
+    assert_eq!(code, 0, "{msg}");
+    assert!(
+        msg.contains(&format!(
+            "complete up to the checkpoint given with --head (size {size})"
+        )),
+        "{msg}"
+    );
+
+    // A head of another log (another key) is not taken as this one's.
+    let other = tmp();
+    let mut other_log = open(other.path());
+    let (req, role) = mixed("sess-1", 0);
+    other_log.append(req, role).unwrap();
+    other_log.checkpoint(true).unwrap();
+    std::fs::write(
+        v.join("other-head"),
+        other_log.head("sess-1").unwrap().unwrap().1,
+    )
+    .unwrap();
+    let (code, msg) = run_verifier(v, &["full.jsonl", keys[0], keys[1], "--head", "other-head"]);
+    assert_eq!(code, 5, "{msg}");
+    assert!(msg.contains("--head"), "{msg}");
+    // A head that is not a checkpoint at all.
+    std::fs::write(v.join("junk"), "not a checkpoint\n").unwrap();
+    let (code, msg) = run_verifier(v, &["full.jsonl", keys[0], keys[1], "--head", "junk"]);
+    assert_eq!(code, 1, "{msg}");
+    assert_eq!(
+        run_verifier(v, &["full.jsonl", keys[0], keys[1], "--size", "x"]).0,
+        2
+    );
+}

@@ -85,14 +85,29 @@ enum Command {
     /// Receipts: export a scope's chain, or print the key registry.
     #[command(subcommand)]
     Receipts(ReceiptsCommand),
-    /// Verify an exported receipt chain offline: exit 0 verified, 1 invalid, 2 usage, 5 unknown
-    /// key, 6 key used after its retirement.
+    /// Verify an exported receipt chain offline: exit 0 verified, 1 invalid, 2 usage, 3
+    /// incomplete (it ends before --head or --size), 5 unknown key, 6 key used after its
+    /// retirement. An export says nothing about entries after its last checkpoint: give --head
+    /// or --size to require them.
     Verify {
         /// The export (`warren receipts export SCOPE > FILE`).
         file: std::path::PathBuf,
         /// The key registry (`warren receipts keys > FILE`); default: ask the running receiptd.
         #[arg(long)]
         keys: Option<std::path::PathBuf>,
+        /// A signed checkpoint of the scope got elsewhere (`warren cat /receipts/SCOPE/head >
+        /// FILE`): the export must reach it and agree with it.
+        #[arg(long)]
+        head: Option<std::path::PathBuf>,
+        /// The export must hold at least this many entries.
+        #[arg(long)]
+        size: Option<u64>,
+        /// With --head, for an export that ends before it: a consistency proof from the
+        /// export's last checkpoint to the head (`warren cat
+        /// /receipts/SCOPE/proof/consistency/M-N > FILE`), to tell a cut export from a
+        /// different history.
+        #[arg(long, requires = "head")]
+        proof: Option<std::path::PathBuf>,
     },
     /// Receipts in plain words, one line each (time, scope, seq, kind, tool, decision or
     /// effect and why, digest prefix), in clock order; `-f` follows new ones as they land.
@@ -176,7 +191,22 @@ fn main() -> ExitCode {
         Command::Approvals => approvals::approvals(&dirs),
         Command::Receipts(ReceiptsCommand::Export { scope }) => receipts::export(&dirs, &scope),
         Command::Receipts(ReceiptsCommand::Keys) => receipts::keys(&dirs),
-        Command::Verify { file, keys } => receipts::verify(&dirs, &file, keys.as_deref()),
+        Command::Verify {
+            file,
+            keys,
+            head,
+            size,
+            proof,
+        } => receipts::verify(
+            &dirs,
+            &file,
+            keys.as_deref(),
+            receipts::Require {
+                head: head.as_deref(),
+                size,
+                proof: proof.as_deref(),
+            },
+        ),
         Command::Doctor { json } => doctor::doctor(json),
         Command::Log {
             scope,

@@ -39,7 +39,14 @@ pub fn keys(dirs: &Dirs) -> Result<ExitCode> {
 }
 
 /// Exit 0 verified, 1 invalid, 2 usage, 5 unknown key, 6 key used after its retirement.
-pub fn verify(dirs: &Dirs, file: &Path, keys: Option<&Path>) -> Result<ExitCode> {
+/// What `warren verify` requires beyond a valid export (files named on the command line).
+pub struct Require<'a> {
+    pub head: Option<&'a Path>,
+    pub size: Option<u64>,
+    pub proof: Option<&'a Path>,
+}
+
+pub fn verify(dirs: &Dirs, file: &Path, keys: Option<&Path>, require: Require) -> Result<ExitCode> {
     use warren_receiptd::verify::EXIT_USAGE;
     let usage = |msg: String| {
         eprintln!("warren verify: {msg}");
@@ -65,7 +72,22 @@ pub fn verify(dirs: &Dirs, file: &Path, keys: Option<&Path>) -> Result<ExitCode>
             }
         }
     };
-    let outcome = warren_receiptd::verify(&export, &registry);
+    let read = |path: Option<&Path>, flag: &str| match path {
+        None => Ok(None),
+        Some(p) => std::fs::read_to_string(p)
+            .map(Some)
+            .map_err(|e| format!("{flag} {}: {e}", p.display())),
+    };
+    let (head, proof) = match (read(require.head, "--head"), read(require.proof, "--proof")) {
+        (Ok(h), Ok(p)) => (h, p),
+        (Err(e), _) | (_, Err(e)) => return usage(e),
+    };
+    let require = warren_receiptd::Require {
+        head: head.as_deref(),
+        size: require.size,
+        proof: proof.as_deref(),
+    };
+    let outcome = warren_receiptd::verify_with(&export, &registry, require);
     eprintln!("{}", outcome.message);
     Ok(ExitCode::from(u8::try_from(outcome.code).unwrap_or(1)))
 }

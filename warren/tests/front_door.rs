@@ -276,6 +276,45 @@ fn receipts_export_and_verify_through_the_front_door() {
         "{}",
         String::from_utf8_lossy(&verify(&e).stderr)
     );
+    // Entries land after the export (a rotation's receipt, then a checkpoint over it): the old
+    // export still verifies alone, but not against the newer head read from the tree (exit 3,
+    // incomplete); a fresh export does.
+    w.ok(&["write", "/receipts/ctl", "rotate"]);
+    w.ok(&["write", "/receipts/ctl", "checkpoint"]);
+    let head = dir.path().join("head");
+    std::fs::write(&head, w.ok(&["cat", "/receipts/receiptd/head"])).unwrap();
+    std::fs::write(&k, w.ok(&["receipts", "keys"])).unwrap();
+    let fresh = dir.path().join("fresh");
+    std::fs::write(&fresh, w.ok(&["receipts", "export", "receiptd"])).unwrap();
+    let verify_head = |file: &Path| {
+        w.run(&[
+            "verify",
+            file.to_str().unwrap(),
+            "--keys",
+            k.to_str().unwrap(),
+            "--head",
+            head.to_str().unwrap(),
+        ])
+    };
+    let stale = verify_head(&e);
+    let said = String::from_utf8_lossy(&stale.stderr);
+    assert_eq!(stale.status.code(), Some(3), "{said}");
+    assert!(said.contains("not in this export"), "{said}");
+    let plain = verify(&e);
+    let said = String::from_utf8_lossy(&plain.stderr);
+    assert_eq!(plain.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains("says nothing about entries after it"),
+        "{said}"
+    );
+    let full = verify_head(&fresh);
+    let said = String::from_utf8_lossy(&full.stderr);
+    assert_eq!(full.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains("complete up to the checkpoint given with --head"),
+        "{said}"
+    );
+
     let mut tampered = export.into_bytes();
     let i = tampered.iter().position(|&b| b == b'"').unwrap() + 1;
     tampered[i] ^= 1;

@@ -86,6 +86,22 @@ fn in_child(f: impl FnOnce() -> i32) -> libc::c_int {
     status
 }
 
+/// The families `socket-family`/`socketpair-family` know, by name.
+const SOCKET_FAMILIES: &[(&str, libc::c_int)] = &[
+    ("unix", libc::AF_UNIX),
+    ("inet", libc::AF_INET),
+    ("inet6", libc::AF_INET6),
+    ("netlink", libc::AF_NETLINK),
+    ("packet", libc::AF_PACKET),
+    ("vsock", libc::AF_VSOCK),
+    ("xdp", libc::AF_XDP),
+    ("alg", libc::AF_ALG),
+    ("key", libc::AF_KEY),
+    ("tipc", libc::AF_TIPC),
+    ("bluetooth", libc::AF_BLUETOOTH),
+    ("can", libc::AF_CAN),
+];
+
 fn probe(name: &str, args: &[String]) -> Result<Outcome, Outcome> {
     let out = {
         match name {
@@ -709,6 +725,41 @@ fn probe(name: &str, args: &[String]) -> Result<Outcome, Outcome> {
                         "socket(AF_PACKET, SOCK_RAW)",
                         libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) as _,
                     )
+                }
+            }
+            "socket-family" | "socketpair-family" => {
+                let family = arg(args, 0, "FAMILY")?;
+                let Some(&(_, domain)) = SOCKET_FAMILIES.iter().find(|(n, _)| *n == family) else {
+                    return Err(Broken(format!("unknown socket family `{family}`")));
+                };
+                let pair = name == "socketpair-family";
+                let mut errors = Vec::new();
+                let mut made = None;
+                for ty in [
+                    libc::SOCK_DGRAM,
+                    libc::SOCK_RAW,
+                    libc::SOCK_STREAM,
+                    libc::SOCK_SEQPACKET,
+                ] {
+                    let mut fds = [-1; 2];
+                    // SAFETY: socket takes no pointers; socketpair writes two ints into `fds`.
+                    let r = unsafe {
+                        if pair {
+                            libc::socketpair(domain, ty | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr())
+                        } else {
+                            libc::socket(domain, ty | libc::SOCK_CLOEXEC, 0)
+                        }
+                    };
+                    if r >= 0 {
+                        made = Some(ty);
+                        break;
+                    }
+                    errors.push(format!("type {ty}: {}", errno()));
+                }
+                let what = format!("{name} AF_{}", family.to_uppercase());
+                match made {
+                    Some(ty) => Allowed(format!("{what}: created (type {ty})")),
+                    None => Blocked(format!("{what}: {}", errors.join("; "))),
                 }
             }
             "open-write" => {

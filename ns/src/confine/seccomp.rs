@@ -1,4 +1,4 @@
-//! Step 6 (syscalls): three stacked seccomp filters, installed last before the payload runs.
+//! Step 6 (syscalls): four stacked seccomp filters, installed last before the payload runs.
 //! The kernel runs every filter and takes the most severe answer, so they compose:
 //!
 //! 1. a deny-list answering EPERM (seccompiler): the mount API, namespace entry, tracing,
@@ -9,7 +9,10 @@
 //!    io_uring_* and bpf;
 //! 3. a hand-written classic-BPF filter killing the process on a foreign architecture or an x32
 //!    syscall number (nr & 0x40000000). seccompiler matches exact numbers only, so a
-//!    deny-list alone is bypassable on kernels built with CONFIG_X86_X32_ABI.
+//!    deny-list alone is bypassable on kernels built with CONFIG_X86_X32_ABI;
+//! 4. EAFNOSUPPORT for `socket`/`socketpair` of any family but AF_UNIX, AF_INET and AF_INET6
+//!    ([`ALLOWED_SOCKET_FAMILIES`]): no agent or tool needs another, and some (AF_VSOCK, AF_ALG)
+//!    reach past every namespace to the hypervisor or the kernel's crypto API.
 
 use std::collections::BTreeMap;
 
@@ -169,6 +172,34 @@ fn enosys_filter(openat2_allowed: bool) -> Result<BpfProgram, String> {
     .map_err(|e| format!("seccomp enosys filter: {e}"))
 }
 
+/// The only socket families a payload or a tool worker may create. nsd brings `lo` up itself
+/// (an AF_INET ioctl, before the filters), so nothing inside needs AF_NETLINK.
+pub const ALLOWED_SOCKET_FAMILIES: &[i32] = &[libc::AF_UNIX, libc::AF_INET, libc::AF_INET6];
+
+/// `socket(domain, …)` and `socketpair(domain, …)` with a domain outside
+/// [`ALLOWED_SOCKET_FAMILIES`] answer EAFNOSUPPORT, as a kernel without that family would.
+fn socket_family_filter() -> Result<BpfProgram, String> {
+    let other_family = || -> Result<SeccompRule, String> {
+        let conds = ALLOWED_SOCKET_FAMILIES
+            .iter()
+            .map(|&f| cond(0, SeccompCmpOp::Ne, f as u64))
+            .collect::<Result<Vec<_>, _>>()?;
+        SeccompRule::new(conds).map_err(|e| e.to_string())
+    };
+    let rules = [libc::SYS_socket, libc::SYS_socketpair]
+        .into_iter()
+        .map(|nr| Ok((nr, vec![other_family()?])))
+        .collect::<Result<BTreeMap<_, _>, String>>()?;
+    SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EAFNOSUPPORT as u32),
+        TargetArch::x86_64,
+    )
+    .and_then(|f| f.try_into())
+    .map_err(|e| format!("seccomp socket-family filter: {e}"))
+}
+
 const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
@@ -205,7 +236,7 @@ pub fn x32_kill_program() -> Vec<libc::sock_filter> {
     ]
 }
 
-/// Installs all three. Needs no_new_privs (Landlock has set it; seccompiler sets it again).
+/// Installs all four. Needs no_new_privs (Landlock has set it; seccompiler sets it again).
 pub fn install() -> Result<(), String> {
     install_relaxed(Relaxed::default())
 }
@@ -226,8 +257,11 @@ pub fn install_relaxed(relaxed: Relaxed) -> Result<(), String> {
     let allowed = relaxed.clone_flags;
     let eperm = eperm_filter(allowed)?;
     let enosys = enosys_filter(relaxed.openat2)?;
+    let families = socket_family_filter()?;
     sys::seccomp_install(&x32_kill_program()).map_err(|e| format!("seccomp x32 filter: {e}"))?;
     seccompiler::apply_filter(&eperm).map_err(|e| format!("seccomp deny-list: {e}"))?;
     seccompiler::apply_filter(&enosys).map_err(|e| format!("seccomp enosys filter: {e}"))?;
+    seccompiler::apply_filter(&families)
+        .map_err(|e| format!("seccomp socket-family filter: {e}"))?;
     Ok(())
 }

@@ -121,7 +121,7 @@ pub fn with_args(name: &'static str, inside: &[&str], control: &[&str], who: Con
 /// The `limit` line the fork-bomb probe needs.
 pub const PIDS_LIMIT: &str = "limit pids=64\n";
 
-/// The escape suite (44 probes). The fork bomb's `--ns` flag names a spec file holding
+/// The escape suite (48 probes). The fork bomb's `--ns` flag names a spec file holding
 /// [`PIDS_LIMIT`], written here.
 pub fn escape_probes(t: &Targets) -> Vec<Probe> {
     let s = |rel: &str| t.path(rel);
@@ -206,6 +206,23 @@ pub fn escape_probes(t: &Targets) -> Vec<Probe> {
         ("userfaultfd", Control::Nobody),
     ] {
         probes.push(probe(name, who));
+    }
+    // Socket families no agent needs (the seccomp filter answers EAFNOSUPPORT): the ones this
+    // kernel has, so each control can show the family is there. Root's controls for the ones
+    // that need CAP_NET_RAW; AF_NETLINK and AF_VSOCK need nothing, and no network namespace
+    // reaches AF_VSOCK.
+    for (name, family, who) in [
+        ("socket-netlink", "netlink", Control::Nobody),
+        ("socket-vsock", "vsock", Control::Nobody),
+        ("socket-packet", "packet", Control::Root),
+        ("socket-xdp", "xdp", Control::Root),
+    ] {
+        probes.push(with_args(
+            name,
+            &["socket-family", family],
+            &["socket-family", family],
+            who,
+        ));
     }
     for (name, path, who) in [
         ("proc-keys", "/proc/keys", Control::Nobody),

@@ -1,28 +1,65 @@
-//! warren-verify EXPORT --keys REGISTRY: verifies a receipts export offline.
-//! Exit 0 verified, 1 invalid, 2 usage, 5 unknown key, 6 key used after its retirement.
+//! warren-verify EXPORT --keys REGISTRY [--head CHECKPOINT [--proof CONSISTENCY]] [--size N]:
+//! verifies a receipts export offline. Exit 0 verified, 1 invalid, 2 usage, 3 incomplete (ends before --head or
+//! --size), 5 unknown key, 6 key used after its retirement.
 
 use std::process::ExitCode;
 
-use warren_receiptd::verify::{EXIT_USAGE, verify};
+use warren_receiptd::verify::{EXIT_USAGE, Require, verify_with};
 
-const USAGE: &str = "usage: warren-verify EXPORT --keys REGISTRY";
+const USAGE: &str = "usage: warren-verify EXPORT --keys REGISTRY [--head CHECKPOINT [--proof CONSISTENCY]] [--size N]";
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (export, keys) = match args.as_slice() {
-        [e, flag, k] if flag == "--keys" => (e, k),
-        [flag, k, e] if flag == "--keys" => (e, k),
-        _ => return usage(USAGE.into()),
+    let mut args = std::env::args().skip(1);
+    let (mut export, mut keys, mut head, mut size, mut proof) = (None, None, None, None, None);
+    while let Some(arg) = args.next() {
+        let slot = match arg.as_str() {
+            "--keys" => &mut keys,
+            "--head" => &mut head,
+            "--size" => &mut size,
+            "--proof" => &mut proof,
+            _ if export.is_none() && !arg.starts_with("--") => {
+                export = Some(arg);
+                continue;
+            }
+            _ => return usage(USAGE.into()),
+        };
+        match args.next() {
+            Some(value) if slot.is_none() => *slot = Some(value),
+            _ => return usage(USAGE.into()),
+        }
+    }
+    let (Some(export), Some(keys)) = (export, keys) else {
+        return usage(USAGE.into());
     };
-    let export = match std::fs::read(export) {
-        Ok(b) => b,
-        Err(e) => return usage(format!("{export}: {e}")),
+    let read = |path: &str| std::fs::read(path).map_err(|e| format!("{path}: {e}"));
+    let (export, keys) = match (read(&export), read(&keys)) {
+        (Ok(e), Ok(k)) => (e, k),
+        (Err(e), _) | (_, Err(e)) => return usage(e),
     };
-    let keys = match std::fs::read(keys) {
-        Ok(b) => b,
-        Err(e) => return usage(format!("{keys}: {e}")),
+    if proof.is_some() && head.is_none() {
+        return usage("--proof goes with --head".into());
+    }
+    let text = |path: Option<String>, flag: &str| match path.as_deref().map(read).transpose() {
+        Ok(bytes) => bytes
+            .map(String::from_utf8)
+            .transpose()
+            .map_err(|_| format!("{flag}: not UTF-8 text")),
+        Err(e) => Err(e),
     };
-    let outcome = verify(&export, &keys);
+    let (head, proof) = match (text(head, "--head"), text(proof, "--proof")) {
+        (Ok(h), Ok(p)) => (h, p),
+        (Err(e), _) | (_, Err(e)) => return usage(e),
+    };
+    let size = match size.map(|s| s.parse::<u64>()).transpose() {
+        Ok(s) => s,
+        Err(e) => return usage(format!("--size: {e}")),
+    };
+    let require = Require {
+        head: head.as_deref(),
+        size,
+        proof: proof.as_deref(),
+    };
+    let outcome = verify_with(&export, &keys, require);
     if outcome.code == 0 {
         println!("{}", outcome.message);
     } else {
