@@ -9,6 +9,7 @@ mod demo;
 mod doctor;
 mod files;
 mod log;
+mod mcp;
 mod namespaces;
 mod ps;
 mod receipts;
@@ -157,6 +158,9 @@ enum Command {
         #[arg(long)]
         dir: Option<std::path::PathBuf>,
     },
+    /// The operator's MCP servers: define, check and accept their tools.
+    #[command(subcommand)]
+    Mcp(McpCommand),
     /// What this host's kernel offers warren, and which weaker mode, if any, it would need.
     Doctor {
         #[arg(long)]
@@ -169,6 +173,17 @@ enum Command {
         #[arg(long)]
         ready_fd: Option<i32>,
     },
+}
+
+#[derive(Subcommand)]
+enum McpCommand {
+    /// The MCP servers defined in $WARREN_CONFIG_DIR/mcp (default /etc/warren/mcp).
+    List,
+    /// Start a server the way warren does (confined by its own spec) and list its tools:
+    /// name, tier, whether its definition is accepted, digest, description.
+    Check { name: String },
+    /// Pin the tool definitions a server lists now (every tool, or those named).
+    Accept { name: String, tools: Vec<String> },
 }
 
 #[derive(Subcommand)]
@@ -208,6 +223,9 @@ fn main() -> ExitCode {
             },
         ),
         Command::Doctor { json } => doctor::doctor(json),
+        Command::Mcp(McpCommand::List) => mcp::list(),
+        Command::Mcp(McpCommand::Check { name }) => mcp::check(&dirs, &name),
+        Command::Mcp(McpCommand::Accept { name, tools }) => mcp::accept(&dirs, &name, &tools),
         Command::Log {
             scope,
             follow,

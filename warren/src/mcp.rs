@@ -1,0 +1,181 @@
+//! `warren mcp list|check|accept`: the operator's MCP servers (docs/mcp.md).
+//!
+//! A server is defined by `$WARREN_CONFIG_DIR/mcp/<name>.toml` (default `/etc/warren`); the
+//! tool definitions the operator accepted are pinned beside it in `<name>.pins`. `check` starts
+//! a stdio server the only way warren ever starts one — in a namespace of its own that nsd
+//! builds from the file's `spec`, speaking MCP on pipes — lists its tools with their tier and
+//! digest and says where each stands against the pins. `accept` pins what `check` shows.
+
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use warren_daemon::Dirs;
+use warren_mcpfs::config::Transport;
+use warren_mcpfs::{Definition, Pins, ServerConfig, Session, Standing};
+use warren_ns::launch::client::{LaunchOptions, launch};
+
+/// How long a server has to answer the handshake and its listing.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// `$WARREN_CONFIG_DIR/mcp`.
+pub fn config_dir() -> PathBuf {
+    std::env::var_os("WARREN_CONFIG_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/etc/warren"))
+        .join("mcp")
+}
+
+fn pins_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.pins"))
+}
+
+/// `warren mcp list`: each defined server, how it is reached, and how many tools are pinned.
+pub fn list() -> Result<ExitCode> {
+    let dir = config_dir();
+    let mut names: Vec<String> = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.strip_suffix(".toml").map(str::to_string)
+            })
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
+    };
+    names.sort();
+    if names.is_empty() {
+        eprintln!("no MCP servers are defined in {}", dir.display());
+    }
+    let mut out = std::io::stdout().lock();
+    for name in names {
+        match ServerConfig::load(&dir, &name) {
+            Ok(c) => {
+                let how = match &c.transport {
+                    Transport::Stdio { command, .. } => format!("stdio {}", command.join(" ")),
+                    Transport::Http { url } => format!("http {url}"),
+                };
+                let pinned = Pins::load(&pins_path(&dir, &name))
+                    .map(|p| p.accepted().count())
+                    .unwrap_or(0);
+                writeln!(out, "{name}\t{how}\t{pinned} pinned")?;
+            }
+            Err(e) => writeln!(out, "{name}\tinvalid: {e}")?,
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The server's tools as it lists them now, from a session started the way warren starts it.
+fn listing(dirs: &Dirs, config: &ServerConfig) -> Result<Vec<Definition>> {
+    let (command, spec_text) = match &config.transport {
+        Transport::Stdio { command, spec } => (command.clone(), spec.clone()),
+        Transport::Http { url } => bail!(
+            "{}: {url}: streamable-HTTP servers are not reached by this warren yet (docs/gaps.md)",
+            config.name
+        ),
+    };
+    let spec = warren_ns::parse(&format!("{}.toml spec", config.name), &spec_text)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    // The server's stdin and stdout: pipes whose far ends nsd gives the confined server.
+    let (server_in, to_server) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let (from_server, server_out) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let stderr: OwnedFd = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/null")?
+        .into();
+    let launched = launch(
+        dirs,
+        &spec,
+        &command,
+        &LaunchOptions::default(),
+        [server_in.as_fd(), server_out.as_fd(), stderr.as_fd()],
+    )
+    .with_context(|| format!("starting MCP server {} through nsd", config.name))?;
+    drop((server_in, server_out, stderr));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let listed = rt.block_on(async {
+        let reader = tokio::net::unix::pipe::Receiver::from_owned_fd(from_server)?;
+        let writer = tokio::net::unix::pipe::Sender::from_owned_fd(to_server)?;
+        let session = Session::over(reader, writer, DEADLINE).await?;
+        let tools = session.tools(DEADLINE).await;
+        session.close().await;
+        anyhow::Ok(tools?)
+    });
+    // The server sees its stdin close and ends; nsd tears its namespace down with it.
+    let _ = launched.signal(libc::SIGTERM);
+    let _ = launched.wait();
+    let listed = listed.with_context(|| format!("MCP server {}", config.name))?;
+    let mut defs = Vec::new();
+    for d in listed {
+        match d {
+            Ok(d) => defs.push(d),
+            Err(e) => eprintln!("warren: mcp: {}: not served: {e}", config.name),
+        }
+    }
+    Ok(defs)
+}
+
+fn standing_word(s: &Standing) -> &'static str {
+    match s {
+        Standing::Accepted => "accepted",
+        Standing::Changed { .. } => "CHANGED (held)",
+        Standing::New { .. } => "new (held)",
+    }
+}
+
+/// `warren mcp check NAME`: start it confined, list `tool<TAB>tier<TAB>standing<TAB>digest`.
+pub fn check(dirs: &Dirs, name: &str) -> Result<ExitCode> {
+    let dir = config_dir();
+    let config = ServerConfig::load(&dir, name)?;
+    let pins = Pins::load(&pins_path(&dir, name))?;
+    let defs = listing(dirs, &config)?;
+    let mut out = std::io::stdout().lock();
+    for d in &defs {
+        let standing = pins.standing(d);
+        writeln!(
+            out,
+            "{}\t{}\t{}\t{}\t{}",
+            d.name,
+            d.tier(config.tier_of(&d.name)).as_str(),
+            standing_word(&standing),
+            d.digest(),
+            d.summary().escape_debug(),
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `warren mcp accept NAME [TOOL…]`: pin the definitions listed now (every tool, or those
+/// named), each by the digest `check` shows.
+pub fn accept(dirs: &Dirs, name: &str, tools: &[String]) -> Result<ExitCode> {
+    let dir = config_dir();
+    let config = ServerConfig::load(&dir, name)?;
+    let path = pins_path(&dir, name);
+    let mut pins = Pins::load(&path)?;
+    let defs = listing(dirs, &config)?;
+    for t in tools {
+        if !defs.iter().any(|d| &d.name == t) {
+            bail!("{name} lists no tool {t:?}");
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    for d in defs
+        .iter()
+        .filter(|d| tools.is_empty() || tools.contains(&d.name))
+    {
+        if !pins.standing(d).is_served() {
+            pins.accept(&d.name, &d.digest());
+            writeln!(out, "accepted {}\t{}", d.name, d.digest())?;
+        }
+    }
+    pins.save(&path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(ExitCode::SUCCESS)
+}
