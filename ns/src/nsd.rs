@@ -908,6 +908,95 @@ mod tests {
         assert!(clone_in(&nsd, &text).await.is_ok(), "root may");
     }
 
+    /// Runs `/bin/sh -c 'test "$(id -u):$(SCRIPT)" = 65534:hidden'` in namespace `id`
+    /// through `view`, and returns its end (`exited 0` when uid 65534 read `hidden`).
+    async fn run_in(view: &Nsd, id: u64, script: &str) -> String {
+        let (_, root) = view.attach("", "", 0).await.unwrap();
+        let (_, ctl) = view
+            .walk(&root, &[id.to_string(), "ctl".into()])
+            .await
+            .unwrap();
+        let mut ctl = ctl.unwrap();
+        view.open(&mut ctl, 1).await.unwrap();
+        let run = format!("run /bin/sh -c 'test \"$(id -u):$({script})\" = 65534:hidden'");
+        view.write(&mut ctl, 0, run.as_bytes()).await.unwrap();
+        let (_, wait) = view
+            .walk(&root, &[id.to_string(), "wait".into()])
+            .await
+            .unwrap();
+        let mut wait = wait.unwrap();
+        view.open(&mut wait, 0).await.unwrap();
+        String::from_utf8(view.read(&mut wait, 0, 64).await.unwrap()).unwrap()
+    }
+
+    /// ATTACK (non-root operator, clone from inside): a namespace a non-root operator started
+    /// clones a child from its own `/ns`, naming a directory beneath its bind that the operator
+    /// cannot reach on the host (under a root-owned 0700 directory). `narrow` opens it beneath
+    /// the parent's handle with nsd's own (root) credentials, so the child is accepted, built
+    /// from a handle the operator could never have opened, and its payload (running as the
+    /// operator's uid) reads the file. The same path through the operator's own `/ns/clone` is
+    /// refused (the control). Expected: the child refused (EACCES), as the operator's is.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn attack_a_non_root_operators_child_binds_only_what_they_can_reach() {
+        use std::os::unix::fs::PermissionsExt;
+        assert!(nix::unistd::geteuid().is_root(), "needs root");
+        let fixture = crate::reach::Fixture::new();
+        let open = fixture.path("open");
+        std::fs::create_dir_all(fixture.path("open/locked/inner")).unwrap();
+        std::fs::write(fixture.path("open/locked/inner/secret"), "hidden").unwrap();
+        std::fs::set_permissions(
+            fixture.path("open/locked"),
+            std::fs::Permissions::from_mode(0o700),
+        )
+        .unwrap();
+        let nsd = Nsd::new(RunOptions::default()).unwrap();
+        let operator = nsd.for_operator(65534);
+        // The control: the operator may not name it directly.
+        let (first, why) = clone_twice(
+            &operator,
+            &format!("bind -r {} /p\n", fixture.path("open/locked/inner")),
+        )
+        .await;
+        assert_eq!(first, Err(Errno::EACCES), "{why}");
+        // The operator's namespace binds what they can reach, and clones from inside.
+        const SYSTEM: &str =
+            "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
+        let parent = clone_in(
+            &operator,
+            &format!(
+                "{SYSTEM}bind -r {open} /o\nmount tool /tool fs_read\ntool fs_read -r {open}\n"
+            ),
+        )
+        .await
+        .unwrap();
+        let inside = nsd.scoped(parent).unwrap();
+        let mut accepted = Vec::new();
+        let tool_child = format!("mount tool /tool fs_read\ntool fs_read -r {open}/locked/inner\n");
+        if clone_twice(&inside, &tool_child).await.0.is_ok() {
+            accepted.push(tool_child);
+        }
+        let bind_child = format!("{SYSTEM}bind -r /o/locked/inner /p\n");
+        if let Ok(id) = clone_in(&inside, &bind_child).await {
+            // Run it: its payload runs as uid 65534 and reads the file through the bind.
+            let end = run_in(&inside, id, "cat /p/secret").await;
+            accepted.push(format!(
+                "{bind_child} (ran as uid 65534 and read the secret: {end:?})"
+            ));
+        }
+        // The control: a namespace with the parent's bind (uid 65534) cannot read it there.
+        let sibling = clone_in(&operator, &format!("{SYSTEM}bind -r {open} /o\n"))
+            .await
+            .unwrap();
+        assert_eq!(
+            run_in(&operator, sibling, "cat /o/locked/inner/secret").await,
+            "exited 1\n"
+        );
+        assert!(
+            accepted.is_empty(),
+            "children of uid 65534's namespace built from paths uid 65534 cannot reach: {accepted:#?}"
+        );
+    }
+
     /// A file read in pieces is one version of it: the read at offset 0 takes the text, later
     /// offsets continue that text even if the namespace changed in between.
     #[tokio::test]
