@@ -432,6 +432,38 @@ mod tests {
         assert_eq!(got, "inside");
     }
 
+    /// ATTACK (nested read-only bind in a writable one): an operator makes part of a writable
+    /// bind read-only with a second bind at a nested target (`bind -w PROJ /p`, `bind -r
+    /// PROJ/.git /p/.git`), so the parent cannot write `/p/.git`. A child asks `-w` for a path
+    /// under `/p/.git`: `narrow` resolves it beneath the `-r` bind (the longest target), but
+    /// `covers` accepts it because the `-w` bind's source is an ancestor of the handle by inode.
+    /// The child is built writable where its parent only reads. The same for a tool's roots.
+    #[test]
+    fn attack_a_child_writes_where_a_nested_parent_bind_is_read_only() {
+        let (_t, p) = tree();
+        let parent = spec(&format!(
+            "bind -w {d} /data\nbind -r {d}/a /data/a\nmount tool /tool fs_write\ntool fs_write -w {d}\ntool fs_write -r {d}/a",
+            d = p("data")
+        ));
+        let mut widened = Vec::new();
+        for child in [
+            "bind -w /data/a /x".to_string(),
+            "bind -w /data/a/b /x".to_string(),
+            format!(
+                "mount tool /tool fs_write\ntool fs_write -w {}",
+                p("data/a/b")
+            ),
+        ] {
+            if let Ok(n) = narrow_from(&parent, &spec(&child)) {
+                widened.push(format!("{child:?} accepted as {:?}", n.build));
+            }
+        }
+        assert!(
+            widened.is_empty(),
+            "children writable where the parent's view is read-only: {widened:#?}"
+        );
+    }
+
     /// Each kind of widening the issue names is refused whole, and named.
     #[test]
     fn every_widening_is_refused_by_name() {
