@@ -911,6 +911,16 @@ mod tests {
     /// Runs `/bin/sh -c 'test "$(id -u):$(SCRIPT)" = 65534:hidden'` in namespace `id`
     /// through `view`, and returns its end (`exited 0` when uid 65534 read `hidden`).
     async fn run_in(view: &Nsd, id: u64, script: &str) -> String {
+        run_sh(
+            view,
+            id,
+            &format!("test \"$(id -u):$({script})\" = 65534:hidden"),
+        )
+        .await
+    }
+
+    /// Runs `/bin/sh -c SCRIPT` (no `'` in it) in namespace `id` through `view`; its end.
+    async fn run_sh(view: &Nsd, id: u64, script: &str) -> String {
         let (_, root) = view.attach("", "", 0).await.unwrap();
         let (_, ctl) = view
             .walk(&root, &[id.to_string(), "ctl".into()])
@@ -918,7 +928,7 @@ mod tests {
             .unwrap();
         let mut ctl = ctl.unwrap();
         view.open(&mut ctl, 1).await.unwrap();
-        let run = format!("run /bin/sh -c 'test \"$(id -u):$({script})\" = 65534:hidden'");
+        let run = format!("run /bin/sh -c '{script}'");
         view.write(&mut ctl, 0, run.as_bytes()).await.unwrap();
         let (_, wait) = view
             .walk(&root, &[id.to_string(), "wait".into()])
@@ -927,6 +937,47 @@ mod tests {
         let mut wait = wait.unwrap();
         view.open(&mut wait, 0).await.unwrap();
         String::from_utf8(view.read(&mut wait, 0, 64).await.unwrap()).unwrap()
+    }
+
+    /// ATTACK end to end (nested read-only bind): root's namespace has `bind -w PROJ /p` and
+    /// `bind -r PROJ/ro /p/ro` and `mount ns`; its payload cannot write `/p/ro` (the control),
+    /// but clones a child with `bind -w /p/ro /x` from its own `/ns`, runs it, and the child
+    /// writes the host's `PROJ/ro`. Expected: the clone refused (EPERM, `-w where`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn attack_a_child_writes_beneath_its_parents_read_only_bind() {
+        use std::os::unix::fs::PermissionsExt;
+        assert!(nix::unistd::geteuid().is_root(), "needs root");
+        let fixture = crate::reach::Fixture::new();
+        let proj = fixture.path("open");
+        std::fs::create_dir_all(fixture.path("open/ro")).unwrap();
+        for d in ["open", "open/ro"] {
+            std::fs::set_permissions(fixture.path(d), std::fs::Permissions::from_mode(0o777))
+                .unwrap();
+        }
+        const SYSTEM: &str =
+            "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
+        let nsd = Nsd::new(RunOptions::default()).unwrap();
+        let parent_text = format!("{SYSTEM}bind -w {proj} /p\nbind -r {proj}/ro /p/ro\n");
+        // The control: a namespace with that spec cannot write /p/ro, and can write /p.
+        let control = clone_in(&nsd, &parent_text).await.unwrap();
+        assert_eq!(
+            run_sh(&nsd, control, "touch /p/ok && ! touch /p/ro/control").await,
+            "exited 0\n"
+        );
+        assert!(!std::path::Path::new(&fixture.path("open/ro/control")).exists());
+        let parent = clone_in(&nsd, &parent_text).await.unwrap();
+        let inside = nsd.scoped(parent).unwrap();
+        let child = format!("{SYSTEM}bind -w /p/ro /x\n");
+        let (first, why) = clone_twice(&inside, &child).await;
+        if let Ok(id) = &first {
+            let id: u64 = String::from_utf8_lossy(id).trim().parse().unwrap();
+            let end = run_sh(&inside, id, "touch /x/written-by-the-child").await;
+            assert!(
+                !std::path::Path::new(&fixture.path("open/ro/written-by-the-child")).exists(),
+                "the child wrote beneath its parent's read-only bind ({end:?})"
+            );
+        }
+        assert_eq!(first, Err(Errno::EPERM), "{why}");
     }
 
     /// ATTACK (non-root operator, clone from inside): a namespace a non-root operator started
