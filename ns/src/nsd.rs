@@ -939,6 +939,49 @@ mod tests {
         String::from_utf8(view.read(&mut wait, 0, 64).await.unwrap()).unwrap()
     }
 
+    /// ATTACK (descriptor exhaustion): every accepted clone holds one descriptor per bind
+    /// source and tool root for as long as it is listed, clones stay listed, a spec may repeat
+    /// a bind (64 KiB of `bind -r /d /x` lines is thousands), and nothing bounds how many a
+    /// namespace makes. A confined namespace with `mount ns` clones a few such children and nsd
+    /// runs out of descriptors: root's own `/ns/clone` then fails (EMFILE), as would every
+    /// operator's `warren run`. Expected: the namespace's clones refused past a bound, and the
+    /// operator still served.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn attack_a_namespaces_clones_exhaust_nsds_descriptors() {
+        let fixture = crate::reach::Fixture::new();
+        let open = fixture.path("open");
+        let nsd = Nsd::new(RunOptions::default()).unwrap();
+        let parent = clone_in(&nsd, &format!("bind -r {open} /d\n"))
+            .await
+            .unwrap();
+        let inside = nsd.scoped(parent).unwrap();
+        // `bind -r /d /xN` for as many N as fit in one spec, then fewer, until none fits.
+        let spec_of =
+            |n: usize| -> String { (0..n).map(|i| format!("bind -r /d /x{i}\n")).collect() };
+        let mut binds = 0;
+        while spec_of(binds + 1).len() <= MAX_SPEC {
+            binds += 1;
+        }
+        let (mut made, mut held) = (0, 0);
+        let mut size = binds;
+        while size > 0 {
+            if clone_in(&inside, &spec_of(size)).await.is_ok() {
+                made += 1;
+                held += size;
+            } else {
+                size /= 2;
+            }
+        }
+        // An operator's everyday spec (four binds).
+        let everyday =
+            "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
+        let operator = clone_twice(&nsd, everyday).await;
+        assert!(
+            operator.0.is_ok(),
+            "after the namespace made {made} clones holding {held} descriptors (up to {binds} each), root's /ns/clone failed: {operator:?}"
+        );
+    }
+
     /// ATTACK end to end (nested read-only bind): root's namespace has `bind -w PROJ /p` and
     /// `bind -r PROJ/ro /p/ro` and `mount ns`; its payload cannot write `/p/ro` (the control),
     /// but clones a child with `bind -w /p/ro /x` from its own `/ns`, runs it, and the child
