@@ -939,6 +939,60 @@ mod tests {
         String::from_utf8(view.read(&mut wait, 0, 64).await.unwrap()).unwrap()
     }
 
+    /// ATTACK (another operator's handles): root clones a namespace through its `/ns/clone`
+    /// binding a directory under a 0700 root directory; nsd opens it as root and holds the
+    /// handle while the namespace is listed. Every operator's `/ns` lists every namespace and
+    /// `ctl` checks no owner, so uid 65534 (a `warren` group member) writes `run …` to its
+    /// `ctl`: the payload runs as uid 65534 and reads through root's handle what uid 65534
+    /// cannot reach by name (the control). `warren attach` refuses the same (owner check).
+    /// Expected: the non-owner's `run` refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn attack_an_operator_runs_another_operators_namespace() {
+        assert!(nix::unistd::geteuid().is_root(), "needs root");
+        let fixture = crate::reach::Fixture::new();
+        let inner = fixture.path("private/inner");
+        std::fs::write(fixture.path("private/inner/secret"), "hidden").unwrap();
+        const SYSTEM: &str =
+            "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
+        let nsd = Nsd::new(RunOptions::default()).unwrap();
+        let text = format!("{SYSTEM}bind -r {inner} /p\n");
+        let operator = nsd.for_operator(65534);
+        // The control: uid 65534 may not bind it itself.
+        let (first, why) = clone_twice(&operator, &text).await;
+        assert_eq!(first, Err(Errno::EACCES), "{why}");
+        let roots = clone_in(&nsd, &text).await.unwrap();
+        let (_, root) = operator.attach("", "", 0).await.unwrap();
+        let (_, ctl) = operator
+            .walk(&root, &[roots.to_string(), "ctl".into()])
+            .await
+            .unwrap();
+        let mut ctl = ctl.unwrap();
+        operator.open(&mut ctl, 1).await.unwrap();
+        let wrote = operator
+            .write(
+                &mut ctl,
+                0,
+                b"run /bin/sh -c 'test \"$(id -u):$(cat /p/secret)\" = 65534:hidden'",
+            )
+            .await;
+        let end = match wrote {
+            Ok(_) => {
+                let (_, wait) = operator
+                    .walk(&root, &[roots.to_string(), "wait".into()])
+                    .await
+                    .unwrap();
+                let mut wait = wait.unwrap();
+                operator.open(&mut wait, 0).await.unwrap();
+                String::from_utf8(operator.read(&mut wait, 0, 64).await.unwrap()).unwrap()
+            }
+            Err(e) => format!("refused: {e:?}"),
+        };
+        assert!(
+            end.starts_with("refused"),
+            "uid 65534 ran root's namespace {roots}: {end:?} (exited 0: it read root's handle)"
+        );
+    }
+
     /// ATTACK (descriptor exhaustion): every accepted clone holds one descriptor per bind
     /// source and tool root for as long as it is listed, clones stay listed, a spec may repeat
     /// a bind (64 KiB of `bind -r /d /x` lines is thousands), and nothing bounds how many a
