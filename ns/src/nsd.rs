@@ -993,6 +993,77 @@ mod tests {
         );
     }
 
+    /// ATTACK (another namespace's view through /proc): `open_as` opens a non-root operator's
+    /// words on a thread with their fsuid, but the thread keeps nsd's CAP_SYS_PTRACE, so
+    /// `/proc/PID/root` of any process — a running namespace's holder, whose pid `info` shows —
+    /// is theirs to follow. Inside that namespace root's bind of a directory under a 0700 root
+    /// directory sits at `/p`, with no 0700 directory above it: the guard's walk up from the
+    /// handle passes, and uid 65534's spec is accepted as reachable. (Its build then fails only
+    /// because that mount is not in nsd's own mountinfo, when the bind's filesystem type is
+    /// looked up: an accident, not the check.) The same path by its host name is refused (the
+    /// control). Expected: refused (EACCES) when the spec is taken in.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn attack_a_non_root_operator_binds_through_another_namespaces_root() {
+        assert!(nix::unistd::geteuid().is_root(), "needs root");
+        let fixture = crate::reach::Fixture::new();
+        let inner = fixture.path("private/inner");
+        std::fs::write(fixture.path("private/inner/secret"), "hidden").unwrap();
+        const SYSTEM: &str =
+            "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
+        let nsd = Nsd::new(RunOptions::default()).unwrap();
+        let operator = nsd.for_operator(65534);
+        // The control: uid 65534 may not bind it by name.
+        let (first, why) = clone_twice(&operator, &format!("{SYSTEM}bind -r {inner} /p\n")).await;
+        assert_eq!(first, Err(Errno::EACCES), "{why}");
+        // Root's namespace, running.
+        let roots = clone_in(&nsd, &format!("{SYSTEM}bind -r {inner} /p\n"))
+            .await
+            .unwrap();
+        let (_, root) = nsd.attach("", "", 0).await.unwrap();
+        let (_, ctl) = nsd
+            .walk(&root, &[roots.to_string(), "ctl".into()])
+            .await
+            .unwrap();
+        let mut ctl = ctl.unwrap();
+        nsd.open(&mut ctl, 1).await.unwrap();
+        nsd.write(&mut ctl, 0, b"run /bin/sleep 60").await.unwrap();
+        let holder = match *nsd.find_space(roots).unwrap().status.borrow() {
+            Status::Running { holder } => holder,
+            ref other => panic!("{other:?}"),
+        };
+        let via = format!("/proc/{holder}/root/p");
+        let (first, why) = clone_twice(&operator, &format!("{SYSTEM}bind -r {via} /x\n")).await;
+        let end = match first {
+            Ok(id) => {
+                let id: u64 = String::from_utf8_lossy(&id).trim().parse().unwrap();
+                let (_, root) = operator.attach("", "", 0).await.unwrap();
+                let (_, ctl) = operator
+                    .walk(&root, &[id.to_string(), "ctl".into()])
+                    .await
+                    .unwrap();
+                let mut ctl = ctl.unwrap();
+                operator.open(&mut ctl, 1).await.unwrap();
+                let run = b"run /bin/sh -c 'test \"$(id -u):$(cat /x/secret)\" = 65534:hidden'";
+                match operator.write(&mut ctl, 0, run).await {
+                    Ok(_) => {
+                        let mut rx = nsd.find_space(id).unwrap().status.subscribe();
+                        rx.wait_for(Status::is_final).await.unwrap().line()
+                    }
+                    Err(_) => format!(
+                        "accepted (uid 65534 reached it), then failed to build: {:?}",
+                        nsd.find_space(id).unwrap().status.borrow().line()
+                    ),
+                }
+            }
+            Err(_) => why,
+        };
+        let _ = nsd.find_space(roots).unwrap().running().unwrap().kill();
+        assert!(
+            end.starts_with("error: uid 65534 cannot reach"),
+            "uid 65534 reached root's {inner} as {via}: {end:?}"
+        );
+    }
+
     /// ATTACK (descriptor exhaustion): every accepted clone holds one descriptor per bind
     /// source and tool root for as long as it is listed, clones stay listed, a spec may repeat
     /// a bind (64 KiB of `bind -r /d /x` lines is thousands), and nothing bounds how many a
