@@ -464,6 +464,28 @@ mod tests {
         );
     }
 
+    /// ATTACK (a child's words opened by name): N3c says a cloned child never causes an open by
+    /// name, and specs/namespace.md that a child's `mount` lines are compared as written. But
+    /// `covers` resolves a child's `mount unix!PATH` (and `-k /KEY`) by name, as nsd (root,
+    /// following symlinks, in the host's mount namespace): a child may name a host path outside
+    /// its parent's view — here a symlink in a directory the parent has no bind of — and learns
+    /// from accept/refuse whether it is the parent's socket. Expected: refused (not as written).
+    #[test]
+    fn attack_a_childs_mount_server_is_opened_by_name() {
+        let (_t, p) = tree();
+        let sock = p("data/srv.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        symlink(&sock, p("outside/elsewhere.sock")).unwrap();
+        let parent = spec(&format!("mount unix!{sock} /srv"));
+        let child = spec(&format!("mount unix!{} /srv", p("outside/elsewhere.sock")));
+        let got = narrow_from(&parent, &child);
+        assert!(
+            got.is_err(),
+            "a child's mount of unix!{} (a host path outside its parent's view, resolved by name) was accepted",
+            p("outside/elsewhere.sock")
+        );
+    }
+
     /// Each kind of widening the issue names is refused whole, and named.
     #[test]
     fn every_widening_is_refused_by_name() {
