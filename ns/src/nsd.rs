@@ -1071,8 +1071,34 @@ mod tests {
     /// runs out of descriptors: root's own `/ns/clone` then fails (EMFILE), as would every
     /// operator's `warren run`. Expected: the namespace's clones refused past a bound, and the
     /// operator still served.
+    ///
+    /// It exhausts this process's descriptors, so it runs in a process of its own (this test
+    /// binary again, running only the body).
+    #[test]
+    fn attack_a_namespaces_clones_exhaust_nsds_descriptors() {
+        const BODY: &str = "nsd::tests::exhaust_nsds_descriptors_in_this_process";
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                BODY,
+                "--exact",
+                "--include-ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The body of `attack_a_namespaces_clones_exhaust_nsds_descriptors`, alone in its process.
+    #[ignore = "run by attack_a_namespaces_clones_exhaust_nsds_descriptors in a process of its own"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn attack_a_namespaces_clones_exhaust_nsds_descriptors() {
+    async fn exhaust_nsds_descriptors_in_this_process() {
         let fixture = crate::reach::Fixture::new();
         let open = fixture.path("open");
         let nsd = Nsd::new(RunOptions::default()).unwrap();
