@@ -432,6 +432,60 @@ mod tests {
         assert_eq!(got, "inside");
     }
 
+    /// ATTACK (nested read-only bind in a writable one): an operator makes part of a writable
+    /// bind read-only with a second bind at a nested target (`bind -w PROJ /p`, `bind -r
+    /// PROJ/.git /p/.git`), so the parent cannot write `/p/.git`. A child asks `-w` for a path
+    /// under `/p/.git`: `narrow` resolves it beneath the `-r` bind (the longest target), but
+    /// `covers` accepts it because the `-w` bind's source is an ancestor of the handle by inode.
+    /// The child is built writable where its parent only reads. The same for a tool's roots.
+    #[test]
+    fn attack_a_child_writes_where_a_nested_parent_bind_is_read_only() {
+        let (_t, p) = tree();
+        let parent = spec(&format!(
+            "bind -w {d} /data\nbind -r {d}/a /data/a\nmount tool /tool fs_write\ntool fs_write -w {d}\ntool fs_write -r {d}/a",
+            d = p("data")
+        ));
+        let mut widened = Vec::new();
+        for child in [
+            "bind -w /data/a /x".to_string(),
+            "bind -w /data/a/b /x".to_string(),
+            format!(
+                "mount tool /tool fs_write\ntool fs_write -w {}",
+                p("data/a/b")
+            ),
+        ] {
+            if let Ok(n) = narrow_from(&parent, &spec(&child)) {
+                widened.push(format!("{child:?} accepted as {:?}", n.build));
+            }
+        }
+        assert!(
+            widened.is_empty(),
+            "children writable where the parent's view is read-only: {widened:#?}"
+        );
+    }
+
+    /// ATTACK (a child's words opened by name): N3c says a cloned child never causes an open by
+    /// name, and specs/namespace.md that a child's `mount` lines are compared as written. But
+    /// `covers` resolves a child's `mount unix!PATH` (and `-k /KEY`) by name, as nsd (root,
+    /// following symlinks, in the host's mount namespace): a child may name a host path outside
+    /// its parent's view — here a symlink in a directory the parent has no bind of — and learns
+    /// from accept/refuse whether it is the parent's socket. Expected: refused (not as written).
+    #[test]
+    fn attack_a_childs_mount_server_is_opened_by_name() {
+        let (_t, p) = tree();
+        let sock = p("data/srv.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        symlink(&sock, p("outside/elsewhere.sock")).unwrap();
+        let parent = spec(&format!("mount unix!{sock} /srv"));
+        let child = spec(&format!("mount unix!{} /srv", p("outside/elsewhere.sock")));
+        let got = narrow_from(&parent, &child);
+        assert!(
+            got.is_err(),
+            "a child's mount of unix!{} (a host path outside its parent's view, resolved by name) was accepted",
+            p("outside/elsewhere.sock")
+        );
+    }
+
     /// Each kind of widening the issue names is refused whole, and named.
     #[test]
     fn every_widening_is_refused_by_name() {

@@ -908,6 +908,340 @@ mod tests {
         assert!(clone_in(&nsd, &text).await.is_ok(), "root may");
     }
 
+    /// Runs `/bin/sh -c 'test "$(id -u):$(SCRIPT)" = 65534:hidden'` in namespace `id`
+    /// through `view`, and returns its end (`exited 0` when uid 65534 read `hidden`).
+    async fn run_in(view: &Nsd, id: u64, script: &str) -> String {
+        run_sh(
+            view,
+            id,
+            &format!("test \"$(id -u):$({script})\" = 65534:hidden"),
+        )
+        .await
+    }
+
+    /// Runs `/bin/sh -c SCRIPT` (no `'` in it) in namespace `id` through `view`; its end.
+    async fn run_sh(view: &Nsd, id: u64, script: &str) -> String {
+        let (_, root) = view.attach("", "", 0).await.unwrap();
+        let (_, ctl) = view
+            .walk(&root, &[id.to_string(), "ctl".into()])
+            .await
+            .unwrap();
+        let mut ctl = ctl.unwrap();
+        view.open(&mut ctl, 1).await.unwrap();
+        let run = format!("run /bin/sh -c '{script}'");
+        view.write(&mut ctl, 0, run.as_bytes()).await.unwrap();
+        let (_, wait) = view
+            .walk(&root, &[id.to_string(), "wait".into()])
+            .await
+            .unwrap();
+        let mut wait = wait.unwrap();
+        view.open(&mut wait, 0).await.unwrap();
+        String::from_utf8(view.read(&mut wait, 0, 64).await.unwrap()).unwrap()
+    }
+
+    /// ATTACK (another operator's handles): root clones a namespace through its `/ns/clone`
+    /// binding a directory under a 0700 root directory; nsd opens it as root and holds the
+    /// handle while the namespace is listed. Every operator's `/ns` lists every namespace and
+    /// `ctl` checks no owner, so uid 65534 (a `warren` group member) writes `run …` to its
+    /// `ctl`: the payload runs as uid 65534 and reads through root's handle what uid 65534
+    /// cannot reach by name (the control). `warren attach` refuses the same (owner check).
+    /// Expected: the non-owner's `run` refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn attack_an_operator_runs_another_operators_namespace() {
+        assert!(nix::unistd::geteuid().is_root(), "needs root");
+        let fixture = crate::reach::Fixture::new();
+        let inner = fixture.path("private/inner");
+        std::fs::write(fixture.path("private/inner/secret"), "hidden").unwrap();
+        const SYSTEM: &str =
+            "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
+        let nsd = Nsd::new(RunOptions::default()).unwrap();
+        let text = format!("{SYSTEM}bind -r {inner} /p\n");
+        let operator = nsd.for_operator(65534);
+        // The control: uid 65534 may not bind it itself.
+        let (first, why) = clone_twice(&operator, &text).await;
+        assert_eq!(first, Err(Errno::EACCES), "{why}");
+        let roots = clone_in(&nsd, &text).await.unwrap();
+        let (_, root) = operator.attach("", "", 0).await.unwrap();
+        let (_, ctl) = operator
+            .walk(&root, &[roots.to_string(), "ctl".into()])
+            .await
+            .unwrap();
+        let mut ctl = ctl.unwrap();
+        operator.open(&mut ctl, 1).await.unwrap();
+        let wrote = operator
+            .write(
+                &mut ctl,
+                0,
+                b"run /bin/sh -c 'test \"$(id -u):$(cat /p/secret)\" = 65534:hidden'",
+            )
+            .await;
+        let end = match wrote {
+            Ok(_) => {
+                let (_, wait) = operator
+                    .walk(&root, &[roots.to_string(), "wait".into()])
+                    .await
+                    .unwrap();
+                let mut wait = wait.unwrap();
+                operator.open(&mut wait, 0).await.unwrap();
+                String::from_utf8(operator.read(&mut wait, 0, 64).await.unwrap()).unwrap()
+            }
+            Err(e) => format!("refused: {e:?}"),
+        };
+        assert!(
+            end.starts_with("refused"),
+            "uid 65534 ran root's namespace {roots}: {end:?} (exited 0: it read root's handle)"
+        );
+    }
+
+    /// ATTACK (another namespace's view through /proc): `open_as` opens a non-root operator's
+    /// words on a thread with their fsuid, but the thread keeps nsd's CAP_SYS_PTRACE, so
+    /// `/proc/PID/root` of any process — a running namespace's holder, whose pid `info` shows —
+    /// is theirs to follow. Inside that namespace root's bind of a directory under a 0700 root
+    /// directory sits at `/p`, with no 0700 directory above it: the guard's walk up from the
+    /// handle passes, and uid 65534's spec is accepted as reachable. (Its build then fails only
+    /// because that mount is not in nsd's own mountinfo, when the bind's filesystem type is
+    /// looked up: an accident, not the check.) The same path by its host name is refused (the
+    /// control). Expected: refused (EACCES) when the spec is taken in.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn attack_a_non_root_operator_binds_through_another_namespaces_root() {
+        assert!(nix::unistd::geteuid().is_root(), "needs root");
+        let fixture = crate::reach::Fixture::new();
+        let inner = fixture.path("private/inner");
+        std::fs::write(fixture.path("private/inner/secret"), "hidden").unwrap();
+        const SYSTEM: &str =
+            "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
+        let nsd = Nsd::new(RunOptions::default()).unwrap();
+        let operator = nsd.for_operator(65534);
+        // The control: uid 65534 may not bind it by name.
+        let (first, why) = clone_twice(&operator, &format!("{SYSTEM}bind -r {inner} /p\n")).await;
+        assert_eq!(first, Err(Errno::EACCES), "{why}");
+        // Root's namespace, running.
+        let roots = clone_in(&nsd, &format!("{SYSTEM}bind -r {inner} /p\n"))
+            .await
+            .unwrap();
+        let (_, root) = nsd.attach("", "", 0).await.unwrap();
+        let (_, ctl) = nsd
+            .walk(&root, &[roots.to_string(), "ctl".into()])
+            .await
+            .unwrap();
+        let mut ctl = ctl.unwrap();
+        nsd.open(&mut ctl, 1).await.unwrap();
+        nsd.write(&mut ctl, 0, b"run /bin/sleep 60").await.unwrap();
+        let holder = match *nsd.find_space(roots).unwrap().status.borrow() {
+            Status::Running { holder } => holder,
+            ref other => panic!("{other:?}"),
+        };
+        let via = format!("/proc/{holder}/root/p");
+        let (first, why) = clone_twice(&operator, &format!("{SYSTEM}bind -r {via} /x\n")).await;
+        let end = match first {
+            Ok(id) => {
+                let id: u64 = String::from_utf8_lossy(&id).trim().parse().unwrap();
+                let (_, root) = operator.attach("", "", 0).await.unwrap();
+                let (_, ctl) = operator
+                    .walk(&root, &[id.to_string(), "ctl".into()])
+                    .await
+                    .unwrap();
+                let mut ctl = ctl.unwrap();
+                operator.open(&mut ctl, 1).await.unwrap();
+                let run = b"run /bin/sh -c 'test \"$(id -u):$(cat /x/secret)\" = 65534:hidden'";
+                match operator.write(&mut ctl, 0, run).await {
+                    Ok(_) => {
+                        let mut rx = nsd.find_space(id).unwrap().status.subscribe();
+                        rx.wait_for(Status::is_final).await.unwrap().line()
+                    }
+                    Err(_) => format!(
+                        "accepted (uid 65534 reached it), then failed to build: {:?}",
+                        nsd.find_space(id).unwrap().status.borrow().line()
+                    ),
+                }
+            }
+            Err(_) => why,
+        };
+        let _ = nsd.find_space(roots).unwrap().running().unwrap().kill();
+        assert!(
+            end.starts_with("error: uid 65534 cannot reach"),
+            "uid 65534 reached root's {inner} as {via}: {end:?}"
+        );
+    }
+
+    /// ATTACK (descriptor exhaustion): every accepted clone holds one descriptor per bind
+    /// source and tool root for as long as it is listed, clones stay listed, a spec may repeat
+    /// a bind (64 KiB of `bind -r /d /x` lines is thousands), and nothing bounds how many a
+    /// namespace makes. A confined namespace with `mount ns` clones a few such children and nsd
+    /// runs out of descriptors: root's own `/ns/clone` then fails (EMFILE), as would every
+    /// operator's `warren run`. Expected: the namespace's clones refused past a bound, and the
+    /// operator still served.
+    ///
+    /// It exhausts this process's descriptors, so it runs in a process of its own (this test
+    /// binary again, running only the body).
+    #[test]
+    fn attack_a_namespaces_clones_exhaust_nsds_descriptors() {
+        const BODY: &str = "nsd::tests::exhaust_nsds_descriptors_in_this_process";
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                BODY,
+                "--exact",
+                "--include-ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The body of `attack_a_namespaces_clones_exhaust_nsds_descriptors`, alone in its process.
+    #[ignore = "run by attack_a_namespaces_clones_exhaust_nsds_descriptors in a process of its own"]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn exhaust_nsds_descriptors_in_this_process() {
+        let fixture = crate::reach::Fixture::new();
+        let open = fixture.path("open");
+        let nsd = Nsd::new(RunOptions::default()).unwrap();
+        let parent = clone_in(&nsd, &format!("bind -r {open} /d\n"))
+            .await
+            .unwrap();
+        let inside = nsd.scoped(parent).unwrap();
+        // `bind -r /d /xN` for as many N as fit in one spec, then fewer, until none fits.
+        let spec_of =
+            |n: usize| -> String { (0..n).map(|i| format!("bind -r /d /x{i}\n")).collect() };
+        let mut binds = 0;
+        while spec_of(binds + 1).len() <= MAX_SPEC {
+            binds += 1;
+        }
+        let (mut made, mut held) = (0, 0);
+        let mut size = binds;
+        while size > 0 {
+            if clone_in(&inside, &spec_of(size)).await.is_ok() {
+                made += 1;
+                held += size;
+            } else {
+                size /= 2;
+            }
+        }
+        // An operator's everyday spec (four binds).
+        let everyday =
+            "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
+        let operator = clone_twice(&nsd, everyday).await;
+        assert!(
+            operator.0.is_ok(),
+            "after the namespace made {made} clones holding {held} descriptors (up to {binds} each), root's /ns/clone failed: {operator:?}"
+        );
+    }
+
+    /// ATTACK end to end (nested read-only bind): root's namespace has `bind -w PROJ /p` and
+    /// `bind -r PROJ/ro /p/ro` and `mount ns`; its payload cannot write `/p/ro` (the control),
+    /// but clones a child with `bind -w /p/ro /x` from its own `/ns`, runs it, and the child
+    /// writes the host's `PROJ/ro`. Expected: the clone refused (EPERM, `-w where`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn attack_a_child_writes_beneath_its_parents_read_only_bind() {
+        use std::os::unix::fs::PermissionsExt;
+        assert!(nix::unistd::geteuid().is_root(), "needs root");
+        let fixture = crate::reach::Fixture::new();
+        let proj = fixture.path("open");
+        std::fs::create_dir_all(fixture.path("open/ro")).unwrap();
+        for d in ["open", "open/ro"] {
+            std::fs::set_permissions(fixture.path(d), std::fs::Permissions::from_mode(0o777))
+                .unwrap();
+        }
+        const SYSTEM: &str =
+            "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
+        let nsd = Nsd::new(RunOptions::default()).unwrap();
+        let parent_text = format!("{SYSTEM}bind -w {proj} /p\nbind -r {proj}/ro /p/ro\n");
+        // The control: a namespace with that spec cannot write /p/ro, and can write /p.
+        let control = clone_in(&nsd, &parent_text).await.unwrap();
+        assert_eq!(
+            run_sh(&nsd, control, "touch /p/ok && ! touch /p/ro/control").await,
+            "exited 0\n"
+        );
+        assert!(!std::path::Path::new(&fixture.path("open/ro/control")).exists());
+        let parent = clone_in(&nsd, &parent_text).await.unwrap();
+        let inside = nsd.scoped(parent).unwrap();
+        let child = format!("{SYSTEM}bind -w /p/ro /x\n");
+        let (first, why) = clone_twice(&inside, &child).await;
+        if let Ok(id) = &first {
+            let id: u64 = String::from_utf8_lossy(id).trim().parse().unwrap();
+            let end = run_sh(&inside, id, "touch /x/written-by-the-child").await;
+            assert!(
+                !std::path::Path::new(&fixture.path("open/ro/written-by-the-child")).exists(),
+                "the child wrote beneath its parent's read-only bind ({end:?})"
+            );
+        }
+        assert_eq!(first, Err(Errno::EPERM), "{why}");
+    }
+
+    /// ATTACK (non-root operator, clone from inside): a namespace a non-root operator started
+    /// clones a child from its own `/ns`, naming a directory beneath its bind that the operator
+    /// cannot reach on the host (under a root-owned 0700 directory). `narrow` opens it beneath
+    /// the parent's handle with nsd's own (root) credentials, so the child is accepted, built
+    /// from a handle the operator could never have opened, and its payload (running as the
+    /// operator's uid) reads the file. The same path through the operator's own `/ns/clone` is
+    /// refused (the control). Expected: the child refused (EACCES), as the operator's is.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn attack_a_non_root_operators_child_binds_only_what_they_can_reach() {
+        use std::os::unix::fs::PermissionsExt;
+        assert!(nix::unistd::geteuid().is_root(), "needs root");
+        let fixture = crate::reach::Fixture::new();
+        let open = fixture.path("open");
+        std::fs::create_dir_all(fixture.path("open/locked/inner")).unwrap();
+        std::fs::write(fixture.path("open/locked/inner/secret"), "hidden").unwrap();
+        std::fs::set_permissions(
+            fixture.path("open/locked"),
+            std::fs::Permissions::from_mode(0o700),
+        )
+        .unwrap();
+        let nsd = Nsd::new(RunOptions::default()).unwrap();
+        let operator = nsd.for_operator(65534);
+        // The control: the operator may not name it directly.
+        let (first, why) = clone_twice(
+            &operator,
+            &format!("bind -r {} /p\n", fixture.path("open/locked/inner")),
+        )
+        .await;
+        assert_eq!(first, Err(Errno::EACCES), "{why}");
+        // The operator's namespace binds what they can reach, and clones from inside.
+        const SYSTEM: &str =
+            "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
+        let parent = clone_in(
+            &operator,
+            &format!(
+                "{SYSTEM}bind -r {open} /o\nmount tool /tool fs_read\ntool fs_read -r {open}\n"
+            ),
+        )
+        .await
+        .unwrap();
+        let inside = nsd.scoped(parent).unwrap();
+        let mut accepted = Vec::new();
+        let tool_child = format!("mount tool /tool fs_read\ntool fs_read -r {open}/locked/inner\n");
+        if clone_twice(&inside, &tool_child).await.0.is_ok() {
+            accepted.push(tool_child);
+        }
+        let bind_child = format!("{SYSTEM}bind -r /o/locked/inner /p\n");
+        if let Ok(id) = clone_in(&inside, &bind_child).await {
+            // Run it: its payload runs as uid 65534 and reads the file through the bind.
+            let end = run_in(&inside, id, "cat /p/secret").await;
+            accepted.push(format!(
+                "{bind_child} (ran as uid 65534 and read the secret: {end:?})"
+            ));
+        }
+        // The control: a namespace with the parent's bind (uid 65534) cannot read it there.
+        let sibling = clone_in(&operator, &format!("{SYSTEM}bind -r {open} /o\n"))
+            .await
+            .unwrap();
+        assert_eq!(
+            run_in(&operator, sibling, "cat /o/locked/inner/secret").await,
+            "exited 1\n"
+        );
+        assert!(
+            accepted.is_empty(),
+            "children of uid 65534's namespace built from paths uid 65534 cannot reach: {accepted:#?}"
+        );
+    }
+
     /// A file read in pieces is one version of it: the read at offset 0 takes the text, later
     /// offsets continue that text even if the namespace changed in between.
     #[tokio::test]
