@@ -11,7 +11,7 @@ use std::os::fd::AsFd;
 use std::path::Path;
 
 use crate::inode::{Ident, ancestry, ident, open_path};
-use crate::spec::{Access, Net, Server, Spec};
+use crate::spec::{Access, Net, Spec};
 
 /// One way in which a child asks for more than its parent has.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,6 +57,14 @@ pub enum Widened {
     Env {
         name: String,
     },
+    /// The child's path holds, beneath it, a place where the parent's view shows something
+    /// else (a narrower or different bind, or a mount): the child would see what the parent's
+    /// view there does not.
+    Uncovers {
+        what: String,
+        host: String,
+        nested: String,
+    },
 }
 
 impl fmt::Display for Widened {
@@ -90,6 +98,10 @@ impl fmt::Display for Widened {
                 None => write!(f, "limit {key} is unset but the parent has {key}={parent}"),
             },
             Widened::Env { name } => write!(f, "env {name} is not passed to the parent"),
+            Widened::Uncovers { what, host, nested } => write!(
+                f,
+                "{what} `{host}` would show beneath it, at `{nested}`, what the parent's view there does not (a narrower or different bind, or a mount)"
+            ),
         }
     }
 }
@@ -194,32 +206,6 @@ fn grants_of<'a>(items: impl Iterator<Item = (&'a str, Access, bool)>) -> Vec<Gr
         .collect()
 }
 
-fn same_key(a: &Option<String>, b: &Option<String>) -> bool {
-    match (a, b) {
-        (None, None) => true,
-        (Some(a), Some(b)) if a.starts_with('/') && b.starts_with('/') => {
-            match (resolve(a), resolve(b)) {
-                (Ok((x, _)), Ok((y, _))) => x.same_file(&y),
-                _ => false,
-            }
-        }
-        // Relative key names are resolved against warren's key directory (issue 4); until
-        // then only the identical name is the same key.
-        (Some(a), Some(b)) => a == b,
-        _ => false,
-    }
-}
-
-fn same_server(a: &Server, b: &Server) -> bool {
-    match (a, b) {
-        (Server::Unix(x), Server::Unix(y)) => match (resolve(x), resolve(y)) {
-            (Ok((i, _)), Ok((j, _))) => i.same_file(&j),
-            _ => false,
-        },
-        _ => a == b,
-    }
-}
-
 /// `Ok(())` when `child` asks for nothing `parent` lacks; otherwise every widening, by name.
 pub fn covers(parent: &Spec, child: &Spec) -> Result<(), Widening> {
     let mut out = Vec::new();
@@ -264,9 +250,9 @@ pub fn covers(parent: &Spec, child: &Spec) -> Result<(), Widening> {
 
     for m in &child.mounts {
         let found = parent.mounts.iter().any(|p| {
-            same_server(&p.server, &m.server)
-                && same_key(&p.key, &m.key)
-                && m.spec.iter().all(|s| p.spec.contains(s))
+            // As written: a child names its parent's own server and key, and nothing is
+            // resolved on its behalf (a path would be opened by name, as nsd).
+            p.server == m.server && p.key == m.key && m.spec.iter().all(|s| p.spec.contains(s))
         });
         if !found {
             out.push(Widened::MountNotInParent {

@@ -14,10 +14,9 @@
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::path::Path;
 
 use crate::confine::guard::Guard;
-use crate::inode::open_path;
+use crate::confine::sys::{self, Dir};
 use crate::spec::{Access, Spec};
 
 /// One directory a tool's worker may touch, held open.
@@ -88,6 +87,11 @@ impl Handles {
         self.binds.get(i)
     }
 
+    /// How many descriptors these are.
+    pub fn count(&self) -> usize {
+        self.binds.len() + self.tool_roots.len()
+    }
+
     pub fn tool_roots(&self) -> &[ToolRoot] {
         &self.tool_roots
     }
@@ -153,10 +157,17 @@ impl From<OpenError> for io::Error {
 /// Opens what `spec` names — each bind source and tool root, by the operator's own words, once —
 /// and checks each handle against warren's protected directories.
 pub fn open_spec(spec: &Spec, guard: &Guard) -> Result<Built, OpenError> {
+    let n = spec.binds.len() + spec.tools.iter().map(|t| t.host_paths.len()).sum::<usize>();
+    if n > crate::narrow::MAX_HANDLES {
+        return Err(OpenError::Refused(format!(
+            "the spec names {n} bind sources and tool roots; a namespace may hold at most {}",
+            crate::narrow::MAX_HANDLES
+        )));
+    }
     let mut build = spec.clone();
     let mut handles = Handles::default();
     for b in &mut build.binds {
-        let fd = open_path(Path::new(&b.host)).map_err(|source| OpenError::Unreachable {
+        let fd = open_named(&b.host, 0).map_err(|source| OpenError::Unreachable {
             what: "bind".into(),
             path: b.host.clone(),
             source,
@@ -193,9 +204,18 @@ pub fn open_spec(spec: &Spec, guard: &Guard) -> Result<Built, OpenError> {
 
 /// A tool root, by the operator's name: a directory, held as an O_PATH handle.
 fn open_dir(path: &str) -> io::Result<OwnedFd> {
-    Ok(nix::fcntl::open(
+    open_named(path, libc::O_DIRECTORY)
+}
+
+/// An O_PATH handle of an operator's path. Symlinks are followed (they are the operator's
+/// words), but no magic link: `/proc/PID/root/…` or `/proc/self/fd/N` would reach through
+/// another process's view or one of nsd's own descriptors, past the operator's credentials.
+fn open_named(path: &str, flags: i32) -> io::Result<OwnedFd> {
+    sys::openat2(
+        Dir::Cwd,
         path,
-        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
-        nix::sys::stat::Mode::empty(),
-    )?)
+        libc::O_PATH | libc::O_CLOEXEC | flags,
+        0,
+        libc::RESOLVE_NO_MAGICLINKS,
+    )
 }

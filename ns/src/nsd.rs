@@ -57,6 +57,9 @@ impl Status {
     }
 }
 
+/// The most paths (bind sources and tool roots) one namespace's subtree may hold handles for.
+pub const SUBTREE_HANDLES: usize = 1024;
+
 pub(crate) struct Space {
     /// The spec as it was written (a child's paths in its parent's view).
     spec: Spec,
@@ -406,12 +409,52 @@ impl Nsd {
         let parent = self.shared.spaces.lock().unwrap().get(&parent_id).cloned();
         let parent =
             parent.ok_or_else(|| Refusal::new(Errno::ENOENT, "the parent namespace is gone"))?;
-        let narrowed =
-            crate::narrow::narrow(&parent.build, &parent.handles, &spec).map_err(|e| {
-                tracing::warn!("/ns/clone in namespace {parent_id}: refused: {e}");
-                Refusal::new(Errno::EPERM, &format!("refused: {}", e.line()))
-            })?;
+        // Resolved with the namespace's operator's credentials: nsd is root, and a non-root
+        // operator's child must not reach through what they cannot (a 0700 directory inside
+        // their own bind).
+        let narrow = || crate::narrow::narrow(&parent.build, &parent.handles, &spec);
+        let narrowed = match self.operator_uid {
+            0 => narrow(),
+            uid => crate::reach::as_operator(uid, narrow)
+                .map_err(|e| Refusal::new(Errno::from_io(&e), &format!("refused: {e}")))?,
+        };
+        let narrowed = narrowed.map_err(|e| {
+            tracing::warn!("/ns/clone in namespace {parent_id}: refused: {e}");
+            Refusal::new(Errno::EPERM, &format!("refused: {}", e.line()))
+        })?;
+        self.within_handle_budget(parent_id, narrowed.handles.count())?;
         Ok(self.insert_space(spec, narrowed, info).0)
+    }
+
+    /// Refuses `more` handles for a clone in `parent`'s subtree past [`SUBTREE_HANDLES`]: each
+    /// is a descriptor nsd holds while the clone is listed, and one namespace's clones must not
+    /// exhaust what every namespace needs.
+    fn within_handle_budget(&self, parent: u64, more: usize) -> std::result::Result<(), Refusal> {
+        let spaces = self.shared.spaces.lock().unwrap();
+        let root_of = |mut id: u64| {
+            while let Some(p) = spaces.get(&id).and_then(|s| s.parent) {
+                id = p;
+            }
+            id
+        };
+        let root = root_of(parent);
+        let held: usize = spaces
+            .iter()
+            .filter(|(id, _)| root_of(**id) == root)
+            .map(|(_, s)| s.handles.count())
+            .sum();
+        if held + more > SUBTREE_HANDLES {
+            tracing::warn!(
+                "/ns/clone in namespace {parent}: refused: budget:handles ({held} held)"
+            );
+            return Err(Refusal::new(
+                Errno(libc::EDQUOT as u32),
+                &format!(
+                    "refused: budget:handles: namespace {root}'s subtree holds {held} paths and this clone names {more}; at most {SUBTREE_HANDLES}"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Enters an operator's namespace in the tree (as `created`) and returns its id. What its
@@ -466,6 +509,11 @@ impl Nsd {
 
     async fn ctl(&self, id: u64, line: &str) -> Result<()> {
         let space = self.space(id)?;
+        // A non-root operator runs and kills only their own namespaces (as `warren attach`
+        // attaches only to them): another's holds handles they may not be able to reach.
+        if self.operator_uid != 0 && space.info().operator_uid != self.operator_uid {
+            return Err(Errno(libc::EACCES as u32));
+        }
         let words = spec::split_command(line.trim_end_matches('\n')).map_err(|e| {
             tracing::warn!("/ns/{id}/ctl: {e}");
             Errno::EINVAL
@@ -939,15 +987,15 @@ mod tests {
         String::from_utf8(view.read(&mut wait, 0, 64).await.unwrap()).unwrap()
     }
 
-    /// ATTACK (another operator's handles): root clones a namespace through its `/ns/clone`
+    /// Found by an attack (another operator's handles): root clones a namespace through its `/ns/clone`
     /// binding a directory under a 0700 root directory; nsd opens it as root and holds the
     /// handle while the namespace is listed. Every operator's `/ns` lists every namespace and
     /// `ctl` checks no owner, so uid 65534 (a `warren` group member) writes `run …` to its
     /// `ctl`: the payload runs as uid 65534 and reads through root's handle what uid 65534
     /// cannot reach by name (the control). `warren attach` refuses the same (owner check).
-    /// Expected: the non-owner's `run` refused.
+    /// Held: the non-owner's `run` refused.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn attack_an_operator_runs_another_operators_namespace() {
+    async fn an_operator_runs_and_kills_only_their_own_namespaces() {
         assert!(nix::unistd::geteuid().is_root(), "needs root");
         let fixture = crate::reach::Fixture::new();
         let inner = fixture.path("private/inner");
@@ -993,7 +1041,7 @@ mod tests {
         );
     }
 
-    /// ATTACK (another namespace's view through /proc): `open_as` opens a non-root operator's
+    /// Found by an attack (another namespace's view through /proc): `open_as` opens a non-root operator's
     /// words on a thread with their fsuid, but the thread keeps nsd's CAP_SYS_PTRACE, so
     /// `/proc/PID/root` of any process — a running namespace's holder, whose pid `info` shows —
     /// is theirs to follow. Inside that namespace root's bind of a directory under a 0700 root
@@ -1001,9 +1049,9 @@ mod tests {
     /// handle passes, and uid 65534's spec is accepted as reachable. (Its build then fails only
     /// because that mount is not in nsd's own mountinfo, when the bind's filesystem type is
     /// looked up: an accident, not the check.) The same path by its host name is refused (the
-    /// control). Expected: refused (EACCES) when the spec is taken in.
+    /// control). Held: refused (EACCES) when the spec is taken in.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn attack_a_non_root_operator_binds_through_another_namespaces_root() {
+    async fn a_non_root_operator_never_binds_through_proc() {
         assert!(nix::unistd::geteuid().is_root(), "needs root");
         let fixture = crate::reach::Fixture::new();
         let inner = fixture.path("private/inner");
@@ -1064,18 +1112,18 @@ mod tests {
         );
     }
 
-    /// ATTACK (descriptor exhaustion): every accepted clone holds one descriptor per bind
+    /// Found by an attack (descriptor exhaustion): every accepted clone holds one descriptor per bind
     /// source and tool root for as long as it is listed, clones stay listed, a spec may repeat
     /// a bind (64 KiB of `bind -r /d /x` lines is thousands), and nothing bounds how many a
     /// namespace makes. A confined namespace with `mount ns` clones a few such children and nsd
     /// runs out of descriptors: root's own `/ns/clone` then fails (EMFILE), as would every
-    /// operator's `warren run`. Expected: the namespace's clones refused past a bound, and the
+    /// operator's `warren run`. Held: the namespace's clones refused past a bound, and the
     /// operator still served.
     ///
     /// It exhausts this process's descriptors, so it runs in a process of its own (this test
     /// binary again, running only the body).
     #[test]
-    fn attack_a_namespaces_clones_exhaust_nsds_descriptors() {
+    fn a_namespaces_clones_cannot_exhaust_nsds_descriptors() {
         const BODY: &str = "nsd::tests::exhaust_nsds_descriptors_in_this_process";
         let out = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
@@ -1095,8 +1143,8 @@ mod tests {
         );
     }
 
-    /// The body of `attack_a_namespaces_clones_exhaust_nsds_descriptors`, alone in its process.
-    #[ignore = "run by attack_a_namespaces_clones_exhaust_nsds_descriptors in a process of its own"]
+    /// The body of `a_namespaces_clones_cannot_exhaust_nsds_descriptors`, alone in its process.
+    #[ignore = "run by a_namespaces_clones_cannot_exhaust_nsds_descriptors in a process of its own"]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn exhaust_nsds_descriptors_in_this_process() {
         let fixture = crate::reach::Fixture::new();
@@ -1133,12 +1181,12 @@ mod tests {
         );
     }
 
-    /// ATTACK end to end (nested read-only bind): root's namespace has `bind -w PROJ /p` and
+    /// Found by an attack end to end (nested read-only bind): root's namespace has `bind -w PROJ /p` and
     /// `bind -r PROJ/ro /p/ro` and `mount ns`; its payload cannot write `/p/ro` (the control),
     /// but clones a child with `bind -w /p/ro /x` from its own `/ns`, runs it, and the child
-    /// writes the host's `PROJ/ro`. Expected: the clone refused (EPERM, `-w where`).
+    /// writes the host's `PROJ/ro`. Held: the clone refused (EPERM, `-w where`).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn attack_a_child_writes_beneath_its_parents_read_only_bind() {
+    async fn a_child_never_writes_beneath_its_parents_read_only_bind() {
         use std::os::unix::fs::PermissionsExt;
         assert!(nix::unistd::geteuid().is_root(), "needs root");
         let fixture = crate::reach::Fixture::new();
@@ -1174,15 +1222,15 @@ mod tests {
         assert_eq!(first, Err(Errno::EPERM), "{why}");
     }
 
-    /// ATTACK (non-root operator, clone from inside): a namespace a non-root operator started
+    /// Found by an attack (non-root operator, clone from inside): a namespace a non-root operator started
     /// clones a child from its own `/ns`, naming a directory beneath its bind that the operator
     /// cannot reach on the host (under a root-owned 0700 directory). `narrow` opens it beneath
     /// the parent's handle with nsd's own (root) credentials, so the child is accepted, built
     /// from a handle the operator could never have opened, and its payload (running as the
     /// operator's uid) reads the file. The same path through the operator's own `/ns/clone` is
-    /// refused (the control). Expected: the child refused (EACCES), as the operator's is.
+    /// refused (the control). Held: the child refused (EACCES), as the operator's is.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn attack_a_non_root_operators_child_binds_only_what_they_can_reach() {
+    async fn a_non_root_operators_child_reaches_only_what_they_can() {
         use std::os::unix::fs::PermissionsExt;
         assert!(nix::unistd::geteuid().is_root(), "needs root");
         let fixture = crate::reach::Fixture::new();

@@ -67,36 +67,44 @@ impl Credentials {
     }
 }
 
+/// Runs `f` with operator `uid`'s filesystem credentials, on a thread of its own (Linux keeps
+/// them per thread; nsd's other threads keep root's).
+pub fn as_operator<T: Send>(uid: u32, f: impl FnOnce() -> T + Send) -> io::Result<T> {
+    let creds = Credentials::of(uid)?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            creds.assume()?;
+            Ok(f())
+        })
+        .join()
+    })
+    .map_err(|_| io::Error::other("work done as the operator panicked"))?
+}
+
 /// `spec` made buildable for operator `uid`: every bind source and tool root opened once, as
 /// they would open it, and held (`crate::handles`); absolute key paths checked the same way.
 /// Refused, naming the path, when they cannot.
 pub fn open_as(spec: &Spec, uid: u32, guard: &Guard) -> io::Result<Built> {
-    let creds = Credentials::of(uid)?;
-    let opened = std::thread::scope(|s| {
-        s.spawn(|| {
-            creds.assume()?;
-            let built = open_spec(spec, guard).map_err(|e| match e {
-                OpenError::Unreachable { what, path, source } => io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    format!("uid {uid} cannot reach {what} `{path}` on the host: {source}"),
-                ),
-                refused => refused.into(),
-            })?;
-            for m in &spec.mounts {
-                if let Some(key) = m.key.as_deref().filter(|k| k.starts_with('/')) {
-                    std::fs::File::open(key).map_err(|e| {
-                        io::Error::new(
-                            io::ErrorKind::PermissionDenied,
-                            format!("uid {uid} cannot reach key `{key}` on the host: {e}"),
-                        )
-                    })?;
-                }
+    as_operator(uid, || {
+        let built = open_spec(spec, guard).map_err(|e| match e {
+            OpenError::Unreachable { what, path, source } => io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("uid {uid} cannot reach {what} `{path}` on the host: {source}"),
+            ),
+            refused => refused.into(),
+        })?;
+        for m in &spec.mounts {
+            if let Some(key) = m.key.as_deref().filter(|k| k.starts_with('/')) {
+                std::fs::File::open(key).map_err(|e| {
+                    io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        format!("uid {uid} cannot reach key `{key}` on the host: {e}"),
+                    )
+                })?;
             }
-            Ok(built)
-        })
-        .join()
-    });
-    opened.map_err(|_| io::Error::other("opening the spec's paths as the operator panicked"))?
+        }
+        Ok(built)
+    })?
 }
 
 /// A directory tree for tests: `open/` anyone can reach, `private/inner/` (0755) under a 0700
