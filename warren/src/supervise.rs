@@ -494,11 +494,12 @@ fn spawn_daemon(dirs: &Dirs, d: &Daemon, bound: &[Bound]) -> Result<std::process
     if let Some(g) = &gate {
         cmd.env("WARREN_GATE_FD", g.as_raw_fd().to_string());
     }
-    // SAFETY: the closure only makes syscalls (fcntl, prctl, setgroups, setres[ug]id, capset);
-    // the caps crate's set operations build small sets, and glibc's fork handlers leave malloc
-    // usable in the child.
+    // SAFETY: the closure only makes syscalls (sigaction, sigprocmask, fcntl, prctl, setgroups,
+    // setres[ug]id, capset); the caps crate's set operations build small sets, and glibc's fork
+    // handlers leave malloc usable in the child.
     unsafe {
         cmd.pre_exec(move || {
+            reset_signals()?;
             for &fd in &raw {
                 nix::fcntl::fcntl(
                     std::os::fd::BorrowedFd::borrow_raw(fd),
@@ -514,6 +515,20 @@ fn spawn_daemon(dirs: &Dirs, d: &Daemon, bound: &[Bound]) -> Result<std::process
     }
     cmd.spawn()
         .with_context(|| format!("start {}", binary.display()))
+}
+
+/// In a daemon's child, before exec: every signal at its default disposition and none blocked.
+/// The supervisor blocks HUP, INT and TERM for its signalfd, and a child inherits the mask
+/// across exec: a daemon restarted with it would never see `warren down`'s SIGTERM (no final
+/// checkpoint, no drain of queued receipts) and be SIGKILLed after 5 s.
+fn reset_signals() -> std::io::Result<()> {
+    use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, signal, sigprocmask};
+    for sig in Signal::iterator().filter(|s| !matches!(s, Signal::SIGKILL | Signal::SIGSTOP)) {
+        // SAFETY: SIG_DFL installs no handler; this process execs next.
+        unsafe { signal(sig, SigHandler::SigDfl) }?;
+    }
+    sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
+    Ok(())
 }
 
 /// In the child, before exec: become `uid`, keeping exactly `keep` as ambient capabilities.

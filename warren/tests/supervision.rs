@@ -472,3 +472,57 @@ fn each_daemon_killed_during_calls_comes_back_and_no_call_runs_without_a_decisio
         .collect();
     eprintln!("the agent's calls: {summary:?}");
 }
+
+/// The signals `pid` blocks (`SigBlk` of /proc/PID/status), as a mask.
+fn blocked_signals(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigBlk:"))
+        .unwrap()
+        .trim();
+    u64::from_str_radix(hex, 16).unwrap()
+}
+
+/// A daemon the supervisor restarted stops on SIGTERM like one it started first: nothing of the
+/// supervisor's own signal handling (HUP, INT and TERM blocked for its signalfd) passes to it, so
+/// `warren down` finds receiptd writing its final checkpoint and toolfs draining its receipts,
+/// and kills neither.
+#[test]
+fn a_restarted_daemon_stops_on_sigterm() {
+    let w = Warren::up().expect("needs root, /dev/fuse and the workspace's binaries");
+    for daemon in ["receiptd", "toolfs"] {
+        let old = daemon_pid(&w, &format!("warren-{daemon}"));
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(old), nix::sys::signal::SIGKILL).unwrap();
+        wait_dead(old);
+    }
+    wait_all_answer(&w);
+    for daemon in ["receiptd", "toolfs"] {
+        let pid = daemon_pid(&w, &format!("warren-{daemon}"));
+        assert_eq!(blocked_signals(pid), 0, "restarted {daemon} blocks signals");
+    }
+    // A call, so there is a receipt to drain and a checkpoint to write.
+    let (code, out, err) = w.sh(
+        &["--tool", "echo"],
+        r#"exec 3<>/tool/echo/call; printf '{"text":"last"}' >&3; cat <&3"#,
+    );
+    assert_eq!(code, 0, "{out} {err}");
+    let down = w.run(&["down"]);
+    assert!(
+        down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    let log = std::fs::read_to_string(w.runtime().join("warren.log")).unwrap();
+    let after_restart = &log[log.rfind("toolfs died").expect("toolfs was restarted")..];
+    assert!(
+        !after_restart.contains("ignored SIGTERM"),
+        "a restarted daemon was SIGKILLed at `warren down`:\n{after_restart}"
+    );
+    for graceful in ["stopped after the final checkpoint", "SIGTERM: stopping"] {
+        assert!(
+            after_restart.contains(graceful),
+            "no `{graceful}` at `warren down`:\n{after_restart}"
+        );
+    }
+}
