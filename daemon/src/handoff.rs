@@ -21,7 +21,12 @@ pub fn send(sock: &UnixStream, record: &[u8], fds: &[BorrowedFd<'_>]) -> io::Res
     if record.len() > MAX_RECORD || fds.len() > MAX_FDS {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            "record or fd list too large",
+            format!(
+                "a handoff record of {} bytes with {} fds is over the limit ({MAX_RECORD} bytes, \
+                 {MAX_FDS} fds)",
+                record.len(),
+                fds.len()
+            ),
         ));
     }
     let len = (record.len() as u32).to_le_bytes();

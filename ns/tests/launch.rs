@@ -486,3 +486,15 @@ fn a_setup_error_with_a_mount_is_the_namespaces_own_message_however_long() {
         listed.lines().all(|l| l == "clone") && children_of(nsd.child.id()).is_empty()
     });
 }
+
+/// nsd's death while a command runs reaches the launcher as that, never as a transport error.
+#[test]
+fn nsds_death_is_named_to_the_launcher() {
+    assert!(nix::unistd::geteuid().is_root(), "needs root");
+    let mut nsd = start_nsd("wlend");
+    let (i, o, e) = (devnull(false), devnull(true), devnull(true));
+    let launched = launch_plain(&nsd, SYSTEM, &["/bin/sleep", "1000"], [&i, &o, &e]).unwrap();
+    nsd.child.kill().unwrap();
+    let err = launched.wait().unwrap_err().to_string();
+    assert!(err.starts_with("nsd ended (see `warren status`)"), "{err}");
+}

@@ -177,7 +177,7 @@ fn main() -> ExitCode {
         Command::Receipts(ReceiptsCommand::Export { scope }) => receipts::export(&dirs, &scope),
         Command::Receipts(ReceiptsCommand::Keys) => receipts::keys(&dirs),
         Command::Verify { file, keys } => receipts::verify(&dirs, &file, keys.as_deref()),
-        Command::Doctor { json } => doctor::doctor(json),
+        Command::Doctor { json } => doctor::doctor(&dirs, json),
         Command::Log {
             scope,
             follow,

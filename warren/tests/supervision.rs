@@ -526,3 +526,77 @@ fn a_restarted_daemon_stops_on_sigterm() {
         );
     }
 }
+
+/// Runs `warren ARGS` and returns its output, or panics if it has not ended within 60 s (a
+/// client that blocks on a daemon that is down).
+fn run_bounded(w: &Warren, args: &[&str]) -> std::process::Output {
+    let mut child = w
+        .cmd(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("warren {args:?} blocked");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// A daemon that keeps dying is never given up on: past five restarts a minute the supervisor
+/// waits longer before each try, with the daemon's sockets closed meanwhile (a client is refused
+/// at once, never left waiting on a socket nobody answers); `warren status` and `warren doctor`
+/// say which daemon is down and why; and it comes back.
+#[test]
+fn a_daemon_that_keeps_dying_is_down_for_a_while_and_then_back() {
+    let w = Warren::up().expect("needs root, /dev/fuse and the workspace's binaries");
+    // Deaths 6, 7 and 8 wait 1, 2 and 4 s; the 9th, 8 s.
+    for _ in 0..9 {
+        let pid = daemon_pid(&w, "warren-receiptd");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL).unwrap();
+        wait_dead(pid);
+    }
+    // The supervisor notices the death (it polls) and says so.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = run_bounded(&w, &["status", "--json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        if v["daemons"][0]["state"] == "down" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "receiptd is not down: {v}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = run_bounded(&w, &["status"]);
+    let status = String::from_utf8_lossy(&status.stdout);
+    let line = status
+        .lines()
+        .find(|l| l.trim_start().starts_with("receiptd"))
+        .unwrap_or_else(|| panic!("{status}"));
+    assert!(
+        line.contains("down: died 9 times in a minute, last: signal: 9 (SIGKILL)"),
+        "{status}"
+    );
+    let doctor = run_bounded(&w, &["doctor"]);
+    let doctor = String::from_utf8_lossy(&doctor.stdout);
+    assert!(doctor.contains("receiptd down: died 9 times"), "{doctor}");
+    // Its client is refused at once, with the socket named.
+    let ls = run_bounded(&w, &["ls", "/receipts"]);
+    assert!(!ls.status.success());
+    assert!(
+        String::from_utf8_lossy(&ls.stderr).contains("receipts.sock"),
+        "{}",
+        String::from_utf8_lossy(&ls.stderr)
+    );
+    wait_all_answer(&w);
+    let ls = run_bounded(&w, &["ls", "/receipts"]);
+    assert!(
+        ls.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ls.stderr)
+    );
+}

@@ -292,7 +292,8 @@ fn start(
             request.version
         )));
     }
-    let spec = spec::parse("<run request>", &request.spec).map_err(|e| invalid(e.to_string()))?;
+    let spec = spec::parse_bytes("<run request>", request.spec.as_bytes())
+        .map_err(|e| invalid(e.to_string()))?;
     let mut opts = nsd.base_options();
     if let Some(stdio) = take_stdio(request.pty.is_some(), &mut fds)? {
         opts.stdio = Some(Arc::new(stdio));
