@@ -600,3 +600,60 @@ fn a_daemon_that_keeps_dying_is_down_for_a_while_and_then_back() {
         String::from_utf8_lossy(&ls.stderr)
     );
 }
+
+/// A bridge killed under a running namespace is not left behind as a mount answering ENOTCONN
+/// under a namespace `warren ps` calls running: nsd ends the namespace, and its launcher and
+/// `warren ps` say why.
+#[test]
+fn a_killed_bridge_ends_its_namespace_and_says_why() {
+    let w = Warren::up().expect("needs root, /dev/fuse and the workspace's binaries");
+    let mut run = w
+        .cmd(&[
+            "run",
+            "--tool",
+            "echo",
+            "--",
+            "/bin/sh",
+            "-c",
+            "cat /tool/tools >/dev/null && echo served && exec sleep 1000",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(run.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "served");
+    let ps = w.run(&["ps"]);
+    assert!(String::from_utf8_lossy(&ps.stdout).contains("sleep"));
+
+    let bridge = w.daemon_pid("warren-bridge");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(bridge),
+        nix::sys::signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while run.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the namespace outlived its bridge: {}",
+            String::from_utf8_lossy(&w.run(&["ps"]).stdout)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = run.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("the bridge serving /tool died (signal: 9 (SIGKILL)): namespace ended"),
+        "{err}"
+    );
+    let ps = w.run(&["ps"]);
+    assert!(
+        !String::from_utf8_lossy(&ps.stdout).contains("sleep"),
+        "{}",
+        String::from_utf8_lossy(&ps.stdout)
+    );
+}
