@@ -226,8 +226,8 @@ impl CallOpen {
             tracing::info!(conn = %dispatcher.grant().label, tool = name, basis = %answer.basis, "call denied");
             if answer.basis.starts_with(GATE_UNAVAILABLE) {
                 // The gate may have written an `allow` for this call and died before answering:
-                // the chain must say the call never ran (docs/decisions.md, "A gate that dies
-                // mid-decision").
+                // the chain must say the call never ran (docs/decisions.md, "A call denied
+                // because the gate did not answer").
                 withdraw(
                     dispatcher.clone(),
                     name.to_owned(),
