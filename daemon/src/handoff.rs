@@ -15,6 +15,9 @@ use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, s
 pub const MAX_RECORD: usize = 1 << 20;
 /// The most fds accepted with one record.
 pub const MAX_FDS: usize = 64;
+/// How long a client of a control socket waits for its one-record answer (a daemon's
+/// `toolfs.ctl`, `gate.ctl`): a daemon that accepts and never answers must not hold it.
+pub const REPLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Sends one record with `fds`.
 pub fn send(sock: &UnixStream, record: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
