@@ -15,13 +15,21 @@ use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, s
 pub const MAX_RECORD: usize = 1 << 20;
 /// The most fds accepted with one record.
 pub const MAX_FDS: usize = 64;
+/// How long a client of a control socket waits for its one-record answer (a daemon's
+/// `toolfs.ctl`, `gate.ctl`): a daemon that accepts and never answers must not hold it.
+pub const REPLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Sends one record with `fds`.
 pub fn send(sock: &UnixStream, record: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     if record.len() > MAX_RECORD || fds.len() > MAX_FDS {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            "record or fd list too large",
+            format!(
+                "a handoff record of {} bytes with {} fds is over the limit ({MAX_RECORD} bytes, \
+                 {MAX_FDS} fds)",
+                record.len(),
+                fds.len()
+            ),
         ));
     }
     let len = (record.len() as u32).to_le_bytes();

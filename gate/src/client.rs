@@ -16,12 +16,15 @@ pub struct GateClient {
     decide_pool: Mutex<Vec<Fid>>,
 }
 
+/// How the basis of every deny for a gate that could not answer begins.
+pub const GATE_UNAVAILABLE: &str = "gate_unavailable";
+
 /// The deny a caller gets when the gate cannot answer.
 pub fn unavailable(why: impl std::fmt::Display) -> Answer {
     Answer {
         decision: Verdict::Deny,
         pending: None,
-        basis: format!("gate_unavailable: {why}"),
+        basis: format!("{GATE_UNAVAILABLE}: {why}"),
         fingerprint: String::new(),
         tier: String::new(),
         risk: None,

@@ -235,6 +235,9 @@ fn accept(
 /// (or with the gate's refusal).
 pub fn hand_over(ctl_path: &Path, record: &ControlRecord, conn: impl AsFd) -> io::Result<()> {
     let sock = UnixStream::connect(ctl_path)?;
+    // Bounded: a gate that accepts and never answers must not hold its caller.
+    sock.set_read_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
+    sock.set_write_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
     let bytes = serde_json::to_vec(record).map_err(io::Error::other)?;
     warren_daemon::handoff::send(&sock, &bytes, &[conn.as_fd()])?;
     let (reply, _) = warren_daemon::handoff::recv(&sock)?;

@@ -48,9 +48,11 @@ impl RunArgs {
     pub fn spec(&self) -> Result<Spec, String> {
         let base = match &self.ns {
             Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
-                Some(crate::parse(&path.display().to_string(), &text).map_err(|e| e.to_string())?)
+                let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+                Some(
+                    crate::spec::parse_bytes(&path.display().to_string(), &bytes)
+                        .map_err(|e| e.to_string())?,
+                )
             }
             None => None,
         };

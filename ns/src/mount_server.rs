@@ -26,6 +26,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -46,7 +47,9 @@ pub struct ServedMounts {
     session: String,
     namespace: String,
     bridge_binary: PathBuf,
-    bridges: Mutex<Vec<std::process::Child>>,
+    bridges: Mutex<Vec<Bridge>>,
+    /// What nsd does when a bridge dies while its namespace runs.
+    bridge_watch: Arc<BridgeWatch>,
     /// Connections the launcher made, by mount target path.
     connections: Mutex<BTreeMap<String, OwnedFd>>,
     operator: bool,
@@ -99,6 +102,7 @@ impl ServedMounts {
             namespace: namespace.to_string(),
             bridge_binary,
             bridges: Mutex::new(Vec::new()),
+            bridge_watch: Arc::default(),
             connections: Mutex::new(BTreeMap::new()),
             operator: false,
             file_server_uname: None,
@@ -269,11 +273,125 @@ impl ServedMounts {
                 format!("start {}: {e}", self.bridge_binary.display()),
             )
         })?;
+        let bridge = Bridge::watch(child, &mount.path, self.bridge_watch.clone())?;
         self.bridges
             .lock()
             .map_err(|_| io::Error::other("bridge list poisoned"))?
-            .push(child);
+            .push(bridge);
         Ok(())
+    }
+
+    /// Calls `on_death` (once, on a thread of its own) when a bridge of this namespace dies
+    /// while the namespace runs — killed, or failed — with why; at once if one already has.
+    /// A bridge that ends because its mount went away (the namespace ended) is no death.
+    pub fn on_bridge_death(&self, on_death: impl FnOnce(String) + Send + 'static) {
+        self.bridge_watch.set_hook(Box::new(on_death));
+    }
+
+    /// Why a bridge of this namespace died while it ran, if one did.
+    pub fn bridge_death(&self) -> Option<String> {
+        self.bridge_watch.died()
+    }
+}
+
+/// A bridge process, reaped by a thread of its own that reports an unexpected death.
+struct Bridge {
+    /// Never a recycled pid: the watcher reaps the process, so a plain kill could hit another.
+    pidfd: OwnedFd,
+    watcher: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Bridge {
+    fn watch(
+        mut child: std::process::Child,
+        path: &str,
+        watch: Arc<BridgeWatch>,
+    ) -> io::Result<Bridge> {
+        let pidfd = match crate::confine::sys::pidfd_open(child.id() as i32) {
+            Ok(fd) => fd,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(e);
+            }
+        };
+        let path = path.to_owned();
+        let watcher = std::thread::Builder::new()
+            .name("bridge-watch".into())
+            .spawn(move || {
+                let status = child.wait();
+                if watch.ending.load(Ordering::SeqCst) {
+                    return;
+                }
+                let why = match status {
+                    Ok(s) if s.success() => return,
+                    Ok(s) => format!("the bridge serving {path} died ({s})"),
+                    Err(e) => format!("the bridge serving {path} could not be waited for: {e}"),
+                };
+                watch.report(why);
+            })?;
+        Ok(Bridge {
+            pidfd,
+            watcher: Some(watcher),
+        })
+    }
+}
+
+type DeathHook = Box<dyn FnOnce(String) + Send>;
+
+/// The deaths of one namespace's bridges: a dead bridge's mount answers ENOTCONN for good (the
+/// kernel aborted its FUSE connection, and requests it had read are lost), so nsd ends the
+/// namespace and says why rather than leave it running half served (docs/decisions.md, "A
+/// bridge that dies ends its namespace").
+#[derive(Default)]
+struct BridgeWatch {
+    /// Set while the namespace is torn down: bridges ending then are expected.
+    ending: AtomicBool,
+    state: Mutex<WatchState>,
+}
+
+#[derive(Default)]
+struct WatchState {
+    died: Option<String>,
+    hook: Option<DeathHook>,
+}
+
+impl BridgeWatch {
+    fn report(&self, why: String) {
+        tracing::warn!("{why}");
+        let hook = {
+            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            if state.died.is_some() {
+                return;
+            }
+            state.died = Some(why.clone());
+            state.hook.take()
+        };
+        if let Some(hook) = hook {
+            hook(why);
+        }
+    }
+
+    fn set_hook(&self, hook: DeathHook) {
+        let died = {
+            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            match &state.died {
+                Some(why) => why.clone(),
+                None => {
+                    state.hook = Some(hook);
+                    return;
+                }
+            }
+        };
+        hook(died);
+    }
+
+    fn died(&self) -> Option<String> {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .died
+            .clone()
     }
 }
 
@@ -435,14 +553,15 @@ impl MountServer for ServedMounts {
 
 impl Drop for ServedMounts {
     fn drop(&mut self) {
-        // A bridge ends by itself when its mount goes away; reap it (or end it, if the namespace
-        // never came up).
+        // A bridge ends by itself when its mount goes away; end it if it has not yet (or the
+        // namespace never came up), and have its watcher reap it.
+        self.bridge_watch.ending.store(true, Ordering::SeqCst);
         if let Ok(mut bridges) = self.bridges.lock() {
-            for child in bridges.iter_mut() {
-                if child.try_wait().ok().flatten().is_none() {
-                    let _ = child.kill();
+            for bridge in bridges.iter_mut() {
+                let _ = crate::confine::sys::pidfd_signal(bridge.pidfd.as_fd(), libc::SIGKILL);
+                if let Some(watcher) = bridge.watcher.take() {
+                    let _ = watcher.join();
                 }
-                let _ = child.wait();
             }
         }
     }

@@ -561,8 +561,17 @@ impl Nsd {
                     info.session = Some(session);
                 }
                 space.set_running(&running);
+                if let Some(served) = &served {
+                    let running = Arc::downgrade(&running);
+                    served.on_bridge_death(move |why| {
+                        tracing::warn!("namespace {id}: {why}: ending it");
+                        if let Some(r) = running.upgrade() {
+                            let _ = r.kill();
+                        }
+                    });
+                }
                 tokio::task::spawn_blocking(move || {
-                    wait_space(&space, &running);
+                    wait_space(&space, &running, served.as_deref());
                     // The bridges are reaped once the namespace is gone.
                     drop(served);
                 });
@@ -651,12 +660,16 @@ impl NsView for ScopedView {
     }
 }
 
-/// On a blocking thread: wait for the command and record its end.
-fn wait_space(space: &Space, running: &Running) {
+/// On a blocking thread: wait for the command and record its end (a dead bridge's, if one
+/// ended it).
+fn wait_space(space: &Space, running: &Running, served: Option<&ServedMounts>) {
     let end = match running.wait() {
         Ok(code) => Status::Exited(code),
         Err(e) => Status::Failed(e.to_string()),
     };
+    let end = served
+        .and_then(ServedMounts::bridge_death)
+        .map_or(end, |why| Status::Failed(format!("{why}: namespace ended")));
     space.set_ended(end);
 }
 

@@ -8,6 +8,8 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use nix::sys::wait::waitpid;
 use nix::unistd::{ForkResult, Pid};
@@ -381,12 +383,16 @@ pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Runn
         ForkResult::Parent { child } => child,
     };
     drop(plan);
+    let deadline = Instant::now() + SETUP_DEADLINE;
+    let errors = SetupErrors::drain(err_read);
     let served = match (fuse_parent, &opts.mount_server) {
-        (Some(sock), Some(server)) => serve_mounts(&sock, spec, server.as_ref())
+        (Some(sock), Some(server)) => sock
+            .set_read_timeout(Some(SETUP_DEADLINE))
+            .and_then(|()| serve_mounts(&sock, spec, server.as_ref()))
             .and_then(|()| std::io::Write::write_all(&mut &sock, &crate::confine::fuse::SERVED)),
         _ => Ok(()),
     };
-    let (holder_fd, pty_master) = collect_started(holder, served, pty_parent, err_read)?;
+    let (holder_fd, pty_master) = collect_started(holder, served, pty_parent, errors, deadline)?;
     Ok(Running {
         holder,
         holder_fd,
@@ -401,30 +407,130 @@ pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Runn
     })
 }
 
+/// How long a namespace's setup may take, from the fork until its command has exec'd: past it
+/// the setup is killed and refused, so no launch waits forever on a child that never answers.
+pub(crate) const SETUP_DEADLINE: Duration = Duration::from_secs(30);
+
+/// The most of a setup error kept (the rest is read and dropped, so the child never blocks).
+const MAX_SETUP_ERROR: u64 = 1 << 20;
+
+/// A child's setup-error pipe, read to EOF on a thread of its own from the fork on: the child
+/// never blocks writing its error (a pipe holds 64 KiB) while the parent waits on something
+/// else, such as the FUSE or pty handoff.
+pub(crate) struct SetupErrors {
+    read: mpsc::Receiver<io::Result<String>>,
+}
+
+impl SetupErrors {
+    pub(crate) fn drain(err_read: OwnedFd) -> SetupErrors {
+        let (tx, read) = mpsc::sync_channel(1);
+        let reader = move || {
+            let mut pipe = std::fs::File::from(err_read);
+            let mut kept = Vec::new();
+            let got = (&mut pipe)
+                .take(MAX_SETUP_ERROR)
+                .read_to_end(&mut kept)
+                .and_then(|_| io::copy(&mut pipe, &mut io::sink()));
+            let message = got.map(|dropped| {
+                let mut m = String::from_utf8_lossy(&kept).into_owned();
+                if dropped > 0 {
+                    m.push_str(&format!(" [{dropped} more bytes of this error dropped]"));
+                }
+                m
+            });
+            let _ = tx.send(message);
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("setup-errors".into())
+            .spawn(reader)
+        {
+            // No thread: the receiver reports it (its sender is gone with the closure).
+            tracing::error!("setup errors: no reader thread: {e}");
+        }
+        SetupErrors { read }
+    }
+
+    /// What the child wrote before it exec'd or ended (empty: it exec'd), waited for until
+    /// `deadline`.
+    pub(crate) fn wait(&self, deadline: Instant) -> io::Result<String> {
+        match self
+            .read
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            Ok(read) => read,
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(setup_timed_out()),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Err(io::Error::other("setup errors: the pipe's reader is gone"))
+            }
+        }
+    }
+}
+
+fn setup_timed_out() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!(
+            "the namespace's setup did not finish within {} s: killed",
+            SETUP_DEADLINE.as_secs()
+        ),
+    )
+}
+
+/// Whether the parent's side failed only because the child was gone (it failed first: its own
+/// message says why).
+fn peer_gone(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset | io::ErrorKind::UnexpectedEof
+    )
+}
+
 /// The parent's side once `child` (the holder, or an attacher) is forked: takes the pty master
-/// it sends on `pty_parent` (if it makes one), reads its setup-error pipe to EOF (nothing: set
-/// up) and opens its pidfd. `ours`: how the parent's own part went. On any failure the child is
-/// SIGKILLed and reaped, so no half-built namespace outlives the error.
+/// it sends on `pty_parent` (if it makes one), waits for its setup-error pipe to reach EOF
+/// (nothing: set up) and opens its pidfd, all by `deadline`. `ours`: how the parent's own part
+/// went. The child's own message wins over an error of ours that only says the child went
+/// away. On any failure the child is SIGKILLed and reaped, so no half-built namespace outlives
+/// the error.
 pub(crate) fn collect_started(
     child: Pid,
     ours: io::Result<()>,
     pty_parent: Option<UnixStream>,
-    err_read: OwnedFd,
+    errors: SetupErrors,
+    deadline: Instant,
 ) -> io::Result<(OwnedFd, Option<OwnedFd>)> {
+    // Our own failure (other than the child being gone) is the reason: the child then fails
+    // only because we stopped serving it. Kill it now rather than wait for it to notice.
+    if let Err(e) = &ours
+        && !peer_gone(e)
+    {
+        let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+    }
     let pty_master = match &pty_parent {
-        Some(sock) => recv_fd(sock).map(|got| got.map(|(_, fd)| fd)),
+        Some(sock) => sock
+            .set_read_timeout(Some(
+                deadline
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(1)),
+            ))
+            .and_then(|()| recv_fd(sock))
+            .map(|got| got.map(|(_, fd)| fd))
+            .map_err(|e| match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => setup_timed_out(),
+                _ => e,
+            }),
         None => Ok(None),
     };
     drop(pty_parent);
-    let mut message = String::new();
-    let read = std::fs::File::from(err_read).read_to_string(&mut message);
+    let message = errors.wait(deadline);
     let started = (move || {
-        ours?;
-        read?;
-        let pty_master = pty_master?;
-        if !message.is_empty() {
-            return Err(io::Error::other(message));
+        match (ours, message) {
+            (Err(e), _) if !peer_gone(&e) => return Err(e),
+            (_, Ok(m)) if !m.is_empty() => return Err(io::Error::other(m)),
+            (Err(e), _) => return Err(e),
+            (Ok(()), Err(e)) => return Err(e),
+            (Ok(()), Ok(_)) => {}
         }
+        let pty_master = pty_master?;
         let child_fd = sys::pidfd_open(child.as_raw())
             .map_err(|e| io::Error::new(e.kind(), format!("pidfd_open: {e}")))?;
         Ok((child_fd, pty_master))

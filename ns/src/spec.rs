@@ -407,6 +407,49 @@ fn parse_duration(s: &str) -> Option<u64> {
     parse_number(digits)?.checked_mul(mult)
 }
 
+/// The largest spec accepted, in bytes: it travels to nsd inside one run request, whose record
+/// is at most `warren_daemon::handoff::MAX_RECORD` with the command and environment too.
+pub const MAX_SPEC_BYTES: usize = 256 << 10;
+
+/// [`parse`] of a spec file's bytes: over [`MAX_SPEC_BYTES`], or not UTF-8, is an error that
+/// says where (the line and column where the limit is crossed, or of the first bad byte).
+pub fn parse_bytes(file: &str, bytes: &[u8]) -> Result<Spec, SpecError> {
+    let at = |offset: usize, message: String| {
+        let before = &bytes[..offset];
+        let line_start = before
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |p| p + 1);
+        let line_end = bytes[offset..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(bytes.len(), |p| offset + p);
+        SpecError {
+            file: file.to_string(),
+            line: before.iter().filter(|&&b| b == b'\n').count() + 1,
+            column: String::from_utf8_lossy(&bytes[line_start..offset])
+                .chars()
+                .count()
+                + 1,
+            width: 1,
+            message,
+            source_line: String::from_utf8_lossy(&bytes[line_start..line_end]).into_owned(),
+        }
+    };
+    if bytes.len() > MAX_SPEC_BYTES {
+        return Err(at(
+            MAX_SPEC_BYTES,
+            format!(
+                "the spec is {} bytes, over the limit of {MAX_SPEC_BYTES} bytes (it is crossed here)",
+                bytes.len()
+            ),
+        ));
+    }
+    let text = std::str::from_utf8(bytes)
+        .map_err(|e| at(e.valid_up_to(), "not UTF-8: a spec is UTF-8 text".into()))?;
+    parse(file, text)
+}
+
 /// Parses spec text. `file` is only used in error messages.
 pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
     let mut spec = Spec::default();
@@ -793,6 +836,31 @@ impl Spec {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A spec file that is not UTF-8 is refused at the line and column of its first bad byte; one
+    /// over the size limit names the file and the limit, never a transport error.
+    #[test]
+    fn bad_bytes_and_oversized_specs_say_where_and_why() {
+        let bytes = b"net none\nbind -r /usr /\xffusr\n";
+        let e = parse_bytes("bad.ns", bytes).unwrap_err();
+        assert_eq!(
+            (e.file.as_str(), e.line, e.column),
+            ("bad.ns", 2, 15),
+            "{e}"
+        );
+        assert!(e.message.contains("not UTF-8"), "{e}");
+        assert!(e.to_string().contains("--> bad.ns:2:15"), "{e}");
+
+        let big = "# padding\n".repeat(100_000);
+        let e = parse_bytes("big.ns", big.as_bytes()).unwrap_err();
+        assert!(e.to_string().contains("--> big.ns:"), "{e}");
+        assert!(
+            e.message
+                .contains(&format!("over the limit of {MAX_SPEC_BYTES} bytes")),
+            "{e}"
+        );
+        assert_eq!(e.line, MAX_SPEC_BYTES / 10 + 1, "{e}");
+    }
 
     #[test]
     fn parses_the_design_example() {

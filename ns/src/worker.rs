@@ -15,11 +15,12 @@
 //! namespace.
 
 use std::ffi::CString;
-use std::io::{self, Read};
+use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Instant;
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::unistd::{ForkResult, Pid};
@@ -34,6 +35,7 @@ use crate::confine::binds::{self, PreparedBind};
 use crate::confine::guard::Guard;
 use crate::confine::sys::{self, Dir};
 use crate::confine::{NAMESPACES, creds, landlock, mounts, seccomp};
+use crate::run::{SETUP_DEADLINE, SetupErrors};
 use crate::spec::{Access, Bind, Net};
 
 /// Where the worker binary is bound (read-only) in every worker's root.
@@ -190,12 +192,15 @@ impl WorkerFactory {
         std::thread::spawn(move || {
             let _ = nix::sys::wait::waitpid(holder, None);
         });
-        let mut message = String::new();
-        std::fs::File::from(err_read)
-            .read_to_string(&mut message)
-            .map_err(io("reading the worker's setup errors"))?;
-        if !message.is_empty() {
-            return Err(message);
+        let deadline = Instant::now() + SETUP_DEADLINE;
+        match SetupErrors::drain(err_read).wait(deadline) {
+            Ok(message) if message.is_empty() => {}
+            Ok(message) => return Err(message),
+            Err(e) => {
+                // Never a worker half set up: it goes (and the reaper above reaps it).
+                let _ = nix::sys::signal::kill(holder, nix::sys::signal::Signal::SIGKILL);
+                return Err(format!("the worker's setup: {e}"));
+            }
         }
         Ok(Built {
             channel: channel.into(),

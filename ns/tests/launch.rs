@@ -429,3 +429,72 @@ fn unix_mounts_inside_warrens_dirs_are_refused() {
         other => panic!("nsd took a launcher's connection for /tool: {other:?}"),
     }
 }
+
+/// The processes whose parent is `pid`.
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&p| {
+            std::fs::read_to_string(format!("/proc/{p}/status")).is_ok_and(|_| ppid(p) == pid)
+        })
+        .collect()
+}
+
+/// A setup error inside the namespace reaches the launcher as the namespace's own message,
+/// however long, also with a mount in the spec (nsd then waits for the FUSE handoff too): never
+/// a deadlock on a full error pipe, never "Broken pipe" in its place; and the failed launch
+/// leaves no process and no namespace behind in nsd.
+#[test]
+fn a_setup_error_with_a_mount_is_the_namespaces_own_message_however_long() {
+    assert!(nix::unistd::geteuid().is_root(), "needs root");
+    let nsd = start_nsd("wlerr");
+    let host = tempdir("wlsrc");
+    // 300 components of 250 bytes: a 75 KB target, so its error overflows a 64 KiB pipe.
+    let long: String = (0..300).map(|i| format!("/{i:0>250}")).collect();
+    for target in [format!("/usr/newdir{long}"), "/usr/newdir/x".to_string()] {
+        let text = format!(
+            "{SYSTEM}bind -r {} {target}\nmount tool /tool echo\n",
+            host.path().display()
+        );
+        let (tx, rx) = std::sync::mpsc::channel();
+        let dirs = nsd.dirs.clone();
+        std::thread::spawn(move || {
+            let (i, o, e) = (devnull(false), devnull(true), devnull(true));
+            let launched = launch(
+                &dirs,
+                &spec(&text),
+                &argv(&["/bin/true"]),
+                &LaunchOptions::default(),
+                [i.as_fd(), o.as_fd(), e.as_fd()],
+            );
+            let _ = tx.send(launched.err().map(|e| e.to_string()));
+        });
+        let err = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the launch hung")
+            .expect("a bind under the read-only /usr was launched");
+        let shown = &err[..err.len().min(300)];
+        assert!(
+            err.starts_with(&format!("bind target {target}: Read-only file system")),
+            "{shown}"
+        );
+    }
+    eventually("nsd has no namespace and no child left", || {
+        let listed = ns_read(&nsd.dirs, "").unwrap();
+        listed.lines().all(|l| l == "clone") && children_of(nsd.child.id()).is_empty()
+    });
+}
+
+/// nsd's death while a command runs reaches the launcher as that, never as a transport error.
+#[test]
+fn nsds_death_is_named_to_the_launcher() {
+    assert!(nix::unistd::geteuid().is_root(), "needs root");
+    let mut nsd = start_nsd("wlend");
+    let (i, o, e) = (devnull(false), devnull(true), devnull(true));
+    let launched = launch_plain(&nsd, SYSTEM, &["/bin/sleep", "1000"], [&i, &o, &e]).unwrap();
+    nsd.child.kill().unwrap();
+    let err = launched.wait().unwrap_err().to_string();
+    assert!(err.starts_with("nsd ended (see `warren status`)"), "{err}");
+}

@@ -78,6 +78,9 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     state.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// How long a server may take to answer the version handshake.
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl Client {
     /// Connects to a Unix socket and negotiates 9P2000.L with msize 1 MiB (or less, as the server says).
     pub async fn connect_unix(path: impl AsRef<Path>) -> std::io::Result<Client> {
@@ -100,10 +103,23 @@ impl Client {
                 version: rs9p::P92000L.into(),
             },
         };
-        wr.write_all(&wire::encode(&tversion)).await?;
-        let frame = rd
-            .next(offer)
-            .await?
+        // Bounded: a server that accepts and never answers (a daemon down or wedged) must not
+        // hold its client forever.
+        let handshake = async {
+            wr.write_all(&wire::encode(&tversion)).await?;
+            Ok::<_, std::io::Error>(rd.next(offer).await?)
+        };
+        let frame = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake)
+            .await
+            .map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "no answer to Tversion within {} s",
+                        HANDSHAKE_TIMEOUT.as_secs()
+                    ),
+                )
+            })??
             .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "no Rversion"))?;
         let msize = match wire::decode_reply(&frame)?.body {
             FCall::RVersion { msize, version } if version == rs9p::P92000L => msize.min(offer),

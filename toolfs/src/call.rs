@@ -9,6 +9,7 @@ use tokio::task::JoinHandle;
 use warren_9p::{Errno, Result};
 
 use serde_json::json;
+use warren_gate::client::GATE_UNAVAILABLE;
 use warren_gate::{Answer, Verdict};
 
 use crate::args::{self, Arguments};
@@ -79,8 +80,9 @@ fn withdraw(
     tool: String,
     args_digest: String,
     pending: Option<i64>,
-    why: &'static str,
+    why: impl Into<String>,
 ) {
+    let why = why.into();
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         tracing::error!(tool, "withdrawn call not receipted: no runtime");
         return;
@@ -222,6 +224,18 @@ impl CallOpen {
         if answer.decision != Verdict::Allow {
             withdrawal.armed = false;
             tracing::info!(conn = %dispatcher.grant().label, tool = name, basis = %answer.basis, "call denied");
+            if answer.basis.starts_with(GATE_UNAVAILABLE) {
+                // The gate may have written an `allow` for this call and died before answering:
+                // the chain must say the call never ran (docs/decisions.md, "A call denied
+                // because the gate did not answer").
+                withdraw(
+                    dispatcher.clone(),
+                    name.to_owned(),
+                    withdrawal.args_digest.clone(),
+                    None,
+                    answer.basis.clone(),
+                );
+            }
             let env = denied(name, dispatcher.session(), &answer);
             return Phase::Done(Arc::new(env.to_canonical()));
         }

@@ -224,6 +224,9 @@ pub struct ControlClient {
 impl ControlClient {
     pub fn connect(ctl_path: &Path) -> io::Result<ControlClient> {
         let sock = UnixStream::connect(ctl_path)?;
+        // Bounded: a toolfs that accepts and never answers must not hold its caller (nsd).
+        sock.set_read_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
+        sock.set_write_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
         let replies = BufReader::new(sock.try_clone()?);
         Ok(ControlClient { sock, replies })
     }

@@ -488,3 +488,108 @@ async fn no_worker_holds_the_gate_connection() {
         }
     }
 }
+
+/// Bytes sent to `pid` and not yet read, over all its Unix sockets (`ss`'s Recv-Q).
+fn unread_bytes(pid: u32) -> u64 {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let link = std::fs::read_link(e.path()).ok()?;
+            let link = link.to_str()?;
+            Some(link.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+        })
+        .collect();
+    let out = std::process::Command::new("ss")
+        .args(["-xnH"])
+        .output()
+        .expect("ss (iproute2) is needed");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // netid state recv-q send-q local-address local-inode peer-address peer-inode
+            (f.len() >= 6 && inodes.iter().any(|i| i == f[5])).then(|| f[2].parse::<u64>().ok())?
+        })
+        .sum()
+}
+
+/// A gate that dies after its `allow` reached receiptd and before it answered leaves an allow
+/// for a call that never ran: toolfs, denying the call `gate_unavailable`, appends a
+/// `withdrawn` receipt naming the call's tool and arguments, so the chain says it never ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allow_the_gate_never_answered_is_followed_by_a_withdrawn_receipt() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let mut d = Daemon::start_gated(&[]);
+    let rec = record(&["echo"]);
+    let (_c, root) = d.granted(&rec, &[]).await;
+    // A first call makes the gate's connection to receiptd; its own receipts are written.
+    let env = call_envelope(&root, "echo", br#"{"n":1}"#).await;
+    assert_eq!(env.status, Status::Ok, "{env:?}");
+    ran_receipt(&d, &env, "query").await;
+
+    let receiptd = Pid::from_raw(d.stack().receiptd_pid().unwrap() as i32);
+    kill(receiptd, Signal::SIGSTOP).unwrap();
+    let args = br#"{"n":2}"#;
+    let call = tokio::spawn(async move { call_envelope(&root, "echo", args).await });
+    // The gate's append of its `allow` waits, unread, in receiptd's socket. The gate is stopped
+    // there, receiptd takes the append, and the gate is killed before it reads the ack: the
+    // allow is in the chain and the call was never answered.
+    for _ in 0..1000 {
+        if unread_bytes(receiptd.as_raw() as u32) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        unread_bytes(receiptd.as_raw() as u32) > 0,
+        "the gate sent no append"
+    );
+    let gate = Pid::from_raw(d.stack().gate_pid().unwrap() as i32);
+    kill(gate, Signal::SIGSTOP).unwrap();
+    kill(receiptd, Signal::SIGCONT).unwrap();
+    let bare = digest(args).trim_start_matches("sha256:").to_owned();
+    let is_the_allow = |b: &Value| {
+        b["kind"] == "decision"
+            && b["subject"]["verdict"] == "allow"
+            && b["digests"]["args"] == bare.as_str()
+    };
+    for _ in 0..1000 {
+        if d.stack()
+            .receipts(&rec.session)
+            .await
+            .iter()
+            .any(is_the_allow)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    d.stack_mut().kill_gate();
+    let env = call.await.unwrap();
+    assert_eq!(env.status, Status::Denied, "{env:?}");
+    assert!(env.content.starts_with("gate_unavailable"), "{env:?}");
+
+    for _ in 0..1000 {
+        let bodies = d.stack().receipts(&rec.session).await;
+        let allow = bodies.iter().find(|b| is_the_allow(b));
+        let withdrawn = bodies
+            .iter()
+            .find(|b| b["kind"] == "withdrawn" && b["digests"]["args"] == digest(args).as_str());
+        if let (Some(allow), Some(withdrawn)) = (allow, withdrawn) {
+            assert_eq!(withdrawn["subject"]["tool"], "echo");
+            let why = withdrawn["subject"]["why"].as_str().unwrap();
+            assert!(why.starts_with("gate_unavailable"), "{withdrawn}");
+            assert!(allow["seq"].as_u64() < withdrawn["seq"].as_u64());
+            let never_ran = !d.journal().iter().any(|l| l.ends_with(&digest(args)));
+            assert!(never_ran, "{:?}", d.journal());
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "no allow followed by a withdrawn receipt: {:#?}",
+        d.stack().receipts(&rec.session).await
+    );
+}

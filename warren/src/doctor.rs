@@ -50,6 +50,27 @@ fn has_fs(name: &str) -> bool {
         .any(|l| l.split_whitespace().last() == Some(name))
 }
 
+/// When warren is up here: whether each daemon is up, and why one is down.
+fn daemons_check(dirs: &warren_daemon::Dirs) -> Option<Check> {
+    let states = crate::supervise::daemon_states(dirs)?;
+    let down: Vec<String> = states
+        .iter()
+        .filter_map(|s| Some(format!("{} down: {}", s.name, s.down_because()?)))
+        .collect();
+    Some(Check {
+        name: "daemons",
+        state: if down.is_empty() { "ok" } else { "missing" },
+        detail: if down.is_empty() {
+            let up: Vec<&str> = states.iter().map(|s| s.name.as_str()).collect();
+            format!("up: {}", up.join(", "))
+        } else {
+            down.join("; ")
+        },
+        consequence: "a daemon that is down refuses its clients at once (its sockets are closed) \
+                      until the supervisor's next try brings it back",
+    })
+}
+
 fn checks() -> Vec<Check> {
     let mut out = Vec::new();
     let ns_missing: Vec<&str> = ["mnt", "pid", "net", "ipc", "uts", "cgroup", "user"]
@@ -180,8 +201,9 @@ fn checks() -> Vec<Check> {
     out
 }
 
-pub fn doctor(json: bool) -> Result<ExitCode> {
-    let checks = checks();
+pub fn doctor(dirs: &warren_daemon::Dirs, json: bool) -> Result<ExitCode> {
+    let mut checks = checks();
+    checks.extend(daemons_check(dirs));
     let required_missing: Vec<&str> = checks
         .iter()
         .filter(|c| {

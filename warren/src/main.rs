@@ -222,7 +222,7 @@ fn main() -> ExitCode {
                 proof: proof.as_deref(),
             },
         ),
-        Command::Doctor { json } => doctor::doctor(json),
+        Command::Doctor { json } => doctor::doctor(&dirs, json),
         Command::Mcp(McpCommand::List) => mcp::list(),
         Command::Mcp(McpCommand::Check { name }) => mcp::check(&dirs, &name),
         Command::Mcp(McpCommand::Accept { name, tools }) => mcp::accept(&dirs, &name, &tools),

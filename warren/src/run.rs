@@ -20,11 +20,25 @@ pub fn run(dirs: &Dirs, args: &RunArgs, asks: AsksMode) -> Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
-    if !nsd_answers(dirs)
-        && let Err(e) = crate::supervise::bring_up(dirs)
-    {
-        eprintln!("warren: run: no daemons are up, and starting them failed: {e:#}");
-        return Ok(ExitCode::from(125));
+    if !nsd_answers(dirs) {
+        match crate::supervise::bring_up(dirs) {
+            Err(e) => {
+                eprintln!("warren: run: no daemons are up, and starting them failed: {e:#}");
+                return Ok(ExitCode::from(125));
+            }
+            // Up, but nsd is not: the supervisor closed its sockets until its next try.
+            Ok(crate::supervise::Up::Already(_)) if !nsd_answers(dirs) => {
+                let why = crate::supervise::daemon_states(dirs)
+                    .unwrap_or_default()
+                    .iter()
+                    .find(|s| s.name == "nsd")
+                    .and_then(crate::supervise::DaemonState::down_because)
+                    .unwrap_or_else(|| "its run socket does not answer".into());
+                eprintln!("warren: run: nsd is down: {why} (see `warren status`)");
+                return Ok(ExitCode::from(125));
+            }
+            Ok(_) => {}
+        }
     }
     let follow_asks = |launched: &warren_ns::launch::client::Launched| {
         crate::asks::follow(dirs, &launched.session, asks)
@@ -41,7 +55,8 @@ pub fn run(dirs: &Dirs, args: &RunArgs, asks: AsksMode) -> Result<ExitCode> {
 }
 
 /// Whether something listens on nsd's run socket (the supervisor binds it before nsd starts and
-/// keeps it across nsd restarts, so a connect succeeding means warren is up).
+/// keeps it across nsd restarts, closing it only while nsd is down for a pause after too many
+/// deaths).
 fn nsd_answers(dirs: &Dirs) -> bool {
     std::os::unix::net::UnixStream::connect(warren_ns::launch::socket_path(dirs)).is_ok()
 }

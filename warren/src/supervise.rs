@@ -362,11 +362,16 @@ fn settle_namespaces(dirs: &Dirs, force: bool) -> Result<bool> {
 
 pub fn status(dirs: &Dirs, json: bool) -> Result<ExitCode> {
     let up = matches!(try_lock(dirs), Ok(None));
+    let states = if up { read_states(dirs) } else { Vec::new() };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let mut sockets = Vec::new();
     for d in DAEMONS {
+        let down = states
+            .iter()
+            .find(|s| s.name == d.name)
+            .and_then(DaemonState::down_because);
         for s in d.sockets.iter().filter(|s| s.ends_with(".sock")) {
             let path = dirs.runtime.join(s);
             let answers = rt.block_on(async {
@@ -377,7 +382,7 @@ pub fn status(dirs: &Dirs, json: bool) -> Result<ExitCode> {
                 .await
                 .is_ok_and(|r| r.is_ok())
             });
-            sockets.push((d.name, path, answers));
+            sockets.push((d.name, path, answers, down.clone()));
         }
     }
     if json {
@@ -385,7 +390,11 @@ pub fn status(dirs: &Dirs, json: bool) -> Result<ExitCode> {
             "up": up,
             "supervisor_pid": if up { running_pid(dirs) } else { None },
             "runtime_dir": dirs.runtime,
-            "daemons": sockets.iter().map(|(n, p, a)| serde_json::json!({"name": n, "socket": p, "answers": a})).collect::<Vec<_>>(),
+            "daemons": sockets.iter().map(|(n, p, a, down)| serde_json::json!({
+                "name": n, "socket": p, "answers": a,
+                "state": if down.is_some() { "down" } else if *a { "up" } else { "no answer" },
+                "why": down,
+            })).collect::<Vec<_>>(),
         });
         println!("{v}");
     } else {
@@ -397,12 +406,13 @@ pub fn status(dirs: &Dirs, json: bool) -> Result<ExitCode> {
         } else {
             println!("warren is not up");
         }
-        for (name, path, answers) in &sockets {
-            println!(
-                "  {name:<10} {:<40} {}",
-                path.display(),
-                if *answers { "answers" } else { "no answer" }
-            );
+        for (name, path, answers, down) in &sockets {
+            let state = match down {
+                Some(why) => format!("down: {why}"),
+                None if *answers => "answers".into(),
+                None => "no answer".into(),
+            };
+            println!("  {name:<10} {:<40} {state}", path.display());
         }
     }
     Ok(if up {
@@ -492,11 +502,12 @@ fn spawn_daemon(dirs: &Dirs, d: &Daemon, bound: &[Bound]) -> Result<std::process
     if let Some(g) = &gate {
         cmd.env("WARREN_GATE_FD", g.as_raw_fd().to_string());
     }
-    // SAFETY: the closure only makes syscalls (fcntl, prctl, setgroups, setres[ug]id, capset);
-    // the caps crate's set operations build small sets, and glibc's fork handlers leave malloc
-    // usable in the child.
+    // SAFETY: the closure only makes syscalls (sigaction, sigprocmask, fcntl, prctl, setgroups,
+    // setres[ug]id, capset); the caps crate's set operations build small sets, and glibc's fork
+    // handlers leave malloc usable in the child.
     unsafe {
         cmd.pre_exec(move || {
+            reset_signals()?;
             for &fd in &raw {
                 nix::fcntl::fcntl(
                     std::os::fd::BorrowedFd::borrow_raw(fd),
@@ -512,6 +523,20 @@ fn spawn_daemon(dirs: &Dirs, d: &Daemon, bound: &[Bound]) -> Result<std::process
     }
     cmd.spawn()
         .with_context(|| format!("start {}", binary.display()))
+}
+
+/// In a daemon's child, before exec: every signal at its default disposition and none blocked.
+/// The supervisor blocks HUP, INT and TERM for its signalfd, and a child inherits the mask
+/// across exec: a daemon restarted with it would never see `warren down`'s SIGTERM (no final
+/// checkpoint, no drain of queued receipts) and be SIGKILLed after 5 s.
+fn reset_signals() -> std::io::Result<()> {
+    use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, signal, sigprocmask};
+    for sig in Signal::iterator().filter(|s| !matches!(s, Signal::SIGKILL | Signal::SIGSTOP)) {
+        // SAFETY: SIG_DFL installs no handler; this process execs next.
+        unsafe { signal(sig, SigHandler::SigDfl) }?;
+    }
+    sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
+    Ok(())
 }
 
 /// In the child, before exec: become `uid`, keeping exactly `keep` as ambient capabilities.
@@ -613,7 +638,7 @@ fn notify_systemd_ready() -> Result<()> {
     Ok(())
 }
 
-fn start_all(dirs: &Dirs, running: &mut Running<'static>) -> Result<()> {
+fn start_all(dirs: &Dirs, running: &mut Vec<Supervised>) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -621,8 +646,15 @@ fn start_all(dirs: &Dirs, running: &mut Running<'static>) -> Result<()> {
     for d in DAEMONS {
         let bound = bind_sockets(dirs, d)?;
         let child = spawn_daemon(dirs, d, &bound)?;
-        running.push((d, bound, child, Vec::<Instant>::new()));
-        let (_, _, child, _) = running.last_mut().expect("just pushed");
+        running.push(Supervised {
+            daemon: d,
+            bound,
+            child: Some(child),
+            deaths: Vec::new(),
+            down: None,
+        });
+        let s = running.last_mut().expect("just pushed");
+        let child = s.child.as_mut().expect("just started");
         wait_ready(&rt, dirs, d, child)?;
         tracing_line(&format!(
             "{} up (pid {}, uid {})",
@@ -631,6 +663,7 @@ fn start_all(dirs: &Dirs, running: &mut Running<'static>) -> Result<()> {
             d.uid()
         ));
     }
+    write_states(dirs, running);
     Ok(())
 }
 
@@ -668,10 +701,182 @@ fn tracing_line(msg: &str) {
     eprintln!("warren supervise: {msg}");
 }
 
-type Running<'a> = Vec<(&'a Daemon, Vec<Bound>, std::process::Child, Vec<Instant>)>;
+/// One daemon under supervision.
+struct Supervised {
+    daemon: &'static Daemon,
+    /// Its listening sockets; none while it is down (closed, so clients are refused at once
+    /// instead of waiting on a socket nobody accepts on).
+    bound: Vec<Bound>,
+    /// Its process; `None` while it is down.
+    child: Option<std::process::Child>,
+    /// When it died, over the last minute.
+    deaths: Vec<Instant>,
+    down: Option<Down>,
+}
 
-/// Restarts dead daemons (at most 5 times a minute each) until SIGTERM or SIGINT.
-fn supervise_loop(dirs: &Dirs, running: &mut Running<'_>) -> Result<ExitCode> {
+/// A daemon that died too often, waiting for its next try.
+struct Down {
+    /// Why, as `warren status` and `warren doctor` show it.
+    why: String,
+    retry_at: Instant,
+}
+
+/// Restarted at once this many times a minute; after that, each try waits twice as long as the
+/// one before (from [`FIRST_BACKOFF`] up to [`MAX_BACKOFF`]) with the daemon's sockets closed.
+const MAX_RESTARTS: usize = 5;
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// How long to wait before the next try of a daemon that died `deaths` times in a minute.
+fn backoff(deaths: usize) -> Option<Duration> {
+    let over = deaths.checked_sub(MAX_RESTARTS + 1)?;
+    Some(
+        FIRST_BACKOFF
+            .saturating_mul(1 << over.min(16))
+            .min(MAX_BACKOFF),
+    )
+}
+
+/// The supervisor's word on each daemon, for `warren status` and `warren doctor`.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct DaemonState {
+    pub name: String,
+    /// `up` or `down`.
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// Why it is down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    /// When it is tried again (Unix seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_try: Option<u64>,
+}
+
+impl DaemonState {
+    /// Why it is down and when it is tried next, as `warren status` and `warren doctor` say it.
+    pub fn down_because(&self) -> Option<String> {
+        if self.state != "down" {
+            return None;
+        }
+        let mut why = self.why.clone().unwrap_or_else(|| "no reason given".into());
+        if let Some(at) = self.next_try {
+            let now = unix_now();
+            why.push_str(&format!(
+                "; next try in {} s",
+                at.saturating_sub(now).max(1)
+            ));
+        }
+        Some(why)
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn states_path(dirs: &Dirs) -> PathBuf {
+    dirs.runtime.join("daemons.json")
+}
+
+/// Writes every daemon's state (atomically: a reader never sees half a file).
+fn write_states(dirs: &Dirs, running: &[Supervised]) {
+    let states: Vec<DaemonState> = running
+        .iter()
+        .map(|s| DaemonState {
+            name: s.daemon.name.to_string(),
+            state: if s.down.is_some() { "down" } else { "up" }.to_string(),
+            pid: s.child.as_ref().map(std::process::Child::id),
+            why: s.down.as_ref().map(|d| d.why.clone()),
+            next_try: s.down.as_ref().map(|d| {
+                unix_now()
+                    + d.retry_at
+                        .saturating_duration_since(Instant::now())
+                        .as_secs()
+            }),
+        })
+        .collect();
+    let path = states_path(dirs);
+    let tmp = path.with_extension("json.new");
+    let written = serde_json::to_vec(&states)
+        .map_err(std::io::Error::other)
+        .and_then(|bytes| fs::write(&tmp, bytes))
+        .and_then(|()| fs::set_permissions(&tmp, fs::Permissions::from_mode(0o640)))
+        .and_then(|()| {
+            nix::unistd::chown(&tmp, Some(0.into()), Some(operator_gid().into()))
+                .map_err(Into::into)
+        })
+        .and_then(|()| fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        tracing_line(&format!("cannot write {}: {e}", path.display()));
+    }
+}
+
+/// The supervisor's word on each daemon, if warren is up.
+pub fn daemon_states(dirs: &Dirs) -> Option<Vec<DaemonState>> {
+    matches!(try_lock(dirs), Ok(None)).then(|| read_states(dirs))
+}
+
+/// The supervisor's last word on each daemon (empty when it has written none).
+fn read_states(dirs: &Dirs) -> Vec<DaemonState> {
+    fs::read(states_path(dirs))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+impl Supervised {
+    /// Starts it again: its sockets bound anew if they were closed. A failure to start is a
+    /// death like any other.
+    fn start(&mut self, dirs: &Dirs) -> std::result::Result<(), String> {
+        if self.bound.is_empty() {
+            self.bound = bind_sockets(dirs, self.daemon).map_err(|e| format!("{e:#}"))?;
+        }
+        let child = spawn_daemon(dirs, self.daemon, &self.bound).map_err(|e| format!("{e:#}"))?;
+        self.child = Some(child);
+        self.down = None;
+        Ok(())
+    }
+
+    /// Records a death (`why`) and restarts it, at once or, after too many deaths in a minute,
+    /// later with its sockets closed meanwhile.
+    fn died(&mut self, dirs: &Dirs, why: String) {
+        let name = self.daemon.name;
+        let now = Instant::now();
+        self.child = None;
+        self.deaths
+            .retain(|t| now.duration_since(*t) < Duration::from_secs(60));
+        self.deaths.push(now);
+        match backoff(self.deaths.len()) {
+            None => {
+                tracing_line(&format!("{name} died ({why}): restarting"));
+                if let Err(e) = self.start(dirs) {
+                    self.died(dirs, format!("could not start: {e}"));
+                }
+            }
+            Some(wait) => {
+                let why = format!("died {} times in a minute, last: {why}", self.deaths.len());
+                tracing_line(&format!(
+                    "{name} {why}: its sockets are closed; next try in {} s",
+                    wait.as_secs()
+                ));
+                for b in self.bound.drain(..) {
+                    let _ = fs::remove_file(dirs.runtime.join(b.name));
+                }
+                self.down = Some(Down {
+                    why,
+                    retry_at: now + wait,
+                });
+            }
+        }
+    }
+}
+
+/// Restarts dead daemons until SIGTERM or SIGINT: at once, and after too many deaths in a
+/// minute with a growing pause (never giving up).
+fn supervise_loop(dirs: &Dirs, running: &mut [Supervised]) -> Result<ExitCode> {
     use nix::sys::signal::{SigSet, Signal};
     let mut mask = SigSet::empty();
     mask.add(Signal::SIGTERM);
@@ -688,35 +893,45 @@ fn supervise_loop(dirs: &Dirs, running: &mut Running<'_>) -> Result<ExitCode> {
             break;
         }
         let mut gate_restarted = false;
-        for (d, bound, child, restarts) in running.iter_mut() {
-            if restarts.len() > MAX_RESTARTS {
-                continue; // given up on
-            }
-            if let Some(status) = child.try_wait()? {
-                let now = Instant::now();
-                restarts.retain(|t| now.duration_since(*t) < Duration::from_secs(60));
-                restarts.push(now);
-                if restarts.len() > MAX_RESTARTS {
-                    tracing_line(&format!(
-                        "{} died ({status}) {MAX_RESTARTS} times in a minute: not restarting",
-                        d.name
-                    ));
-                    continue;
+        let mut changed = false;
+        for s in running.iter_mut() {
+            let ended = match s.child.as_mut().map(std::process::Child::try_wait) {
+                Some(Ok(Some(status))) => Some(status.to_string()),
+                Some(Ok(None)) => None,
+                Some(Err(e)) => Some(format!("wait: {e}")),
+                None => {
+                    if s.down
+                        .as_ref()
+                        .is_some_and(|d| Instant::now() >= d.retry_at)
+                    {
+                        tracing_line(&format!("{}: trying again", s.daemon.name));
+                        changed = true;
+                        if let Err(e) = s.start(dirs) {
+                            s.died(dirs, format!("could not start: {e}"));
+                        }
+                        gate_restarted |= s.daemon.name == "gate" && s.child.is_some();
+                    }
+                    None
                 }
-                tracing_line(&format!("{} died ({status}): restarting", d.name));
-                *child = spawn_daemon(dirs, d, bound)?;
-                if d.name == "gate" {
-                    gate_restarted = true;
-                }
+            };
+            if let Some(why) = ended {
+                changed = true;
+                s.died(dirs, why);
+                gate_restarted |= s.daemon.name == "gate" && s.child.is_some();
             }
         }
         if gate_restarted {
             // Their gate connection died with the gate: restart them with a fresh one (until
             // then they deny every call).
-            for (d, _, child, _) in running.iter_mut().filter(|(d, ..)| d.gate_client) {
-                tracing_line(&format!("gate restarted: restarting {}", d.name));
-                let _ = child.kill();
+            for s in running.iter_mut().filter(|s| s.daemon.gate_client) {
+                if let Some(child) = s.child.as_mut() {
+                    tracing_line(&format!("gate restarted: restarting {}", s.daemon.name));
+                    let _ = child.kill();
+                }
             }
+        }
+        if changed {
+            write_states(dirs, running);
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -724,31 +939,32 @@ fn supervise_loop(dirs: &Dirs, running: &mut Running<'_>) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-const MAX_RESTARTS: usize = 5;
-
 /// SIGTERM to every daemon, SIGKILL after 5 s, then their sockets and the pid file are removed.
-fn stop_all(dirs: &Dirs, running: &mut Running<'_>) -> Result<()> {
-    for (_, _, child, _) in running.iter_mut() {
+fn stop_all(dirs: &Dirs, running: &mut [Supervised]) -> Result<()> {
+    for child in running.iter().filter_map(|s| s.child.as_ref()) {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(child.id() as i32),
             nix::sys::signal::SIGTERM,
         );
     }
     let deadline = Instant::now() + Duration::from_secs(5);
-    for (d, bound, child, _) in running.iter_mut() {
-        while child.try_wait()?.is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
+    for s in running.iter_mut() {
+        if let Some(child) = s.child.as_mut() {
+            while child.try_wait()?.is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if child.try_wait()?.is_none() {
+                tracing_line(&format!("{} ignored SIGTERM: killing", s.daemon.name));
+                let _ = child.kill();
+                let _ = child.wait();
+            }
         }
-        if child.try_wait()?.is_none() {
-            tracing_line(&format!("{} ignored SIGTERM: killing", d.name));
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        for b in bound.iter() {
+        for b in s.bound.iter() {
             let _ = fs::remove_file(dirs.runtime.join(b.name));
         }
     }
     let _ = fs::remove_file(pid_path(dirs));
+    let _ = fs::remove_file(states_path(dirs));
     Ok(())
 }
 

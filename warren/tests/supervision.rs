@@ -472,3 +472,188 @@ fn each_daemon_killed_during_calls_comes_back_and_no_call_runs_without_a_decisio
         .collect();
     eprintln!("the agent's calls: {summary:?}");
 }
+
+/// The signals `pid` blocks (`SigBlk` of /proc/PID/status), as a mask.
+fn blocked_signals(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let hex = status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigBlk:"))
+        .unwrap()
+        .trim();
+    u64::from_str_radix(hex, 16).unwrap()
+}
+
+/// A daemon the supervisor restarted stops on SIGTERM like one it started first: nothing of the
+/// supervisor's own signal handling (HUP, INT and TERM blocked for its signalfd) passes to it, so
+/// `warren down` finds receiptd writing its final checkpoint and toolfs draining its receipts,
+/// and kills neither.
+#[test]
+fn a_restarted_daemon_stops_on_sigterm() {
+    let w = Warren::up().expect("needs root, /dev/fuse and the workspace's binaries");
+    for daemon in ["receiptd", "toolfs"] {
+        let old = daemon_pid(&w, &format!("warren-{daemon}"));
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(old), nix::sys::signal::SIGKILL).unwrap();
+        wait_dead(old);
+    }
+    wait_all_answer(&w);
+    for daemon in ["receiptd", "toolfs"] {
+        let pid = daemon_pid(&w, &format!("warren-{daemon}"));
+        assert_eq!(blocked_signals(pid), 0, "restarted {daemon} blocks signals");
+    }
+    // A call, so there is a receipt to drain and a checkpoint to write.
+    let (code, out, err) = w.sh(
+        &["--tool", "echo"],
+        r#"exec 3<>/tool/echo/call; printf '{"text":"last"}' >&3; cat <&3"#,
+    );
+    assert_eq!(code, 0, "{out} {err}");
+    let down = w.run(&["down"]);
+    assert!(
+        down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    let log = std::fs::read_to_string(w.runtime().join("warren.log")).unwrap();
+    let after_restart = &log[log.rfind("toolfs died").expect("toolfs was restarted")..];
+    assert!(
+        !after_restart.contains("ignored SIGTERM"),
+        "a restarted daemon was SIGKILLed at `warren down`:\n{after_restart}"
+    );
+    for graceful in ["stopped after the final checkpoint", "SIGTERM: stopping"] {
+        assert!(
+            after_restart.contains(graceful),
+            "no `{graceful}` at `warren down`:\n{after_restart}"
+        );
+    }
+}
+
+/// Runs `warren ARGS` and returns its output, or panics if it has not ended within 60 s (a
+/// client that blocks on a daemon that is down).
+fn run_bounded(w: &Warren, args: &[&str]) -> std::process::Output {
+    let mut child = w
+        .cmd(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("warren {args:?} blocked");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// A daemon that keeps dying is never given up on: past five restarts a minute the supervisor
+/// waits longer before each try, with the daemon's sockets closed meanwhile (a client is refused
+/// at once, never left waiting on a socket nobody answers); `warren status` and `warren doctor`
+/// say which daemon is down and why; and it comes back.
+#[test]
+fn a_daemon_that_keeps_dying_is_down_for_a_while_and_then_back() {
+    let w = Warren::up().expect("needs root, /dev/fuse and the workspace's binaries");
+    // Deaths 6, 7 and 8 wait 1, 2 and 4 s; the 9th, 8 s.
+    for _ in 0..9 {
+        let pid = daemon_pid(&w, "warren-receiptd");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL).unwrap();
+        wait_dead(pid);
+    }
+    // The supervisor notices the death (it polls) and says so.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = run_bounded(&w, &["status", "--json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        if v["daemons"][0]["state"] == "down" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "receiptd is not down: {v}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = run_bounded(&w, &["status"]);
+    let status = String::from_utf8_lossy(&status.stdout);
+    let line = status
+        .lines()
+        .find(|l| l.trim_start().starts_with("receiptd"))
+        .unwrap_or_else(|| panic!("{status}"));
+    assert!(
+        line.contains("down: died 9 times in a minute, last: signal: 9 (SIGKILL)"),
+        "{status}"
+    );
+    let doctor = run_bounded(&w, &["doctor"]);
+    let doctor = String::from_utf8_lossy(&doctor.stdout);
+    assert!(doctor.contains("receiptd down: died 9 times"), "{doctor}");
+    // Its client is refused at once, with the socket named.
+    let ls = run_bounded(&w, &["ls", "/receipts"]);
+    assert!(!ls.status.success());
+    assert!(
+        String::from_utf8_lossy(&ls.stderr).contains("receipts.sock"),
+        "{}",
+        String::from_utf8_lossy(&ls.stderr)
+    );
+    wait_all_answer(&w);
+    let ls = run_bounded(&w, &["ls", "/receipts"]);
+    assert!(
+        ls.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ls.stderr)
+    );
+}
+
+/// A bridge killed under a running namespace is not left behind as a mount answering ENOTCONN
+/// under a namespace `warren ps` calls running: nsd ends the namespace, and its launcher and
+/// `warren ps` say why.
+#[test]
+fn a_killed_bridge_ends_its_namespace_and_says_why() {
+    let w = Warren::up().expect("needs root, /dev/fuse and the workspace's binaries");
+    let mut run = w
+        .cmd(&[
+            "run",
+            "--tool",
+            "echo",
+            "--",
+            "/bin/sh",
+            "-c",
+            "cat /tool/tools >/dev/null && echo served && exec sleep 1000",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(run.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "served");
+    let ps = w.run(&["ps"]);
+    assert!(String::from_utf8_lossy(&ps.stdout).contains("sleep"));
+
+    let bridge = w.daemon_pid("warren-bridge");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(bridge),
+        nix::sys::signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while run.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the namespace outlived its bridge: {}",
+            String::from_utf8_lossy(&w.run(&["ps"]).stdout)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = run.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("the bridge serving /tool died (signal: 9 (SIGKILL)): namespace ended"),
+        "{err}"
+    );
+    let ps = w.run(&["ps"]);
+    assert!(
+        !String::from_utf8_lossy(&ps.stdout).contains("sleep"),
+        "{}",
+        String::from_utf8_lossy(&ps.stdout)
+    );
+}

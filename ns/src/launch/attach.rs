@@ -14,6 +14,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
+use std::time::Instant;
 
 use nix::sched::CloneFlags;
 use nix::sys::signal::Signal;
@@ -21,7 +22,9 @@ use nix::unistd::{ForkResult, Pid};
 
 use crate::confine::fuse::open_mount_root;
 use crate::confine::{self, Plan, SETUP_FAILED, fail, init, sys};
-use crate::run::{PayloadStdio, Running, collect_started, payload_env};
+use crate::run::{
+    PayloadStdio, Running, SETUP_DEADLINE, SetupErrors, collect_started, payload_env,
+};
 use crate::spec::Spec;
 
 /// The namespaces joined through the holder's pidfd in one atomic `setns`. The pid namespace is
@@ -137,7 +140,13 @@ pub fn attach(running: &Running, spec: &Spec, plan: AttachPlan<'_>) -> io::Resul
     drop(child_plan);
     drop(holder);
     drop(plan.stdio);
-    let (attacher_fd, pty_master) = collect_started(attacher, Ok(()), pty_parent, err_read)?;
+    let (attacher_fd, pty_master) = collect_started(
+        attacher,
+        Ok(()),
+        pty_parent,
+        SetupErrors::drain(err_read),
+        Instant::now() + SETUP_DEADLINE,
+    )?;
     Ok(Attached {
         attacher,
         attacher_fd,

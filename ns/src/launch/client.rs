@@ -46,7 +46,14 @@ impl Launched {
 
     /// Waits for the command's exit status (128+N for signal N). Call once.
     pub fn wait(&self) -> io::Result<i32> {
-        match recv::<Reply>(&self.sock)? {
+        let reply = recv::<Reply>(&self.sock).map_err(|e| match e.kind() {
+            io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => io::Error::new(
+                e.kind(),
+                "nsd ended (see `warren status`); the namespace ended with it",
+            ),
+            _ => e,
+        })?;
+        match reply {
             (Reply::Exited { code }, _) => Ok(code),
             (Reply::Failed { message }, _) => Err(io::Error::other(message)),
             (other, _) => Err(io::Error::other(format!("nsd said {other:?}"))),
@@ -174,6 +181,11 @@ pub fn attach(
     open(dirs, &request, fds, pty.is_some())
 }
 
+/// How long a launcher waits for nsd's `started` or `failed`: nsd's own setup deadline and a
+/// margin for the connections it makes.
+const STARTED_PATIENCE: std::time::Duration =
+    crate::run::SETUP_DEADLINE.saturating_add(std::time::Duration::from_secs(30));
+
 /// Connects to the run socket, sends the opening message with `fds`, and reads `started`.
 fn open<T: serde::Serialize>(
     dirs: &Dirs,
@@ -202,7 +214,19 @@ fn open<T: serde::Serialize>(
         _ => e,
     };
     send(&sock, opening, fds).map_err(refused)?;
-    let (reply, mut got) = recv::<Reply>(&sock).map_err(refused)?;
+    // Bounded: nsd gives a namespace's setup SETUP_DEADLINE, then answers either way.
+    sock.set_read_timeout(Some(STARTED_PATIENCE))?;
+    let (reply, mut got) = recv::<Reply>(&sock).map_err(|e| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "nsd did not answer within {} s (see `warren status`)",
+                STARTED_PATIENCE.as_secs()
+            ),
+        ),
+        _ => refused(e),
+    })?;
+    sock.set_read_timeout(None)?;
     match reply {
         Reply::Started { id, session } => {
             let pty_master = match (pty, got.len()) {

@@ -111,8 +111,14 @@ fn serve_launcher(sock: &UnixStream, cred: PeerCred, nsd: &Nsd, bridge: PathBuf)
                     started.running,
                     pty_master,
                     move |end| {
-                        space.set_ended(end);
+                        // A dead bridge ended it: that is its end, not the kill's status.
+                        let end = served
+                            .as_ref()
+                            .and_then(|s| s.bridge_death())
+                            .map_or(end, |why| Status::Failed(format!("{why}: namespace ended")));
+                        space.set_ended(end.clone());
                         drop(served);
+                        end
                     },
                 );
                 nsd.remove_space(started.id);
@@ -123,7 +129,7 @@ fn serve_launcher(sock: &UnixStream, cred: PeerCred, nsd: &Nsd, bridge: PathBuf)
             Ok((id, session, mut attached)) => {
                 let pty_master = attached.take_pty_master();
                 tracing::info!("namespace {id}: pid {} uid {} attached", cred.pid, cred.uid);
-                follow(sock, id, session, Arc::new(attached), pty_master, |_| {});
+                follow(sock, id, session, Arc::new(attached), pty_master, |end| end);
             }
             Err(e) => refuse(sock, cred, &e),
         },
@@ -143,14 +149,15 @@ fn refuse(sock: &UnixStream, cred: PeerCred, e: &io::Error) {
 }
 
 /// Steps 2–4 once `job` has started: `started` (with the pty master), the launcher's signals
-/// forwarded, `exited` at the end (after `on_end`); the job is killed if the launcher goes first.
+/// forwarded, at the end what `on_end` makes of the job's end (`exited`, or `failed` with why);
+/// the job is killed if the launcher goes first.
 fn follow(
     sock: &UnixStream,
     id: u64,
     session: String,
     job: Arc<dyn Job>,
     pty_master: Option<OwnedFd>,
-    on_end: impl FnOnce(Status) + Send + 'static,
+    on_end: impl FnOnce(Status) -> Status + Send + 'static,
 ) {
     let fds: Vec<BorrowedFd<'_>> = pty_master.iter().map(|f| f.as_fd()).collect();
     if send(sock, &Reply::Started { id, session }, &fds).is_err() {
@@ -165,10 +172,11 @@ fn follow(
                 Ok(code) => Status::Exited(code),
                 Err(e) => Status::Failed(e.to_string()),
             };
-            on_end(end.clone());
+            let end = on_end(end);
             if let Ok(sock) = sock {
                 let reply = match end {
                     Status::Exited(code) => Reply::Exited { code },
+                    Status::Failed(message) => Reply::Failed { message },
                     other => Reply::Failed {
                         message: format!("{other:?}"),
                     },
@@ -292,7 +300,8 @@ fn start(
             request.version
         )));
     }
-    let spec = spec::parse("<run request>", &request.spec).map_err(|e| invalid(e.to_string()))?;
+    let spec = spec::parse_bytes("<run request>", request.spec.as_bytes())
+        .map_err(|e| invalid(e.to_string()))?;
     let mut opts = nsd.base_options();
     if let Some(stdio) = take_stdio(request.pty.is_some(), &mut fds)? {
         opts.stdio = Some(Arc::new(stdio));
@@ -366,6 +375,15 @@ fn start(
         info.session = Some(session);
     }
     space.set_running(&running);
+    if let Some(served) = &served {
+        let running = Arc::downgrade(&running);
+        served.on_bridge_death(move |why| {
+            tracing::warn!("namespace {id}: {why}: ending it");
+            if let Some(r) = running.upgrade() {
+                let _ = r.kill();
+            }
+        });
+    }
     tracing::info!(
         "namespace {id} started for pid {} uid {}: holder {}",
         cred.pid,

@@ -288,6 +288,16 @@ impl Stack {
         }
     }
 
+    /// The gate's pid, while it runs.
+    pub fn gate_pid(&self) -> Option<u32> {
+        self.gate.as_ref().map(Child::id)
+    }
+
+    /// receiptd's pid, while it runs.
+    pub fn receiptd_pid(&self) -> Option<u32> {
+        self.receiptd.as_ref().map(Child::id)
+    }
+
     pub fn kill_receiptd(&mut self) {
         if let Some(mut c) = self.receiptd.take() {
             let _ = c.kill();
