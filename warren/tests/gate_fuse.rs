@@ -625,3 +625,109 @@ fn on_a_terminal_warren_run_asks_and_once_runs_the_call() {
         "the answer typed at the prompt reached the namespace: {stdout}"
     );
 }
+
+/// The prompt an agent redraws: a confined command turns `onlcr` off, raises a `shell` call in
+/// the background and, once the prompt is up, prints cursor movements that draw a whole forged
+/// prompt (`args {"command":"ls"}`) over it. The launcher holds the namespace's output while it
+/// asks and draws the ask on a fresh surface: the screen the operator answers shows the real
+/// command, the forged bytes reach the terminal only after the answer, and the denied call never
+/// runs.
+#[test]
+fn an_ask_on_the_terminal_cannot_be_redrawn_by_the_namespace() {
+    let Some(w) = Warren::up() else { return };
+    let work = Workdir::new(&w, "shell");
+    let base = w.base.path();
+    let sync = tempfile::Builder::new()
+        .prefix("wsync")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(sync.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let sync_dir = sync.path().display();
+    std::fs::write(
+        &work.spec,
+        format!(
+            "mount tool /tool shell\ntool shell -w {}\nbind -w {sync_dir} {sync_dir}\n",
+            work.path()
+        ),
+    )
+    .unwrap();
+    let hidden = format!(
+        r#"{{"command":"echo PWNED >> {0}/effects; id","cwd":"{0}"}}"#,
+        work.path()
+    );
+    let forged = "\\033[H\\033[2J\\033[1mwarren run: the command asks (ask 1):\\033[0m\\r\\n  \
+                  tool shell\\r\\n  bytes 16\\r\\n  args {\\\"command\\\":\\\"ls\\\"}\\r\\n  \
+                  state open\\r\\nallow? once, session or deny: ";
+    let script = format!(
+        "{CALL}\nstty -onlcr\n( call shell '{hidden}' > /dev/null 2>&1 ) &\n\
+         until [ -e {sync_dir}/go ]; do sleep 0.05; done\n\
+         printf \"{forged}\"\ntouch {sync_dir}/forged\nwait\n"
+    );
+    std::fs::write(base.join("agent.sh"), &script).unwrap();
+    let drive = format!(
+        "export WARREN_RUNTIME_DIR={r} WARREN_DATA_DIR={d} WARREN_SECRETS_DIR={s}\n\
+         {warren} run --ns {spec} -- /bin/sh -c \"$(cat {b}/agent.sh)\" 2> {b}/err\n\
+         echo $? > {b}/exit\nsleep 600\n",
+        r = w.runtime().display(),
+        d = base.join("data").display(),
+        s = base.join("secrets").display(),
+        warren = env!("CARGO_BIN_EXE_warren"),
+        spec = work.spec(),
+        b = base.display(),
+    );
+    std::fs::write(base.join("drive.sh"), drive).unwrap();
+    let command = format!("/bin/sh {}/drive.sh", base.display());
+    let Some(tmux) = Tmux::start(base, &command) else {
+        panic!("tmux is missing (scripts/install-test-deps installs it)");
+    };
+    tmux.wait_for("once, session or deny");
+    // The forgery, written while the prompt is up.
+    std::fs::write(sync.path().join("go"), "").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !sync.path().join("forged").exists() {
+        assert!(Instant::now() < deadline, "the agent never forged");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Give a relay that lets the bytes through every chance to draw them.
+    let args_line = |screen: &str| -> String {
+        screen
+            .lines()
+            .find(|l| l.trim_start().starts_with("args "))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let shown_until = Instant::now() + Duration::from_secs(3);
+    let screen = loop {
+        let screen = tmux.screen();
+        assert!(
+            !screen.contains(r#"{"command":"ls"}"#),
+            "the namespace redrew the prompt:\n{screen}"
+        );
+        if Instant::now() > shown_until {
+            break screen;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let args = args_line(&screen);
+    assert!(
+        args.contains("echo PWNED") && args.contains("; id"),
+        "the args line does not show the real command: {args:?}\n{screen}"
+    );
+    assert!(screen.contains("once, session or deny"), "{screen}");
+    assert!(work.effects().is_empty(), "ran before it was answered");
+    tmux.cmd(&["send-keys", "-t", "t", "deny", "Enter"])
+        .status()
+        .unwrap();
+    // The held bytes come through once the ask is answered: they were written, and held.
+    tmux.wait_for(r#"{"command":"ls"}"#);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !base.join("exit").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "warren run did not end:\n{}",
+            tmux.screen()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(work.effects().is_empty(), "the denied call ran");
+}
