@@ -22,9 +22,13 @@ use unicode_general_category::{GeneralCategory, get_general_category};
 
 /// Whether `c` must be escaped before a person sees it (see the module doc).
 pub fn must_escape(c: char) -> bool {
-    if c == '\\' {
-        return true;
-    }
+    c == '\\' || misleads(c)
+}
+
+/// Whether `c` can make text read as something it is not: every code point [`must_escape`]
+/// names but `\` (which only matters inside an escaped text). Names, paths and words that a
+/// namespace writes and that need not hold such a code point are refused with it.
+pub fn misleads(c: char) -> bool {
     match get_general_category(c) {
         GeneralCategory::Control
         | GeneralCategory::Format
