@@ -224,7 +224,8 @@ ring as fs_write; a `new` with an elision marker line new to the file is refused
 const SHELL_DOC: &str = "\
 shell {command, timeout_s?, cwd?} — runs `/bin/sh -c command` in a new process group, as the
 worker's unprivileged uid, stdin /dev/null, environment reduced to PATH, HOME, LANG, LC_ALL,
-TERM, TMPDIR, USER. `cwd` (default: the first root) must be a directory in a root.
+TERM, TMPDIR, USER. `cwd` (default: the first root) must be a directory in a root, named as
+the file tools name paths (fs_list's escaped form).
 The result is stdout and stderr interleaved, capped at 1 MiB (the first and last 512 KiB kept,
 with a marker), then `[exit status N]`. At `timeout_s` (default 120, at most 600) the command's
 whole process group is killed and the result says so; the group is killed at the end of every
