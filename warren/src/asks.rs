@@ -3,8 +3,10 @@
 //! While the command runs, a thread follows the gate's live event stream (blocking reads of
 //! `/gate/events`, never a poll) for this namespace's session only. On a terminal, each ask is
 //! shown as the gate's `request` file shows it (every non-printing and bidi code point escaped,
-//! the argument bytes' length, a fingerprint prefix), the terminal's input is taken from the
-//! namespace for the prompt (`warren_ns::pty::divert_input`), and the typed `once`, `session` or
+//! the argument bytes' length, a fingerprint prefix) on a surface the namespace cannot draw on:
+//! its output held (`warren_ns::pty::hold_output`) and the alternate screen reset and cleared
+//! (`PromptScreen`). The terminal's input is taken from the namespace for the prompt
+//! (`warren_ns::pty::divert_input`), and the typed `once`, `session` or
 //! `deny` is written to `/gate/pending/<id>/ctl` on a confirmed-tty operator connection. With no
 //! terminal nobody can answer, so each ask is denied at once and stderr says how to answer asks
 //! from `warren approvals` instead (`--asks operator`).
