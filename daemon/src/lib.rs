@@ -4,6 +4,7 @@
 
 pub mod accept;
 pub mod dirs;
+pub mod escape;
 pub mod handoff;
 pub mod identity;
 pub mod operator;

@@ -301,7 +301,8 @@ impl Gate {
                 format!(
                     "pending {id} session={} tool={} tier={class_label} fp={} bytes={}\n",
                     req.session,
-                    req.tool,
+                    // One event a line: a tool name is escaped like everything else shown.
+                    crate::escape::escape(&req.tool),
                     &req.fingerprint[..16],
                     req.canonical_args.len()
                 ),

@@ -584,15 +584,26 @@ async fn a_namespace_sees_and_answers_only_strict_descendants_with_once_or_deny(
 async fn request_escapes_bidi_and_invisible_code_points() {
     let env = Env::up(&[]);
     let op = env.operator().await;
-    let content = "safe\u{202E}txt.exe\u{200B}\u{2066}";
+    // Bidi and zero-width, then what the one rule adds by category: a format control outside
+    // the old hand-kept ranges (U+13430), an unassigned code point, a look-alike space, a line
+    // separator and private use (JSON leaves all of these raw).
+    let content = "safe\u{202E}txt.exe\u{200B}\u{2066}\u{13430}\u{0378}\u{00A0}\u{2028}\u{E000}";
     let args = json!({"path": "a", "content": content});
     let a = decide(&op, S1, "fs_write", &args, &[]).await;
     let text = read(&op, &format!("pending/{}/request", a.pending.unwrap()))
         .await
         .unwrap();
     assert!(
-        text.contains(r"safe\u{202E}txt.exe\u{200B}\u{2066}"),
+        text.contains(
+            r"safe\u{202E}txt.exe\u{200B}\u{2066}\u{13430}\u{0378}\u{00A0}\u{2028}\u{E000}"
+        ),
         "{text}"
+    );
+    assert!(
+        !text
+            .chars()
+            .any(|c| c != '\n' && warren_daemon::escape::misleads(c)),
+        "a raw hidden code point was shown: {text:?}"
     );
     assert!(
         !text

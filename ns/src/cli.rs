@@ -140,6 +140,12 @@ fn block_forwarded(who: &str, failed: u8) -> Result<SigSet, u8> {
     }
 }
 
+/// An error as the launcher prints it: nsd's messages may quote a spec or words a namespace
+/// wrote, so they are escaped (lines kept) like every other view.
+fn shown(e: &dyn std::fmt::Display) -> String {
+    warren_daemon::escape::escaped_lines(&e.to_string())
+}
+
 /// The size of the launcher's terminal when stdin is one: the namespace then gets a pty of that
 /// size (rows, cols, xpixel, ypixel); None: no pty, plain stdio.
 fn terminal_size() -> Option<[u16; 4]> {
@@ -165,7 +171,7 @@ pub fn run_foreground(who: &str, spec: &Spec, command: &[String], opts: &RunOpti
     match spawn(spec, command, opts) {
         Ok(r) => drive(who, Arc::new(r), forwarded),
         Err(e) => {
-            eprintln!("{who}: run: {e}");
+            eprintln!("{who}: run: {}", shown(&e));
             125
         }
     }
@@ -205,13 +211,13 @@ pub fn run_through_nsd(
         Ok(launched) => {
             if let Err(e) = on_started(&launched) {
                 // Dropping `launched` closes the run socket: nsd kills the namespace.
-                eprintln!("{who}: run: {e}");
+                eprintln!("{who}: run: {}", shown(&e));
                 return 125;
             }
             drive(who, Arc::new(launched), forwarded)
         }
         Err(e) => {
-            eprintln!("{who}: run: {e}");
+            eprintln!("{who}: run: {}", shown(&e));
             125
         }
     }
@@ -237,7 +243,7 @@ pub fn attach_through_nsd(
     match crate::launch::client::attach(dirs, id, command, pty, stdio) {
         Ok(attached) => drive(who, Arc::new(attached), forwarded),
         Err(e) => {
-            eprintln!("{who}: attach {id}: {e}");
+            eprintln!("{who}: attach {id}: {}", shown(&e));
             1
         }
     }
@@ -288,7 +294,7 @@ fn drive<F: Foreground>(who: &str, running: Arc<F>, forwarded: SigSet) -> u8 {
     match status {
         Ok(code) => u8::try_from(code).unwrap_or(255),
         Err(e) => {
-            eprintln!("{who}: run: {e}");
+            eprintln!("{who}: run: {}", shown(&e));
             125
         }
     }

@@ -1,10 +1,13 @@
 //! The namespace spec language (normative text: `specs/namespace.md`).
 //!
 //! One directive a line; `#` starts a comment at the start of a word; words are separated by
-//! blanks; a word may be single-quoted (`'a b'`, with `''` for a literal quote), rc-style.
+//! blanks; a word may be single-quoted (`'a b'`, with `''` for a literal quote), rc-style, or
+//! written `$'…'` in the escaping rule's form (`\\`, `\u{XXXX}`: `warren_daemon::escape`).
 //! Errors name the file, line and column and show the offending line.
 
 use std::fmt;
+
+use warren_daemon::escape::{escape, misleads, unescape_str};
 
 /// Read-only or read-write access, as `-r` / `-w` say it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -145,19 +148,34 @@ pub struct SpecError {
 }
 
 impl fmt::Display for SpecError {
+    /// The message and the line as a person may safely read them (every control, bidi and
+    /// invisible code point escaped: `warren_daemon::escape`), the caret under the escaped word.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let gutter = self.line.to_string().len();
         let pad = " ".repeat(gutter);
-        writeln!(f, "error: {}", self.message)?;
-        writeln!(f, "{pad}--> {}:{}:{}", self.file, self.line, self.column)?;
-        writeln!(f, "{pad} |")?;
-        writeln!(f, "{} | {}", self.line, self.source_line)?;
-        write!(
+        let chars: Vec<char> = self.source_line.chars().collect();
+        let start = self.column.saturating_sub(1).min(chars.len());
+        let end = start.saturating_add(self.width).min(chars.len());
+        let shown = |cs: &[char]| escape(&cs.iter().collect::<String>());
+        let (before, under) = (shown(&chars[..start]), shown(&chars[start..end]));
+        writeln!(f, "error: {}", escape(&self.message))?;
+        writeln!(
             f,
-            "{pad} | {}{}",
-            " ".repeat(self.column.saturating_sub(1)),
-            "^".repeat(self.width.max(1))
-        )
+            "{pad}--> {}:{}:{}",
+            escape(&self.file),
+            self.line,
+            self.column
+        )?;
+        writeln!(f, "{pad} |")?;
+        writeln!(f, "{} | {}", self.line, escape(&self.source_line))?;
+        // Past the line's end (a missing word) the caret stands where the word would.
+        let at = before.chars().count() + self.column.saturating_sub(1).saturating_sub(start);
+        let width = if start < end {
+            under.chars().count()
+        } else {
+            self.width.max(1)
+        };
+        write!(f, "{pad} | {}{}", " ".repeat(at), "^".repeat(width))
     }
 }
 
@@ -210,7 +228,13 @@ fn split_words(ctx: &LineCtx<'_>) -> Result<Vec<Word>, SpecError> {
         }
         let start = i;
         let mut text = String::new();
-        if c == '\'' {
+        // `$'…'`: a quoted word in the escaping rule's form (what `quote` writes for a word
+        // holding a control, bidi or invisible code point).
+        let escaped = c == '$' && chars.get(i + 1) == Some(&'\'');
+        if escaped {
+            i += 1;
+        }
+        if c == '\'' || escaped {
             i += 1;
             loop {
                 match chars.get(i) {
@@ -235,6 +259,10 @@ fn split_words(ctx: &LineCtx<'_>) -> Result<Vec<Word>, SpecError> {
                 && !matches!(next, ' ' | '\t' | '\r')
             {
                 return Err(ctx.err_at(i + 1, 1, "a quoted word must be followed by a blank"));
+            }
+            if escaped {
+                text = unescape_str(&text)
+                    .map_err(|e| ctx.err_at(start + 1, i - start, format!("in $'…': {e}")))?;
             }
         } else {
             while i < chars.len() && !matches!(chars[i], ' ' | '\t' | '\r') {
@@ -271,17 +299,37 @@ pub fn split_command(line: &str) -> Result<Vec<String>, SpecError> {
     Ok(split_words(&ctx)?.into_iter().map(|w| w.text).collect())
 }
 
-/// Quotes a word when it would not read back as itself.
+/// Quotes a word when it would not read back as itself. A word holding a code point the
+/// escaping rule names (a control, bidi or invisible one: `warren_daemon::escape`) is written
+/// `$'…'` with that rule's escapes, so the quoted word is one printable line that reads back
+/// exactly; any other word that needs it is written `'…'`. Either doubles a `'`.
 pub fn quote(word: &str) -> String {
+    if word.chars().any(misleads) {
+        return format!("$'{}'", escape(word).replace('\'', "''"));
+    }
     let plain = !word.is_empty()
         && !word.starts_with('#')
-        && !word
-            .chars()
-            .any(|c| c == '\'' || c.is_whitespace() || c.is_control());
+        && !word.chars().any(|c| c == '\'' || c.is_whitespace());
     if plain {
         word.to_string()
     } else {
         format!("'{}'", word.replace('\'', "''"))
+    }
+}
+
+/// Refuses a word that holds a code point the escaping rule names: a path, key file or mount
+/// word is shown to the operator and other namespaces, and a bidi or invisible code point would
+/// make it read as another.
+fn check_shown(ctx: &LineCtx<'_>, w: &Word, what: &str) -> Result<(), SpecError> {
+    match w.text.chars().find(|&c| misleads(c)) {
+        Some(c) => Err(ctx.err(
+            w,
+            format!(
+                "{what} contains U+{:04X}, a control, format (bidi) or invisible code point",
+                c as u32
+            ),
+        )),
+        None => Ok(()),
     }
 }
 
@@ -290,9 +338,7 @@ fn check_abs_path(ctx: &LineCtx<'_>, w: &Word, what: &str) -> Result<String, Spe
     if !p.starts_with('/') {
         return Err(ctx.err(w, format!("{what} must be an absolute path, got `{p}`")));
     }
-    if p.chars().any(|c| c.is_control()) {
-        return Err(ctx.err(w, format!("{what} contains a control character")));
-    }
+    check_shown(ctx, w, what)?;
     if p != "/" {
         if p.ends_with('/') {
             return Err(ctx.err(w, format!("{what} `{p}` has a trailing `/`")));
@@ -528,9 +574,10 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                     let Some((k, tail2)) = tail.split_first() else {
                         return Err(ctx.err(w, "-k needs a KEYFILE"));
                     };
-                    if k.text.is_empty() || k.text.chars().any(|c| c.is_control()) {
+                    if k.text.is_empty() {
                         return Err(ctx.err(k, "bad KEYFILE"));
                     }
+                    check_shown(&ctx, k, "KEYFILE")?;
                     key = Some(k.text.clone());
                     rest = tail2;
                 }
@@ -554,6 +601,7 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                 claim_target(&ctx, path_w, &path, &mut targets)?;
                 let mut names: Vec<String> = Vec::new();
                 for w in spec_words {
+                    check_shown(&ctx, w, "a mount word")?;
                     if server == Server::Local(LocalServer::Tool) {
                         if !is_tool_name(&w.text) {
                             return Err(ctx.err(w, format!("`{}` is not a tool name", w.text)));
@@ -972,6 +1020,56 @@ mod tests {
         }
     }
 
+    /// A word holding an escape sequence, a newline or a bidi override is quoted as one
+    /// printable line (so an `info` line or a `warren ps` row cannot be forged) that reads back
+    /// as the same word.
+    #[test]
+    fn hostile_words_quote_to_one_printable_line_and_read_back() {
+        for word in [
+            "\x1b[2K\x1b[1A\r1     running 0s      /tool            shell                sh",
+            "ok.txt\nid_rsa\tfile\t1675",
+            "/tmp/\u{202E}txt.exe",
+            "it's a\u{00A0}b\u{200B}c\\u{41}",
+            "$'x'",
+            "plain",
+            "has space",
+        ] {
+            let q = quote(word);
+            assert!(
+                !q.chars().any(misleads),
+                "{word:?} quoted as {q:?} still holds a hidden code point"
+            );
+            assert_eq!(split_command(&q).unwrap(), vec![word.to_owned()], "{q}");
+            let two = format!("{q} {}", quote("next"));
+            assert_eq!(split_command(&two).unwrap(), vec![word, "next"], "{two}");
+        }
+        assert_eq!(quote("/tmp/\u{202E}x"), "$'/tmp/\\u{202E}x'");
+        assert!(split_command(r"$'\q'").is_err());
+    }
+
+    /// A path, key file or mount word with a format (bidi) or invisible code point is refused:
+    /// it would be shown reversed or as another in `warren ns` and `warren ps`.
+    #[test]
+    fn paths_with_bidi_or_invisible_code_points_are_refused() {
+        for (text, needle) in [
+            ("mount gate /n/\u{202E}etag", "U+202E"),
+            ("bind /a\u{200B}b /x", "U+200B"),
+            ("bind /a /x\u{00A0}y", "U+00A0"),
+            ("bind /a /x\u{E000}", "U+E000"),
+            ("mount -k /k\u{2066} gate /g", "U+2066"),
+            ("mount gate /g a\u{2028}b", "U+2028"),
+            ("bind $'/a\\u{001B}[2J' /x", "U+001B"),
+        ] {
+            let e = err(text);
+            assert!(e.message.contains(needle), "{text:?}: {:?}", e.message);
+            let shown = e.to_string();
+            assert!(
+                !shown.chars().any(|c| c != '\n' && misleads(c)),
+                "the error shows a hidden code point: {shown:?}"
+            );
+        }
+    }
+
     #[test]
     fn quoting_and_comments() {
         let s = parse("x", "bind '/a b' '/it''s' # trailing\n# whole line\n\n").unwrap();
@@ -1023,7 +1121,13 @@ mod tests {
         let other_mount = (
             prop::option::of("[a-z./]{1,8}"),
             server,
-            prop::collection::vec("[^\n\r\0]{0,5}", 0..3),
+            // Mount words hold no control, bidi or invisible code point (those are refused).
+            prop::collection::vec("[^\n\r\0]{0,5}", 0..3).prop_map(|words| {
+                words
+                    .into_iter()
+                    .map(|w| w.chars().filter(|&c| !misleads(c)).collect())
+                    .collect::<Vec<String>>()
+            }),
         );
         (
             prop::collection::vec(bind, 0..4),

@@ -225,3 +225,71 @@ async fn fs_list_shows_names_types_and_sizes_without_following_links() {
     // `..` lists the root itself, never its parent.
     assert_eq!(call(&w, json!({"path": "../.."})).await, out);
 }
+
+/// Hostile names: a newline and tabs that would forge a second entry (`id_rsa`), a bidi
+/// override, invalid UTF-8 and a backslash. `fs_list` shows one escaped line per entry, with
+/// nothing hidden, and `fs_read` and `fs_write` name each file back exactly as it is listed.
+#[tokio::test]
+async fn fs_list_escapes_names_and_file_tools_take_them_back() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let scratch = Scratch::new();
+    let repo = scratch.worker_dir("repo");
+    let names: [&[u8]; 4] = [
+        b"ok.txt\nid_rsa\tfile\t1675",
+        "\u{202E}txt.exe".as_bytes(),
+        b"bad\xff\xfename",
+        b"back\\slash",
+    ];
+    for (i, name) in names.iter().enumerate() {
+        worker_file(
+            &repo.join(OsStr::from_bytes(name)),
+            format!("file {i}").as_bytes(),
+        );
+    }
+    let list = spawn("fs_list", &[("/r", &repo, false)]);
+    let out = call(&list, json!({"path": "."})).await;
+    let listing = assert_ok(&out);
+    let lines: Vec<&str> = listing.lines().collect();
+    assert_eq!(lines.len(), names.len(), "{listing}");
+    assert!(
+        !listing
+            .chars()
+            .any(|c| c != '\n' && c != '\t' && warren_daemon::escape::misleads(c)),
+        "{listing:?}"
+    );
+    let listed: Vec<&str> = lines
+        .iter()
+        .map(|l| {
+            let fields: Vec<&str> = l.split('\t').collect();
+            assert_eq!(fields.len(), 3, "an entry forged a column: {l:?}");
+            assert_eq!(fields[1], "file", "{l:?}");
+            fields[0]
+        })
+        .collect();
+    assert!(listed.contains(&r"ok.txt\u{000A}id_rsa\u{0009}file\u{0009}1675"));
+    assert!(listed.contains(&r"\u{202E}txt.exe"));
+    assert!(listed.contains(&r"bad\x{FF}\x{FE}name"));
+    assert!(listed.contains(&r"back\\slash"));
+
+    let read = spawn("fs_read", &[("/r", &repo, false)]);
+    let write = spawn("fs_write", &[("/r", &repo, true)]);
+    for (i, name) in names.iter().enumerate() {
+        let shown = warren_daemon::escape::escape_bytes(name);
+        assert!(listed.contains(&shown.as_str()), "{shown} not listed");
+        let content = call(&read, json!({ "path": shown })).await;
+        assert_eq!(assert_ok(&content), format!("file {i}"), "{shown}");
+        let written = call(&write, json!({ "path": shown, "content": "new" })).await;
+        assert_ok(&written);
+        assert_eq!(
+            std::fs::read(repo.join(OsStr::from_bytes(name))).unwrap(),
+            b"new",
+            "{shown}"
+        );
+    }
+    // A backslash that starts no escape is an error, not a guess.
+    assert_refused(
+        &call(&read, json!({"path": r"back\slash"})).await,
+        &["bad escape"],
+    );
+}

@@ -11,6 +11,8 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use tokio::io::AsyncBufReadExt;
 use warren_daemon::Dirs;
+use warren_daemon::escape::escaped_lines;
+use warren_gate::approvals::Shown;
 
 /// The fingerprint prefix a `request` file shows (its `fingerprint` line).
 pub fn fingerprint_prefix(request: &str) -> Option<String> {
@@ -95,6 +97,21 @@ pub fn verb(word: &str, request: Option<&str>) -> Result<String, String> {
     }
 }
 
+/// An open ask as `warren approvals` prints it: the gate's escaped `request` text, with anything
+/// the gate let through escaped here all the same (one rule: `warren_daemon::escape`).
+fn ask_shown(s: &Shown) -> String {
+    format!(
+        "\n── ask {} ──\n{}",
+        s.id,
+        escaped_lines(s.request.trim_end())
+    )
+}
+
+/// A closed ask's line, escaped the same way.
+fn closed_shown(id: i64, line: &str) -> String {
+    format!("── ask {id} closed: {}", escaped_lines(line))
+}
+
 pub fn approvals(dirs: &Dirs) -> Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -111,12 +128,12 @@ pub fn approvals(dirs: &Dirs) -> Result<ExitCode> {
         let view = warren_gate::approvals::approvals(
             &client,
             |s| {
-                println!("\n── ask {} ──\n{}", s.id, s.request.trim_end());
+                println!("{}", ask_shown(s));
                 shown.lock().expect("shown").insert(s.id, s.request.clone());
             },
             |ev| {
                 if let warren_gate::approvals::Event::Closed { id, line } = ev {
-                    println!("── ask {id} closed: {line}");
+                    println!("{}", closed_shown(*id, line));
                     shown.lock().expect("shown").remove(id);
                 }
                 true
@@ -134,8 +151,8 @@ pub fn approvals(dirs: &Dirs) -> Result<ExitCode> {
                 let request = shown.lock().expect("shown").get(&id).cloned();
                 match verb(word, request.as_deref()) {
                     Ok(v) => match warren_gate::approvals::answer(&root, id, &v).await {
-                        Ok(reply) => println!("ask {id}: {v}: {}", reply.trim()),
-                        Err(e) => println!("ask {id}: {v}: refused: {e}"),
+                        Ok(reply) => println!("ask {id}: {v}: {}", escaped_lines(reply.trim())),
+                        Err(e) => println!("ask {id}: {v}: refused: {}", escaped_lines(&e.to_string())),
                     },
                     Err(e) => println!("{e}"),
                 }
@@ -153,6 +170,30 @@ pub fn approvals(dirs: &Dirs) -> Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whatever a request or an event line holds that must not reach a terminal (ESC
+    /// sequences, a bidi override, a carriage return) is escaped; the lines stay lines.
+    #[test]
+    fn asks_and_closed_lines_are_escaped() {
+        let s = Shown {
+            id: 4,
+            request: "ask 4\ntool sh\u{202E}ll\nargs {\"command\":\"ls\"}\x1b[1A\r\x1b[2Kargs x\n"
+                .into(),
+        };
+        let shown = ask_shown(&s);
+        assert_eq!(shown.lines().count(), 5, "{shown}");
+        assert!(
+            !shown
+                .chars()
+                .any(|c| c != '\n' && warren_daemon::escape::misleads(c)),
+            "{shown:?}"
+        );
+        let closed = closed_shown(4, "closed 4 answered allow\x1b]0;x\x07");
+        assert!(
+            !closed.chars().any(warren_daemon::escape::misleads),
+            "{closed:?}"
+        );
+    }
 
     #[test]
     fn answers_map_to_verbs() {

@@ -3,8 +3,10 @@
 //! While the command runs, a thread follows the gate's live event stream (blocking reads of
 //! `/gate/events`, never a poll) for this namespace's session only. On a terminal, each ask is
 //! shown as the gate's `request` file shows it (every non-printing and bidi code point escaped,
-//! the argument bytes' length, a fingerprint prefix), the terminal's input is taken from the
-//! namespace for the prompt (`warren_ns::pty::divert_input`), and the typed `once`, `session` or
+//! the argument bytes' length, a fingerprint prefix) on a surface the namespace cannot draw on:
+//! its output held (`warren_ns::pty::hold_output`) and the alternate screen reset and cleared
+//! (`PromptScreen`). The terminal's input is taken from the namespace for the prompt
+//! (`warren_ns::pty::divert_input`), and the typed `once`, `session` or
 //! `deny` is written to `/gate/pending/<id>/ctl` on a confirmed-tty operator connection. With no
 //! terminal nobody can answer, so each ask is denied at once and stderr says how to answer asks
 //! from `warren approvals` instead (`--asks operator`).
@@ -17,6 +19,7 @@ use nix::sys::signal::{SigSet, SigmaskHow};
 use tokio::sync::mpsc;
 use warren_9p::Fid;
 use warren_daemon::Dirs;
+use warren_daemon::escape::escaped_lines;
 use warren_gate::approvals::{Event, Shown};
 
 use crate::approvals::{operator_connection, request_field, verb};
@@ -220,11 +223,56 @@ enum Typed {
     Cancel,
 }
 
+/// Where the answer reader is in the typed bytes: keys that send escape sequences (arrows,
+/// function keys) and a terminal's own reports (to a query the namespace wrote before the
+/// prompt) arrive as sequences whose printable bytes are not typing.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Keys {
+    Text,
+    /// After ESC.
+    Escape,
+    /// In a CSI sequence (ESC `[`), until its final byte.
+    Csi,
+    /// In a string (OSC, DCS, SOS, PM, APC), until BEL or ST.
+    Str,
+    /// ESC inside a string (ST is ESC `\`).
+    StrEscape,
+    /// One byte after SS3 (ESC `O`).
+    One,
+}
+
+impl Keys {
+    /// The next state, and whether `b` is typed text.
+    fn next(self, b: u8) -> (Keys, bool) {
+        match (self, b) {
+            (Keys::Text, 0x1b) => (Keys::Escape, false),
+            (Keys::Text, _) => (Keys::Text, true),
+            (Keys::Escape, b'[') => (Keys::Csi, false),
+            (Keys::Escape, b']' | b'P' | b'X' | b'^' | b'_') => (Keys::Str, false),
+            (Keys::Escape, b'O') => (Keys::One, false),
+            (Keys::Escape | Keys::One, _) => (Keys::Text, false),
+            (Keys::Csi, 0x40..=0x7e) => (Keys::Text, false),
+            (Keys::Csi, _) => (Keys::Csi, false),
+            (Keys::Str, 0x07) => (Keys::Text, false),
+            (Keys::Str, 0x1b) => (Keys::StrEscape, false),
+            (Keys::Str, _) => (Keys::Str, false),
+            (Keys::StrEscape, b'\\') => (Keys::Text, false),
+            (Keys::StrEscape, _) => (Keys::Str, false),
+        }
+    }
+}
+
 /// Reads one line from the diverted input, echoing it (the launcher's terminal is raw).
 async fn read_line(input: &mut mpsc::UnboundedReceiver<Vec<u8>>, out: &mut dyn Write) -> Typed {
     let mut line = String::new();
+    let mut keys = Keys::Text;
     while let Some(bytes) = input.recv().await {
         for b in bytes {
+            let typed;
+            (keys, typed) = keys.next(b);
+            if !typed {
+                continue;
+            }
             match b {
                 b'\r' | b'\n' => {
                     let _ = out.write_all(b"\r\n");
@@ -241,7 +289,7 @@ async fn read_line(input: &mut mpsc::UnboundedReceiver<Vec<u8>>, out: &mut dyn W
                     line.push(b as char);
                     let _ = out.write_all(&[b]);
                 }
-                _ => {} // escape sequences and the like: not part of an answer
+                _ => {} // other controls and non-ASCII: not part of an answer
             }
         }
         let _ = out.flush();
@@ -264,6 +312,46 @@ async fn closed(
     std::future::pending().await
 }
 
+/// The terminal while a prompt is up: the namespace's output held and a fresh surface (the
+/// alternate screen, reset: `warren_ns::pty::FRESH_SURFACE`), so what the operator answers is
+/// drawn from the gate's bytes alone. Leaving it returns to the namespace's screen, then lets
+/// the namespace's held output through.
+struct PromptScreen {
+    out: Box<dyn Write + Send>,
+    left: bool,
+    _hold: warren_ns::pty::OutputHold,
+}
+
+impl PromptScreen {
+    fn open() -> PromptScreen {
+        let hold = warren_ns::pty::hold_output();
+        let mut out = terminal();
+        let _ = out.write_all(warren_ns::pty::FRESH_SURFACE);
+        PromptScreen {
+            out,
+            left: false,
+            _hold: hold,
+        }
+    }
+
+    /// Leaves the prompt's surface and says on the namespace's screen how the ask ended.
+    fn leave(mut self, said: &str) {
+        let _ = self.out.write_all(warren_ns::pty::LEAVE_SURFACE);
+        let _ = write!(self.out, "\r\nwarren run: {said}\r\n");
+        let _ = self.out.flush();
+        self.left = true;
+    }
+}
+
+impl Drop for PromptScreen {
+    fn drop(&mut self) {
+        if !self.left {
+            let _ = self.out.write_all(warren_ns::pty::LEAVE_SURFACE);
+            let _ = self.out.flush();
+        }
+    }
+}
+
 /// Shows the ask on the terminal and answers it with what the person types.
 async fn prompt(
     root: &Fid,
@@ -276,11 +364,16 @@ async fn prompt(
     let _divert = warren_ns::pty::divert_input(move |bytes| {
         let _ = typed_tx.send(bytes.to_vec());
     });
-    let mut out = terminal();
-    let shown: String = ask.request.lines().map(|l| format!("  {l}\r\n")).collect();
+    let mut screen = PromptScreen::open();
+    let out = &mut screen.out;
+    // The gate escaped the request; whatever it let through is escaped here all the same.
+    let shown: String = escaped_lines(&ask.request)
+        .lines()
+        .map(|l| format!("  {l}\r\n"))
+        .collect();
     let _ = write!(
         out,
-        "\r\n\x1b[1mwarren run: the command asks (ask {}):\x1b[0m\r\n{shown}",
+        "\x1b[1mwarren run: the command asks (ask {}):\x1b[0m\r\n{shown}",
         ask.id
     );
     let choices = if confirmed {
@@ -292,9 +385,9 @@ async fn prompt(
         let _ = write!(out, "allow? {choices}: ");
         let _ = out.flush();
         let typed = tokio::select! {
-            t = read_line(&mut typed, &mut *out) => t,
+            t = read_line(&mut typed, &mut **out) => t,
             line = closed(rx, ask.id, backlog) => {
-                let _ = write!(out, "\r\nwarren run: ask {} closed before an answer: {line}\r\n", ask.id);
+                screen.leave(&format!("ask {} closed before an answer: {}", ask.id, escaped_lines(&line)));
                 return;
             }
         };
@@ -312,7 +405,7 @@ async fn prompt(
             "once" | "deny" => match verb(word, Some(&ask.request)) {
                 Ok(v) => break v,
                 Err(e) => {
-                    let _ = write!(out, "{e}\r\n");
+                    let _ = write!(out, "{}\r\n", escaped_lines(&e));
                 }
             },
             "session" if confirmed => break "allow session".to_owned(),
@@ -323,9 +416,42 @@ async fn prompt(
         }
     };
     let said = match warren_gate::approvals::answer(root, ask.id, &verb_line).await {
-        Ok(reply) => format!("{}\r\n", reply.trim()),
-        Err(e) => format!("ask {}: {verb_line}: refused: {e}\r\n", ask.id),
+        Ok(reply) => escaped_lines(reply.trim()),
+        Err(e) => format!(
+            "ask {}: {verb_line}: refused: {}",
+            ask.id,
+            escaped_lines(&e.to_string())
+        ),
     };
-    let _ = write!(out, "warren run: {said}");
-    let _ = out.flush();
+    screen.leave(&said);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn typed(bytes: &[u8]) -> String {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        tx.send(bytes.to_vec()).unwrap();
+        drop(tx);
+        let mut echo = Vec::new();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        match rt.block_on(read_line(&mut rx, &mut echo)) {
+            Typed::Line(l) => l,
+            Typed::Cancel => "<cancel>".into(),
+        }
+    }
+
+    /// A terminal's report (to a query the namespace wrote before the prompt) and keys that
+    /// send sequences are not typing: only what the person typed is the answer.
+    #[test]
+    fn escape_sequences_in_the_input_are_not_typing() {
+        assert_eq!(typed(b"\x1b[?1;2conce\r"), "once");
+        assert_eq!(typed(b"\x1b]l once\x1b\\deny\r"), "deny");
+        assert_eq!(typed(b"\x1b]11;rgb:0/0/0\x07deny\r"), "deny");
+        assert_eq!(typed(b"\x1bOAdeny\x1b[A\r"), "deny");
+        assert_eq!(typed(b"onx\x7fce\n"), "once");
+    }
 }

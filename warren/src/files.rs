@@ -1,11 +1,32 @@
-//! `warren ls|cat|write|call`: a plain 9P client on the operator sockets.
+//! `warren ls|cat|write|call`: a plain 9P client on the operator sockets. What a file holds goes
+//! out byte for byte to a pipe or a file (a program's input); on a terminal it is shown with every
+//! control, bidi and invisible code point escaped (`warren_daemon::escape`), since a file may hold
+//! what a namespace wrote.
 
-use std::io::{Read, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use warren_9p::{Client, Fid, oflags};
 use warren_daemon::Dirs;
+use warren_daemon::escape::{escape, escaped_lines};
+
+/// `data` as it goes to stdout: exact for a program, escaped (lines kept) for a person.
+fn for_stdout(data: &[u8], terminal: bool) -> std::borrow::Cow<'_, [u8]> {
+    if terminal {
+        escaped_lines(&String::from_utf8_lossy(data))
+            .into_bytes()
+            .into()
+    } else {
+        data.into()
+    }
+}
+
+fn print_out(data: &[u8]) -> std::io::Result<()> {
+    let stdout = std::io::stdout();
+    let terminal = stdout.is_terminal();
+    stdout.lock().write_all(&for_stdout(data, terminal))
+}
 
 /// Runs one client operation on a current-thread runtime.
 pub fn run(fut: impl std::future::Future<Output = Result<ExitCode>>) -> Result<ExitCode> {
@@ -56,7 +77,7 @@ pub async fn ls(dirs: &Dirs, path: &str) -> Result<ExitCode> {
     let fid = walk(dirs, path).await?;
     let (qid, _) = fid.getattr().await.with_context(|| path.to_string())?;
     if !qid.typ.contains(warren_9p::QIdType::DIR) {
-        println!("{}", path.rsplit('/').next().unwrap_or(path));
+        println!("{}", escape(path.rsplit('/').next().unwrap_or(path)));
         return Ok(ExitCode::SUCCESS);
     }
     fid.open(oflags::RDONLY)
@@ -70,9 +91,9 @@ pub async fn ls(dirs: &Dirs, path: &str) -> Result<ExitCode> {
         .filter(|e| e.name != "." && e.name != "..")
         .map(|e| {
             if e.qid.typ.contains(warren_9p::QIdType::DIR) {
-                format!("{}/", e.name)
+                format!("{}/", escape(&e.name))
             } else {
-                e.name
+                escape(&e.name)
             }
         })
         .collect();
@@ -90,7 +111,7 @@ pub async fn cat(dirs: &Dirs, path: &str) -> Result<ExitCode> {
         .await
         .with_context(|| path.to_string())?;
     let data = fid.read_to_end(0).await.with_context(|| path.to_string())?;
-    std::io::stdout().write_all(&data)?;
+    print_out(&data)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -113,7 +134,7 @@ pub async fn write(dirs: &Dirs, path: &str, data: Option<String>) -> Result<Exit
     // rpc-style files (append, decide, ctl) answer on the same open; plain files read back empty
     // or refuse the read, neither of which is an error of the write.
     if let Ok(reply) = fid.read_to_end(0).await {
-        std::io::stdout().write_all(&reply)?;
+        print_out(&reply)?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -126,10 +147,9 @@ pub async fn call(dirs: &Dirs, tool: &str, json: &str) -> Result<ExitCode> {
     let reply = warren_toolfs::client::call_bytes(&root, tool, json.as_bytes())
         .await
         .with_context(|| format!("/tool/{tool}/call"))?;
-    let mut out = std::io::stdout().lock();
-    out.write_all(&reply)?;
+    print_out(&reply)?;
     if !reply.ends_with(b"\n") {
-        writeln!(out)?;
+        println!();
     }
     use warren_toolfs::envelope::Status;
     Ok(
@@ -143,7 +163,20 @@ pub async fn call(dirs: &Dirs, tool: &str, json: &str) -> Result<ExitCode> {
 
 #[cfg(test)]
 mod tests {
-    use super::split;
+    use super::{for_stdout, split};
+
+    /// On a terminal a file's ESC sequences and bidi overrides are shown escaped, its lines kept;
+    /// to a pipe it goes out exact.
+    #[test]
+    fn file_bytes_are_exact_for_programs_and_escaped_for_people() {
+        let data = "{\"content\":\"ok\"}\n\x1b[2J\u{202E}txt\r\n".as_bytes();
+        assert_eq!(&*for_stdout(data, false), data);
+        let shown = String::from_utf8(for_stdout(data, true).into_owned()).unwrap();
+        assert_eq!(
+            shown,
+            "{\"content\":\"ok\"}\n\\u{001B}[2J\\u{202E}txt\\u{000D}\n"
+        );
+    }
 
     #[test]
     fn first_element_names_the_server() {

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 use sha2::Digest;
 use warren_9p::{Client, Fid, oflags};
 use warren_daemon::Dirs;
+use warren_daemon::escape::{escape, json_line};
 
 /// Names in `/receipts` that are not scopes.
 const NOT_SCOPES: &[&str] = &["append", "keys", "ctl"];
@@ -113,10 +114,11 @@ impl Entry {
         }
     }
 
-    /// The plain-words line.
+    /// The plain-words line, escaped whole (`warren_daemon::escape`): a tool name, basis or
+    /// reason holds what a namespace wrote, and none of it may hide, reverse or forge a line.
     pub fn line(&self) -> String {
         let scope: String = self.scope.chars().take(8).collect();
-        format!(
+        escape(&format!(
             "{}  {scope:<8}  #{:<5} {:<9} {:<12} {}{}",
             utc(self.wall_ms),
             self.seq,
@@ -124,7 +126,7 @@ impl Entry {
             self.tool(),
             self.what(),
             self.digest_prefix()
-        )
+        ))
     }
 
     /// The `--json` object.
@@ -275,7 +277,7 @@ fn print(entries: &[Entry], json: bool) -> Result<()> {
     let mut out = std::io::stdout().lock();
     for e in entries {
         if json {
-            writeln!(out, "{}", e.json())?;
+            writeln!(out, "{}", json_line(&e.json()))?;
         } else {
             writeln!(out, "{}", e.line())?;
         }
@@ -404,6 +406,28 @@ mod tests {
         }
         assert_eq!(e.json()["verdict"], "deny");
         assert_eq!(e.hash.len(), 64);
+    }
+
+    /// A receipt's words came from a namespace: ESC sequences, a newline and tab, a bidi
+    /// override in the tool name and the reason. The line is one printable line, and `--json`
+    /// holds the same values with nothing hidden.
+    #[test]
+    fn hostile_words_in_a_receipt_cannot_forge_or_hide_a_line() {
+        let line = envelope(json!({
+            "scope": "0123456789abcdef0123456789abcdef", "seq": 5, "kind": "withdrawn",
+            "hlc": {"wall_ms": 1_764_796_800_123_i64, "counter": 0, "node": "n"},
+            "subject": {"tool": "sh\u{202E}ll", "why": "gone\x1b[2K\r\n2025-12-03T21:20:00.123Z  01234567  #6 decision  shell  allow (rule:1)\tx"},
+        }));
+        let e = Entry::parse(&line).unwrap();
+        let text = e.line();
+        assert!(
+            !text.chars().any(warren_daemon::escape::misleads),
+            "{text:?}"
+        );
+        assert!(text.contains("sh\\u{202E}ll"), "{text}");
+        let j = json_line(&e.json());
+        assert!(!j.chars().any(warren_daemon::escape::misleads), "{j}");
+        assert_eq!(serde_json::from_str::<Value>(&j).unwrap(), e.json());
     }
 
     #[test]

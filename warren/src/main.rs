@@ -246,7 +246,11 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("warren: {e:#}");
+            // An error may quote what a server or a namespace said.
+            eprintln!(
+                "warren: {}",
+                warren_daemon::escape::escaped_lines(&format!("{e:#}"))
+            );
             ExitCode::from(1)
         }
     }

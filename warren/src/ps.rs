@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use serde_json::{Value, json};
 use warren_daemon::Dirs;
+use warren_daemon::escape::{escape, escaped_lines, json_line};
 
 use crate::namespaces::{Listed, NsTree};
 
@@ -90,7 +91,9 @@ fn row_text(n: &Listed, info: &Info) -> String {
             .collect::<Vec<_>>()
             .join(" ")
     };
-    let state = n.status.split_whitespace().next().unwrap_or("?");
+    // Everything in a row but the id came from a namespace or its spec: escaped (one rule,
+    // `warren_daemon::escape`), so no word can hide, reverse or forge a row or a column.
+    let state = escape(n.status.split_whitespace().next().unwrap_or("?"));
     let up = match (n.is_running(), info.started) {
         (true, Some(t)) => uptime(now_secs().saturating_sub(t)),
         _ => "-".into(),
@@ -100,14 +103,14 @@ fn row_text(n: &Listed, info: &Info) -> String {
     } else {
         info.mounts
             .iter()
-            .map(|(_, p)| p.as_str())
+            .map(|(_, p)| escape(p))
             .collect::<Vec<_>>()
             .join(",")
     };
     let tools = if info.tools.is_empty() {
         "-".to_owned()
     } else {
-        info.tools.join(",")
+        escape(&info.tools.join(","))
     };
     format!(
         "{:<5} {state:<8} {up:<7} {mounts:<16} {tools:<20} {command}",
@@ -136,7 +139,7 @@ pub fn ps(dirs: &Dirs, all: bool, json: bool) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     if json {
         for (n, info) in &rows {
-            writeln!(out, "{}", row_json(n, info))?;
+            writeln!(out, "{}", json_line(&row_json(n, info)))?;
         }
     } else {
         writeln!(
@@ -158,7 +161,7 @@ pub fn ns(dirs: &Dirs, id: u64) -> Result<ExitCode> {
         tree.read(id, "spec").await
     })?;
     let mut out = std::io::stdout().lock();
-    out.write_all(spec.as_bytes())?;
+    out.write_all(escaped_lines(&spec).as_bytes())?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -181,6 +184,45 @@ mod tests {
         );
         assert_eq!(info.tools, vec!["echo", "fs_read"]);
         assert_eq!(info.session.as_deref(), Some("abcd"));
+    }
+
+    /// What a clone's `ctl run …` words and a child spec's mount path can hold: ESC sequences
+    /// that would redraw the table (here a forged row), a newline and tab, a bidi override.
+    /// The row is one printable line, and `--json` says the same words without hiding any.
+    #[test]
+    fn hostile_words_and_paths_cannot_forge_or_hide_a_row() {
+        let forged_row =
+            "\x1b[2K\x1b[1A\r7     running 1s      /tool            echo                 true";
+        let argv = [forged_row, "a\nb\tc", "\u{202E}txt.exe"];
+        // The info file as nsd writes it: words quoted with `spec::quote`.
+        let quoted: Vec<String> = argv.iter().map(|w| warren_ns::spec::quote(w)).collect();
+        let text = format!(
+            "argv {}\nmount gate {}\ntool echo\n",
+            quoted.join(" "),
+            warren_ns::spec::quote("/n/\u{202E}etag")
+        );
+        let info = Info::parse(&text);
+        assert_eq!(info.argv, argv, "{text}");
+        let listed = Listed {
+            id: 3,
+            status: "running holder=9".into(),
+        };
+        let row = row_text(&listed, &info);
+        assert!(
+            !row.chars().any(warren_daemon::escape::misleads),
+            "the row holds a hidden code point: {row:?}"
+        );
+        assert!(row.starts_with("3 "), "{row}");
+        assert!(row.contains("/n/\\u{202E}etag"), "{row}");
+        let line = json_line(&row_json(&listed, &info));
+        assert!(!line.chars().any(warren_daemon::escape::misleads), "{line}");
+        let back: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(back["argv"], json!(argv));
+        let spec = "mount gate /n/gate\n# \x1b[2J\u{202E}\n";
+        assert_eq!(
+            escaped_lines(spec),
+            "mount gate /n/gate\n# \\u{001B}[2J\\u{202E}\n"
+        );
     }
 
     #[test]

@@ -625,3 +625,154 @@ fn on_a_terminal_warren_run_asks_and_once_runs_the_call() {
         "the answer typed at the prompt reached the namespace: {stdout}"
     );
 }
+
+/// `warren run` on a tmux pty running `script` confined by `spec` (its stdout and stderr the
+/// terminal's, as an agent's would be); `exit` appears in `base` when it ends.
+fn run_on_terminal(w: &Warren, spec: &str, script: &str) -> Tmux {
+    let base = w.base.path();
+    std::fs::write(base.join("agent.sh"), script).unwrap();
+    let drive = format!(
+        "export WARREN_RUNTIME_DIR={r} WARREN_DATA_DIR={d} WARREN_SECRETS_DIR={s}\n\
+         {warren} run --ns {spec} -- /bin/sh -c \"$(cat {b}/agent.sh)\"\n\
+         echo $? > {b}/exit\nsleep 600\n",
+        r = w.runtime().display(),
+        d = base.join("data").display(),
+        s = base.join("secrets").display(),
+        warren = env!("CARGO_BIN_EXE_warren"),
+        b = base.display(),
+    );
+    std::fs::write(base.join("drive.sh"), drive).unwrap();
+    let command = format!("/bin/sh {}/drive.sh", base.display());
+    Tmux::start(base, &command).expect("tmux is missing (scripts/install-test-deps installs it)")
+}
+
+/// Waits (bounded) for `warren run` to end.
+fn wait_exit(w: &Warren, tmux: &Tmux) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !w.base.path().join("exit").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "warren run did not end:\n{}",
+            tmux.screen()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The `args` line of the screen.
+fn args_line(screen: &str) -> String {
+    screen
+        .lines()
+        .find(|l| l.trim_start().starts_with("args "))
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// A forged prompt as an agent prints it: cursor home, screen cleared, an ask for `ls`.
+const FORGED_PROMPT: &str = "\\033[H\\033[2J\\033[1mwarren run: the command asks (ask 1):\\033[0m\\r\\n  \
+    tool shell\\r\\n  bytes 16\\r\\n  args {\\\"command\\\":\\\"ls\\\"}\\r\\n  \
+    state open\\r\\nallow? once, session or deny: ";
+
+/// The arguments of the hidden call: what really runs if the operator allows it.
+fn hidden_call(work: &Workdir) -> String {
+    format!(
+        r#"{{"command":"echo PWNED >> {0}/effects; id","cwd":"{0}"}}"#,
+        work.path()
+    )
+}
+
+/// The prompt an agent redraws: a confined command turns `onlcr` off, raises a `shell` call in
+/// the background and, once the prompt is up, prints cursor movements that draw a whole forged
+/// prompt (`args {"command":"ls"}`) over it. The launcher holds the namespace's output while it
+/// asks and draws the ask on a fresh surface: the screen the operator answers shows the real
+/// command, the forged bytes reach the terminal only after the answer, and the denied call never
+/// runs.
+#[test]
+fn an_ask_on_the_terminal_cannot_be_redrawn_by_the_namespace() {
+    let Some(w) = Warren::up() else { return };
+    let work = Workdir::new(&w, "shell");
+    let sync = tempfile::Builder::new()
+        .prefix("wsync")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(sync.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let sync_dir = sync.path().display();
+    std::fs::write(
+        &work.spec,
+        format!(
+            "mount tool /tool shell\ntool shell -w {}\nbind -w {sync_dir} {sync_dir}\n",
+            work.path()
+        ),
+    )
+    .unwrap();
+    let script = format!(
+        "{CALL}\nstty -onlcr\n( call shell '{hidden}' > /dev/null 2>&1 ) &\n\
+         until [ -e {sync_dir}/go ]; do sleep 0.05; done\n\
+         printf \"{FORGED_PROMPT}\"\ntouch {sync_dir}/forged\nwait\n",
+        hidden = hidden_call(&work),
+    );
+    let tmux = run_on_terminal(&w, work.spec(), &script);
+    tmux.wait_for("once, session or deny");
+    // The forgery, written while the prompt is up.
+    std::fs::write(sync.path().join("go"), "").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !sync.path().join("forged").exists() {
+        assert!(Instant::now() < deadline, "the agent never forged");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Give a relay that lets the bytes through every chance to draw them.
+    let shown_until = Instant::now() + Duration::from_secs(3);
+    let screen = loop {
+        let screen = tmux.screen();
+        assert!(
+            !screen.contains(r#"{"command":"ls"}"#),
+            "the namespace redrew the prompt:\n{screen}"
+        );
+        if Instant::now() > shown_until {
+            break screen;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let args = args_line(&screen);
+    assert!(
+        args.contains("echo PWNED") && args.contains("; id"),
+        "the args line does not show the real command: {args:?}\n{screen}"
+    );
+    assert!(screen.contains("once, session or deny"), "{screen}");
+    assert!(work.effects().is_empty(), "ran before it was answered");
+    tmux.cmd(&["send-keys", "-t", "t", "deny", "Enter"])
+        .status()
+        .unwrap();
+    // The held bytes come through once the ask is answered: they were written, and held.
+    tmux.wait_for(r#"{"command":"ls"}"#);
+    wait_exit(&w, &tmux);
+    assert!(work.effects().is_empty(), "the denied call ran");
+}
+
+/// The surface prepared before the ask: the agent draws a forged prompt, then leaves an OSC
+/// string open (a terminal swallows what follows it as a window title) and raises its call. The
+/// launcher ends the open string and draws the ask on a cleared alternate screen: the operator
+/// sees the real command, not the forged one left on the screen.
+#[test]
+fn an_ask_is_drawn_on_a_surface_the_namespace_did_not_prepare() {
+    let Some(w) = Warren::up() else { return };
+    let work = Workdir::new(&w, "shell");
+    let script = format!(
+        "{CALL}\nstty -onlcr\nprintf \"{FORGED_PROMPT}\\033]2;\"\ncall shell '{hidden}' > /dev/null 2>&1\n",
+        hidden = hidden_call(&work),
+    );
+    let tmux = run_on_terminal(&w, work.spec(), &script);
+    next_ask(&w, 0);
+    let screen = tmux.wait_for("echo PWNED");
+    let args = args_line(&screen);
+    assert!(
+        args.contains("echo PWNED") && args.contains("; id"),
+        "the args line does not show the real command: {args:?}\n{screen}"
+    );
+    assert!(!screen.contains(r#"{"command":"ls"}"#), "{screen}");
+    tmux.cmd(&["send-keys", "-t", "t", "deny", "Enter"])
+        .status()
+        .unwrap();
+    wait_exit(&w, &tmux);
+    assert!(work.effects().is_empty(), "the denied call ran");
+}

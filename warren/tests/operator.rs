@@ -346,6 +346,86 @@ fn start_namespace(w: &Warren) -> u64 {
     id
 }
 
+/// A namespace's words are shown escaped. ESC sequences written into a clone's `ctl run …`
+/// words (drawing a forged `warren ps` row) leave `warren ps` one printable row for that
+/// namespace while `--json` keeps the exact words; a child spec whose mount path holds a
+/// right-to-left override is refused.
+#[test]
+fn warren_ps_shows_a_namespaces_hostile_words_escaped() {
+    let Some(w) = Warren::up() else { return };
+    let spec = "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
+    let out = w.run(&["write", "/ns/clone", spec]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id: u64 = String::from_utf8(out.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let forged =
+        "\x1b[2K\x1b[1A\r99    running 1s      /tool            echo                 /bin/true";
+    let words = format!("run /bin/sh -c 'exec sleep 600' '{forged}' 'a\nb' '\u{202E}txt.exe'");
+    let out = w.run(&["write", &format!("/ns/{id}/ctl"), &words]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = wait_for_row(&w, |v| {
+        v["id"] == id && v["status"].as_str().unwrap().starts_with("running")
+    });
+    assert_eq!(
+        row["argv"],
+        serde_json::json!([
+            "/bin/sh",
+            "-c",
+            "exec sleep 600",
+            forged,
+            "a\nb",
+            "\u{202E}txt.exe"
+        ])
+    );
+    let text = String::from_utf8(w.run(&["ps"]).stdout).unwrap();
+    assert!(
+        !text
+            .chars()
+            .any(|c| c != '\n' && warren_daemon::escape::misleads(c)),
+        "warren ps printed a raw control or bidi code point: {text:?}"
+    );
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("exec sleep 600"))
+        .collect();
+    assert_eq!(rows.len(), 1, "{text}");
+    assert!(rows[0].starts_with(&format!("{id} ")), "{text}");
+    assert!(
+        !text.lines().any(|l| l.starts_with("99 ")),
+        "a forged row: {text}"
+    );
+    let json = String::from_utf8(w.run(&["ps", "--json"]).stdout).unwrap();
+    assert!(
+        !json
+            .chars()
+            .any(|c| c != '\n' && warren_daemon::escape::misleads(c)),
+        "{json:?}"
+    );
+
+    // A child spec's mount path with U+202E: refused (the clone answers no id), and no
+    // namespace lists such a path.
+    let out = w.run(&["write", "/ns/clone", "mount gate /n/\u{202E}etag\n"]);
+    let said = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        said.trim().parse::<u64>().is_err(),
+        "a namespace was made: {said}"
+    );
+    let all = String::from_utf8(w.run(&["ps", "--all", "--json"]).stdout).unwrap();
+    assert!(!all.contains("etag"), "{all}");
+    assert!(w.run(&["down", "--force"]).status.success());
+}
+
 /// Waits (bounded) until `warren ps --json` shows a namespace `matches` accepts.
 fn wait_for_row(w: &Warren, matches: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);

@@ -122,7 +122,8 @@ fn the_operator_shell_answers_an_ask_by_writing_its_ctl_and_cannot_allow_always(
         assert_eq!(v["decision"], "ask", "{v}");
         v["pending"].as_i64().unwrap()
     };
-    let first = ask("make test");
+    // A bidi override in the arguments: the shell shows the gate's escaped request.
+    let first = ask("make test \u{202E}x");
     let second = ask("make bench");
     let request = |id: i64| {
         String::from_utf8(
@@ -163,7 +164,8 @@ fn the_operator_shell_answers_an_ask_by_writing_its_ctl_and_cannot_allow_always(
         );
     }
     let shown = t.run(&format!("cat /n/gate/pending/{first}/request"), "REQUEST");
-    assert!(shown.contains("make test"), "{shown}");
+    assert!(shown.contains(r"make test \u{202E}x"), "{shown}");
+    assert!(!shown.contains('\u{202E}'), "{shown}");
 
     // Answered exactly as a person would: the gate records the operator's allow once.
     let said = t.run(

@@ -11,9 +11,12 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 
 use nix::errno::Errno;
+use std::ffi::{OsStr, OsString};
+
 use nix::fcntl::{AtFlags, OFlag, RenameFlags, openat, renameat, renameat2};
 use nix::sys::stat::{FileStat, Mode, SFlag, fchmod, fstat, fstatat, mkdirat};
 use nix::unistd::{Gid, Uid, UnlinkatFlags, fchown, fsync, unlinkat};
+use warren_daemon::escape::escape_bytes;
 
 use super::resolve::{Target, describe, join, kind, open_in_root, require_regular};
 use super::{elision, versions};
@@ -125,11 +128,11 @@ pub fn replace_file(
 /// made one at a time, each relative to the fd of the one before.
 fn open_parent(
     target: &Target<'_>,
-    components: &[String],
+    components: &[OsString],
     create: bool,
 ) -> Result<OwnedFd, String> {
     let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY;
-    match open_in_root(target.root, &join(components), flags) {
+    match open_in_root(target.root, join(components).as_os_str(), flags) {
         Ok(fd) => return Ok(fd),
         Err(Errno::ENOENT) if create => {}
         Err(Errno::ENOENT) => {
@@ -143,24 +146,26 @@ fn open_parent(
     let mut dir = open_in_root(target.root, ".", flags).map_err(|e| describe(e, &target.shown))?;
     for depth in 1..=components.len() {
         let prefix = join(&components[..depth]);
-        dir = match open_in_root(target.root, &prefix, flags) {
+        dir = match open_in_root(target.root, prefix.as_os_str(), flags) {
             Ok(fd) => fd,
             Err(Errno::ENOENT) => {
                 match mkdirat(
                     &dir,
-                    components[depth - 1].as_str(),
+                    components[depth - 1].as_os_str(),
                     Mode::from_bits_truncate(NEW_DIR_MODE),
                 ) {
                     Ok(()) | Err(Errno::EEXIST) => {}
                     Err(e) => {
                         return Err(format!(
-                            "{}: cannot create {prefix}: {}",
+                            "{}: cannot create {}: {}",
                             target.shown,
+                            escape_bytes(prefix.as_encoded_bytes()),
                             e.desc()
                         ));
                     }
                 }
-                open_in_root(target.root, &prefix, flags).map_err(|e| describe(e, &target.shown))?
+                open_in_root(target.root, prefix.as_os_str(), flags)
+                    .map_err(|e| describe(e, &target.shown))?
             }
             Err(e) => return Err(describe(e, &target.shown)),
         };
@@ -172,7 +177,7 @@ fn open_parent(
 /// but a regular file, open O_NOFOLLOW|O_NONBLOCK, check it is the file stat'ed, read it whole.
 fn read_existing(
     parent: &OwnedFd,
-    name: &str,
+    name: &OsStr,
     shown: &str,
 ) -> Result<Option<(FileStat, Vec<u8>)>, String> {
     let st = match fstatat(parent, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
@@ -248,11 +253,12 @@ struct TempFile<'a> {
 impl<'a> TempFile<'a> {
     fn create(
         parent: &'a OwnedFd,
-        target_name: &str,
+        target_name: &OsStr,
         mode: u32,
         shown: &str,
     ) -> Result<TempFile<'a>, String> {
-        let mut stem: String = target_name.chars().take(64).collect();
+        // The stem is for people finding a left-over temp file; the random part makes it unique.
+        let mut stem: String = target_name.to_string_lossy().chars().take(64).collect();
         while stem.len() > 128 {
             stem.pop();
         }

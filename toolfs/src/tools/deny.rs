@@ -24,11 +24,12 @@ pub fn rule_for(name: &str) -> Option<&'static str> {
 }
 
 /// Refuses a path any of whose components (below the root) matches a rule, naming the rule.
-pub fn check(shown: &str, components: &[String]) -> Result<(), String> {
+pub fn check(shown: &str, components: &[std::ffi::OsString]) -> Result<(), String> {
     for name in components {
-        if let Some(rule) = rule_for(name) {
+        if let Some(rule) = rule_for(&name.to_string_lossy()) {
+            let name = warren_daemon::escape::escape_bytes(name.as_encoded_bytes());
             return Err(format!(
-                "refused: {shown}: the name {name:?} matches the deny-list rule `{rule}` (file tools never read or write likely secrets)"
+                "refused: {shown}: the name \"{name}\" matches the deny-list rule `{rule}` (file tools never read or write likely secrets)"
             ));
         }
     }

@@ -1,5 +1,9 @@
 //! `fs_list {path}`: a directory's entries, one a line: `name<TAB>type<TAB>size`, sorted by name.
-//! Entries are stat'ed without following symlinks, so a symlink is listed as one.
+//! Entries are stat'ed without following symlinks, so a symlink is listed as one. Names are
+//! written in the escaping rule's form (`warren_daemon::escape`: a control, bidi or invisible
+//! code point as `\u{XXXX}`, a byte that is not UTF-8 as `\x{HH}`, `\` as `\\`), so a name can
+//! neither forge a line or a column nor hide, and every file tool takes the name back as it is
+//! listed.
 
 use std::os::fd::AsFd;
 
@@ -7,6 +11,7 @@ use nix::dir::Dir;
 use nix::fcntl::AtFlags;
 use nix::sys::stat::fstatat;
 use serde::Deserialize;
+use warren_daemon::escape::escape_bytes;
 
 use super::resolve::{Target, describe, type_name};
 use super::{ToolContext, ToolOutput};
@@ -41,7 +46,7 @@ fn list(ctx: &ToolContext, args: &Args) -> Result<String, String> {
     let total = names.len();
     let mut out = String::new();
     for name in names.iter().take(MAX_ENTRIES) {
-        let shown = name.to_string_lossy();
+        let shown = escape_bytes(name.to_bytes());
         match fstatat(dir.as_fd(), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) => out.push_str(&format!("{shown}\t{}\t{}\n", type_name(&st), st.st_size)),
             // Removed between readdir and stat.

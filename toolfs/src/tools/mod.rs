@@ -94,8 +94,9 @@ pub fn run(tool: &str, ctx: &ToolContext, args: &str, scope: &mut CallScope<'_>)
 macro_rules! path_doc {
     () => {
         "
-Paths: absolute paths pick the root whose path is their longest prefix; relative paths are
-relative to the first root. `..` and symlinks never leave a root (openat2 RESOLVE_IN_ROOT); a
+Paths are read in fs_list's escaped form: \\\\ is a backslash, \\u{XXXX} a code point, \\x{HH} a
+byte; any other backslash is an error. Absolute paths pick the root whose path is their longest
+prefix; relative paths are relative to the first root. `..` and symlinks never leave a root (openat2 RESOLVE_IN_ROOT); a
 final symlink is refused; only regular files and directories are touched. Names matching the
 deny-list (*.key, *.pem, .env*, id_*, *.db*, *.sqlite*) are refused.
 "
@@ -194,7 +195,10 @@ refused.",
 const FS_LIST_DOC: &str = concat!(
     "\
 fs_list {path} — one line per entry: name<TAB>type<TAB>size, sorted by name; type is file, dir,
-symlink, fifo, socket, chardev or blockdev (symlinks are not followed). At most 10000 entries.",
+symlink, fifo, socket, chardev or blockdev (symlinks are not followed). At most 10000 entries.
+Names are escaped: a control, format (bidi), invisible, private-use or unassigned code point is
+written \\u{XXXX}, a byte that is not UTF-8 \\x{HH}, a backslash \\\\; so no name spans two lines
+or columns, and every file tool takes a name back exactly as listed.",
     path_doc!()
 );
 
@@ -220,7 +224,8 @@ ring as fs_write; a `new` with an elision marker line new to the file is refused
 const SHELL_DOC: &str = "\
 shell {command, timeout_s?, cwd?} — runs `/bin/sh -c command` in a new process group, as the
 worker's unprivileged uid, stdin /dev/null, environment reduced to PATH, HOME, LANG, LC_ALL,
-TERM, TMPDIR, USER. `cwd` (default: the first root) must be a directory in a root.
+TERM, TMPDIR, USER. `cwd` (default: the first root) must be a directory in a root, named as
+the file tools name paths (fs_list's escaped form).
 The result is stdout and stderr interleaved, capped at 1 MiB (the first and last 512 KiB kept,
 with a marker), then `[exit status N]`. At `timeout_s` (default 120, at most 600) the command's
 whole process group is killed and the result says so; the group is killed at the end of every

@@ -2,13 +2,22 @@
 //! first root for a relative path); the rest is resolved by the kernel with
 //! `openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)` from that root's fd, so neither `..` nor a
 //! symlink — absolute or relative, planted before or during the call — can name anything outside.
+//!
+//! A path argument is read in the escaping rule's form (`warren_daemon::escape`), the form
+//! `fs_list` prints names in: `\\` is a `\`, `\u{XXXX}` a code point, `\x{HH}` a byte that is
+//! not UTF-8; every other character stands for itself. So every name a listing shows (a newline,
+//! a bidi override, invalid UTF-8) can be named back, and messages show the path in that form.
 
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
 
+use nix::NixPath;
 use nix::errno::Errno;
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
 use nix::sys::stat::{FileStat, SFlag, fstat};
+use warren_daemon::escape::{escape, escape_bytes, unescape};
 
 use super::{RootDir, ToolContext, deny};
 
@@ -18,31 +27,34 @@ const EAGAIN_RETRIES: usize = 64;
 /// An argument path bound to its root.
 pub struct Target<'a> {
     pub root: &'a RootDir,
-    /// Components below the root (`.` dropped, `..` kept for the kernel to clamp).
-    pub components: Vec<String>,
-    /// The path as the caller wrote it, for messages.
+    /// Components below the root (`.` dropped, `..` kept for the kernel to clamp), as bytes: a
+    /// name need not be UTF-8.
+    pub components: Vec<OsString>,
+    /// The path in the escaping rule's form, for messages.
     pub shown: String,
 }
 
 impl<'a> Target<'a> {
-    /// Picks the root for `path` and applies the deny-list.
+    /// Reads `path` (escaped form), picks its root and applies the deny-list.
     pub fn new(ctx: &'a ToolContext, path: &str) -> Result<Target<'a>, String> {
         if path.is_empty() {
             return Err("path is empty".into());
         }
-        if path.contains('\0') {
-            return Err("path contains a NUL byte".into());
+        let bytes = unescape(path).map_err(|e| format!("path {}: {e}", escape(path)))?;
+        let shown = escape_bytes(&bytes);
+        if bytes.contains(&0) {
+            return Err(format!("{shown}: path contains a NUL byte"));
         }
         let Some(first) = ctx.roots.first() else {
             return Err("this tool has no roots".into());
         };
-        let arg: Vec<&str> = split(path);
-        let (root, rest) = if path.starts_with('/') {
+        let arg: Vec<&[u8]> = split(&bytes);
+        let (root, rest) = if bytes.starts_with(b"/") {
             let best = ctx
                 .roots
                 .iter()
                 .filter_map(|root| {
-                    let prefix = split(&root.path);
+                    let prefix = split(root.path.as_bytes());
                     arg.starts_with(&prefix).then_some((root, prefix.len()))
                 })
                 .max_by_key(|(_, len)| *len);
@@ -51,7 +63,7 @@ impl<'a> Target<'a> {
                 None => {
                     let roots: Vec<&str> = ctx.roots.iter().map(|r| r.path.as_str()).collect();
                     return Err(format!(
-                        "{path}: outside this tool's roots ({})",
+                        "{shown}: outside this tool's roots ({})",
                         roots.join(", ")
                     ));
                 }
@@ -59,22 +71,25 @@ impl<'a> Target<'a> {
         } else {
             (first, &arg[..])
         };
-        let components: Vec<String> = rest.iter().map(|c| c.to_string()).collect();
-        deny::check(path, &components)?;
+        let components: Vec<OsString> = rest
+            .iter()
+            .map(|c| OsString::from_vec(c.to_vec()))
+            .collect();
+        deny::check(&shown, &components)?;
         Ok(Target {
             root,
             components,
-            shown: path.to_string(),
+            shown,
         })
     }
 
     /// The path below the root, as openat2 takes it (`.` for the root itself).
-    pub fn relative(&self) -> String {
+    pub fn relative(&self) -> OsString {
         join(&self.components)
     }
 
     /// The parent's components and the final name, which must be a real name (not `.`/`..`).
-    pub fn parent_and_name(&self) -> Result<(&[String], &str), String> {
+    pub fn parent_and_name(&self) -> Result<(&[OsString], &OsStr), String> {
         match self.components.split_last() {
             Some((name, parent)) if name != ".." => Ok((parent, name)),
             _ => Err(format!("{}: names a directory, not a file", self.shown)),
@@ -85,12 +100,12 @@ impl<'a> Target<'a> {
     /// without side effects, then for real, checking it is still the same regular file.
     pub fn open_regular(&self) -> Result<(File, FileStat), String> {
         let rel = self.relative();
-        let probe =
-            open_in_root(self.root, &rel, OFlag::O_PATH).map_err(|e| describe(e, &self.shown))?;
+        let probe = open_in_root(self.root, rel.as_os_str(), OFlag::O_PATH)
+            .map_err(|e| describe(e, &self.shown))?;
         let first = fstat(&probe).map_err(|e| describe(e, &self.shown))?;
         require_regular(&first, &self.shown)?;
-        let fd =
-            open_in_root(self.root, &rel, OFlag::O_RDONLY).map_err(|e| describe(e, &self.shown))?;
+        let fd = open_in_root(self.root, rel.as_os_str(), OFlag::O_RDONLY)
+            .map_err(|e| describe(e, &self.shown))?;
         let st = fstat(&fd).map_err(|e| describe(e, &self.shown))?;
         require_regular(&st, &self.shown)?;
         if (st.st_dev, st.st_ino) != (first.st_dev, first.st_ino) {
@@ -105,8 +120,8 @@ impl<'a> Target<'a> {
     /// Opens the target as a directory for reading its entries.
     pub fn open_directory(&self) -> Result<OwnedFd, String> {
         let rel = self.relative();
-        let probe =
-            open_in_root(self.root, &rel, OFlag::O_PATH).map_err(|e| describe(e, &self.shown))?;
+        let probe = open_in_root(self.root, rel.as_os_str(), OFlag::O_PATH)
+            .map_err(|e| describe(e, &self.shown))?;
         let st = fstat(&probe).map_err(|e| describe(e, &self.shown))?;
         if kind(&st) != SFlag::S_IFDIR {
             return Err(format!(
@@ -115,29 +130,37 @@ impl<'a> Target<'a> {
                 type_name(&st)
             ));
         }
-        open_in_root(self.root, &rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY)
-            .map_err(|e| describe(e, &self.shown))
+        open_in_root(
+            self.root,
+            rel.as_os_str(),
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+        )
+        .map_err(|e| describe(e, &self.shown))
     }
 }
 
 /// Path components, `.` and empty ones dropped.
-fn split(path: &str) -> Vec<&str> {
-    path.split('/')
-        .filter(|c| !c.is_empty() && *c != ".")
+fn split(path: &[u8]) -> Vec<&[u8]> {
+    path.split(|&b| b == b'/')
+        .filter(|c| !c.is_empty() && *c != b".")
         .collect()
 }
 
-pub fn join(components: &[String]) -> String {
+pub fn join(components: &[OsString]) -> OsString {
     if components.is_empty() {
-        ".".to_string()
+        ".".into()
     } else {
-        components.join("/")
+        components.join(OsStr::new("/"))
     }
 }
 
 /// openat2 from the root fd with RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS, O_NOFOLLOW and (for
 /// real opens) O_NONBLOCK | O_NOCTTY, so a FIFO or a device never blocks the worker.
-pub fn open_in_root(root: &RootDir, relative: &str, flags: OFlag) -> nix::Result<OwnedFd> {
+pub fn open_in_root<P: NixPath + ?Sized>(
+    root: &RootDir,
+    relative: &P,
+    flags: OFlag,
+) -> nix::Result<OwnedFd> {
     open_beneath(
         root.fd.as_fd(),
         relative,
@@ -147,9 +170,9 @@ pub fn open_in_root(root: &RootDir, relative: &str, flags: OFlag) -> nix::Result
 }
 
 /// openat2 with the given resolve flags and the same open flags as [`open_in_root`].
-pub fn open_beneath(
+pub fn open_beneath<P: NixPath + ?Sized>(
     dir: std::os::fd::BorrowedFd<'_>,
-    relative: &str,
+    relative: &P,
     flags: OFlag,
     resolve: ResolveFlag,
 ) -> nix::Result<OwnedFd> {

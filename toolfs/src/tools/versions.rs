@@ -7,9 +7,11 @@
 //! `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`, so a symlink planted in the ring is never followed,
 //! only removed.
 
+use std::ffi::OsString;
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use nix::dir::Dir;
@@ -30,33 +32,34 @@ pub const QUOTA: u64 = 64 << 20;
 const _: () = assert!(super::atomic::MAX_EXISTING <= QUOTA);
 
 /// Keeps `old` as the newest version of the file at `components` (below `root`).
-pub fn save(root: &RootDir, components: &[String], old: &[u8]) -> Result<(), String> {
+pub fn save(root: &RootDir, components: &[OsString], old: &[u8]) -> Result<(), String> {
     let ring = open_or_make_dir(root.fd.as_fd(), VERSIONS_DIR)?;
     let normalised = normalise(components);
-    let key = hex::encode(&Sha256::digest(normalised.as_bytes())[..16]);
+    let key = hex::encode(&Sha256::digest(&normalised)[..16]);
     let file_dir = open_or_make_dir(ring.as_fd(), &key)?;
     if let Ok(fd) = create_new(file_dir.as_fd(), "path") {
         // Best effort: the label is for people; the key alone identifies the file.
-        let _ = File::from(fd).write_all(format!("{normalised}\n").as_bytes());
+        let label = warren_daemon::escape::escape_bytes(&normalised);
+        let _ = File::from(fd).write_all(format!("{label}\n").as_bytes());
     }
     write_version(file_dir.as_fd(), old)?;
     trim_file(file_dir.as_fd())?;
     enforce_quota(ring.as_fd())
 }
 
-/// `..` pops (never above the root), `.` and empty components vanish.
-fn normalise(components: &[String]) -> String {
-    let mut out: Vec<&str> = Vec::new();
+/// `..` pops (never above the root), `.` and empty components vanish; the bytes of the path.
+fn normalise(components: &[OsString]) -> Vec<u8> {
+    let mut out: Vec<&[u8]> = Vec::new();
     for c in components {
-        match c.as_str() {
-            ".." => {
+        match c.as_bytes() {
+            b".." => {
                 out.pop();
             }
-            "." | "" => {}
+            b"." | b"" => {}
             name => out.push(name),
         }
     }
-    out.join("/")
+    out.join(&b'/')
 }
 
 fn open_or_make_dir(parent: BorrowedFd<'_>, name: &str) -> Result<OwnedFd, String> {
@@ -192,11 +195,12 @@ fn enforce_quota(ring: BorrowedFd<'_>) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::normalise;
+    use std::ffi::OsString;
 
     #[test]
     fn normalise_clamps_at_the_root() {
-        let c = |s: &str| s.split('/').map(String::from).collect::<Vec<_>>();
-        assert_eq!(normalise(&c("a/./b/../c")), "a/c");
-        assert_eq!(normalise(&c("../../x")), "x");
+        let c = |s: &str| s.split('/').map(OsString::from).collect::<Vec<_>>();
+        assert_eq!(normalise(&c("a/./b/../c")), b"a/c");
+        assert_eq!(normalise(&c("../../x")), b"x");
     }
 }
