@@ -62,7 +62,7 @@ pub fn list() -> Result<ExitCode> {
                 let pinned = Pins::load(&pins_path(&dir, &name))
                     .map(|p| p.accepted().count())
                     .unwrap_or(0);
-                writeln!(out, "{name}\t{how}\t{pinned} pinned")?;
+                writeln!(out, "{name}\t{}\t{pinned} pinned", warren_daemon::escape::escape(&how))?;
             }
             Err(e) => writeln!(out, "{name}\tinvalid: {e}")?,
         }
@@ -146,7 +146,7 @@ pub fn check(dirs: &Dirs, name: &str) -> Result<ExitCode> {
             d.tier(config.tier_of(&d.name)).as_str(),
             standing_word(&standing),
             d.digest(),
-            d.summary().escape_debug(),
+            warren_daemon::escape::escape(&d.summary()),
         )?;
     }
     Ok(ExitCode::SUCCESS)
