@@ -62,7 +62,11 @@ pub fn list() -> Result<ExitCode> {
                 let pinned = Pins::load(&pins_path(&dir, &name))
                     .map(|p| p.accepted().count())
                     .unwrap_or(0);
-                writeln!(out, "{name}\t{}\t{pinned} pinned", warren_daemon::escape::escape(&how))?;
+                writeln!(
+                    out,
+                    "{name}\t{}\t{pinned} pinned",
+                    warren_daemon::escape::escape(&how)
+                )?;
             }
             Err(e) => writeln!(out, "{name}\tinvalid: {e}")?,
         }

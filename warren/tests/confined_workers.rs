@@ -91,7 +91,11 @@ fn approve_every_ask(w: &Warren) -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap();
-    rt.spawn(approver::allow_every_ask(sock));
+    let (ready, watching) = std::sync::mpsc::channel();
+    rt.spawn(approver::allow_every_ask(sock, Some(ready)));
+    watching
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the approver never started watching the gate's events");
     rt
 }
 

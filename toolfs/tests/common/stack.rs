@@ -314,16 +314,20 @@ impl Stack {
     }
 
     /// A thread that answers `allow once <fp>` to every ask the gate shows, as an operator
-    /// watching `events` would. It ends when the gate does.
+    /// watching `events` would; returns once it is watching. It ends when the gate does.
     pub fn approve_every_ask(&self) {
         let sock = self.runtime.join("gate.sock");
+        let (ready, watching) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .unwrap();
-            rt.block_on(super::approver::allow_every_ask(sock));
+            rt.block_on(super::approver::allow_every_ask(sock, Some(ready)));
         });
+        watching
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the approver never started watching the gate's events");
     }
 
     /// The bodies of the receipts in `scope`, in log order.
