@@ -67,6 +67,19 @@ pub(crate) struct Space {
     status: watch::Sender<Status>,
     running: Mutex<Option<Arc<Running>>>,
     info: Mutex<Info>,
+    /// Its subtree's lifetime: see [`Lineage`].
+    lineage: Lineage,
+}
+
+/// A namespace's subtree ends when it ends: the namespaces cloned through its `/ns` (and theirs)
+/// are killed, and one not yet run never runs.
+#[derive(Default)]
+struct Lineage {
+    /// Set once an ancestor has ended (or it has itself): it may not start, and is killed if it
+    /// was being started.
+    ended: std::sync::atomic::AtomicBool,
+    /// The namespaces cloned through its own `/ns`.
+    children: Mutex<Vec<std::sync::Weak<Space>>>,
 }
 
 /// Who started a namespace, and how: the `<id>/info` file.
@@ -136,15 +149,65 @@ pub(crate) fn now_secs() -> u64 {
 
 impl Space {
     pub(crate) fn set_running(&self, running: &Arc<Running>) {
-        *self.running.lock().unwrap() = Some(running.clone());
+        let mut slot = self.running.lock().unwrap();
+        *slot = Some(running.clone());
         self.status.send_replace(Status::Running {
             holder: running.holder_pid(),
         });
+        // Its parent ended while it was being built: it goes too (its waiter records the end).
+        // Checked under the lock `end_subtree` takes after setting the flag, so one of the two
+        // always sees the other.
+        if self.lineage.ended.load(std::sync::atomic::Ordering::SeqCst) {
+            let _ = running.kill();
+        }
     }
 
+    /// Records its end, and ends its subtree with it.
     pub(crate) fn set_ended(&self, end: Status) {
         *self.running.lock().unwrap() = None;
         self.status.send_replace(end);
+        self.end_subtree();
+    }
+
+    /// Kills every namespace cloned through its `/ns`; each one's waiter then records its end
+    /// and ends its own children in turn. A child not yet run is failed at once.
+    fn end_subtree(&self) {
+        self.lineage
+            .ended
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let children: Vec<Arc<Space>> = self
+            .lineage
+            .children
+            .lock()
+            .unwrap()
+            .drain(..)
+            .filter_map(|c| c.upgrade())
+            .collect();
+        for child in children {
+            child
+                .lineage
+                .ended
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            let running = child.running.lock().unwrap().clone();
+            match running {
+                Some(r) => {
+                    if let Err(e) = r.kill() {
+                        tracing::warn!("ending a clone with its parent: {e}");
+                    }
+                }
+                None if *child.status.borrow() == Status::Created => {
+                    child.set_ended(Status::Failed("its parent namespace ended".into()));
+                }
+                // Being built (`set_running` kills it) or already ended.
+                None => {}
+            }
+        }
+    }
+
+    /// Whether it is alive for the clone count: created or running, its parent not ended.
+    fn is_live(&self) -> bool {
+        !self.status.borrow().is_final()
+            && !self.lineage.ended.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub(crate) fn info(&self) -> std::sync::MutexGuard<'_, Info> {
@@ -175,6 +238,8 @@ struct Shared {
     bridge: std::sync::OnceLock<std::path::PathBuf>,
     next_id: Mutex<u64>,
     spaces: Mutex<BTreeMap<u64, Arc<Space>>>,
+    /// Held while a clone is counted against its ancestors' budgets and entered.
+    cloning: Mutex<()>,
 }
 
 /// The `/ns` tree as one operator sees it: the namespaces they start run under their own uid
@@ -286,6 +351,7 @@ impl Nsd {
                 bridge: std::sync::OnceLock::new(),
                 next_id: Mutex::new(1),
                 spaces: Mutex::new(BTreeMap::new()),
+                cloning: Mutex::new(()),
             }),
             operator_uid: 0,
             scope: None,
@@ -321,17 +387,10 @@ impl Nsd {
     /// Is `id` shown in this view: everything for an operator, strict descendants for a
     /// namespace's own.
     fn visible(&self, spaces: &BTreeMap<u64, Arc<Space>>, id: u64) -> bool {
-        let Some(scope) = self.scope else {
-            return spaces.contains_key(&id);
-        };
-        let mut at = spaces.get(&id).and_then(|s| s.parent);
-        while let Some(p) = at {
-            if p == scope {
-                return true;
-            }
-            at = spaces.get(&p).and_then(|s| s.parent);
+        match self.scope {
+            None => spaces.contains_key(&id),
+            Some(scope) => descends_from(spaces, id, scope),
         }
-        false
     }
 
     /// The run options for a namespace this operator starts: never uid 0; a non-root operator's
@@ -403,9 +462,48 @@ impl Nsd {
             tracing::warn!("/ns/clone in namespace {parent_id}: refused: {e}");
             Refusal::new(Errno::EPERM, &format!("refused: {}", e.line()))
         })?;
+        // Counted and entered under one lock, so two clones at once cannot both take the last.
+        let _counting = self.shared.cloning.lock().unwrap();
+        self.clone_budget(parent_id).inspect_err(|r| {
+            tracing::warn!("/ns/clone in namespace {parent_id}: {}", r.line.trim_end());
+        })?;
         Ok(self
             .insert_space(spec, narrowed.build, narrowed.held, info)
             .0)
+    }
+
+    /// Whether namespace `parent_id` may clone one more: it is live, and it and every ancestor
+    /// stay within their `limit clones=` (live namespaces in the subtree, default
+    /// [`spec::DEFAULT_CLONES`]).
+    fn clone_budget(&self, parent_id: u64) -> std::result::Result<(), Refusal> {
+        let spaces = self.shared.spaces.lock().unwrap();
+        let live = |id: u64| spaces.get(&id).is_some_and(|s| s.is_live());
+        if !live(parent_id) {
+            return Err(Refusal::new(
+                Errno(libc::ESRCH as u32),
+                "the parent namespace has ended",
+            ));
+        }
+        let mut ancestor = Some(parent_id);
+        while let Some(id) = ancestor {
+            let Some(space) = spaces.get(&id) else { break };
+            let limit = space.spec.limits.clones();
+            let held = spaces
+                .iter()
+                .filter(|(d, s)| s.is_live() && descends_from(&spaces, **d, id))
+                .count() as u64;
+            if held >= limit {
+                return Err(Refusal::new(
+                    Errno(libc::EAGAIN as u32),
+                    &format!(
+                        "refused: budget:clones: namespace {id} has {held} live clone(s) in its \
+                         subtree (limit clones={limit})"
+                    ),
+                ));
+            }
+            ancestor = space.parent;
+        }
+        Ok(())
     }
 
     /// Enters a namespace in the tree (as `created`) and returns its id. A non-root
@@ -441,8 +539,25 @@ impl Nsd {
             status,
             running: Mutex::new(None),
             info: Mutex::new(info),
+            lineage: Lineage::default(),
         });
-        self.shared.spaces.lock().unwrap().insert(id, space.clone());
+        let mut spaces = self.shared.spaces.lock().unwrap();
+        if let Some(parent) = space.parent.and_then(|p| spaces.get(&p)) {
+            parent
+                .lineage
+                .children
+                .lock()
+                .unwrap()
+                .push(Arc::downgrade(&space));
+            if !parent.is_live() {
+                // Made as its parent ended: it never runs.
+                space
+                    .lineage
+                    .ended
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        spaces.insert(id, space.clone());
         (id, space)
     }
 
@@ -473,9 +588,12 @@ impl Nsd {
                 if *space.status.borrow() != Status::Created {
                     return Err(Errno::EBUSY);
                 }
+                let mut opts = self.run_options();
+                if let Some(uid) = self.subtree_uid(&space)? {
+                    opts.uid = Some(uid);
+                }
                 // Mark it before the (blocking) build, so a second `run` is refused.
                 space.status.send_replace(Status::Running { holder: 0 });
-                let mut opts = self.run_options();
                 let argv = argv.to_vec();
                 let argv_shown = argv.clone();
                 let building = space.clone();
@@ -530,6 +648,27 @@ impl Nsd {
 }
 
 impl Nsd {
+    /// A clone runs as its parent's payload uid, so the whole subtree is one uid: per-uid
+    /// limits (RLIMIT_NPROC, inotify instances, …) then bind the subtree, not each clone
+    /// (docs/decisions.md, "A subtree is one uid"). `None` for a namespace with no parent. A
+    /// clone whose parent has ended (or does not run) never runs: ESRCH.
+    fn subtree_uid(&self, space: &Space) -> Result<Option<u32>> {
+        let Some(parent_id) = space.parent else {
+            return Ok(None);
+        };
+        let ended = Errno(libc::ESRCH as u32);
+        if space
+            .lineage
+            .ended
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(ended);
+        }
+        let parent = self.shared.spaces.lock().unwrap().get(&parent_id).cloned();
+        let running = parent.and_then(|p| p.running()).ok_or(ended)?;
+        Ok(Some(running.payload_uid()))
+    }
+
     /// The mount server for a namespace cloned through `/ns`: toolfs and gate connections as
     /// for any namespace, and its own scoped `/ns` for `mount ns`.
     fn served_mounts(&self, id: u64, space: &Space) -> std::io::Result<Option<Arc<ServedMounts>>> {
@@ -598,6 +737,18 @@ impl NsView for ScopedView {
             })?;
         Ok(theirs.into())
     }
+}
+
+/// Whether `ancestor` cloned `id`, or an ancestor of it did (never itself).
+fn descends_from(spaces: &BTreeMap<u64, Arc<Space>>, id: u64, ancestor: u64) -> bool {
+    let mut at = spaces.get(&id).and_then(|s| s.parent);
+    while let Some(p) = at {
+        if p == ancestor {
+            return true;
+        }
+        at = spaces.get(&p).and_then(|s| s.parent);
+    }
+    false
 }
 
 /// On a blocking thread: wait for the command and record its end.
@@ -883,6 +1034,75 @@ mod tests {
             "{first}"
         );
         assert!(first.ends_with('\n'));
+    }
+
+    /// `limit clones=N` counts the live namespaces of a subtree, grandchildren included, at every
+    /// ancestor: one more is refused with EAGAIN and a `budget:clones` reason; a child may not
+    /// ask for more than its parent has; an ended clone frees its place.
+    #[tokio::test]
+    async fn live_clones_are_counted_per_subtree() {
+        let nsd = Nsd::new(RunOptions::default()).unwrap();
+        let text = "mount tool /tool echo\nmount ns /ns\nlimit clones=2\n";
+        let (pid, _) = nsd
+            .add_space(spec::parse("<t>", text).unwrap(), Info::default())
+            .unwrap();
+        let view = nsd.scoped(pid).unwrap();
+        let child = clone_in(&view, "mount tool /tool echo\nmount ns /ns\n")
+            .await
+            .unwrap();
+        let grand = clone_in(&nsd.scoped(child).unwrap(), "mount tool /tool echo\n")
+            .await
+            .unwrap();
+        let (first, why) = clone_twice(&view, "mount tool /tool echo\n").await;
+        assert_eq!(first, Err(Errno(libc::EAGAIN as u32)));
+        assert_eq!(
+            why,
+            format!(
+                "error: refused: budget:clones: namespace {pid} has 2 live clone(s) in its \
+                 subtree (limit clones=2)\n"
+            )
+        );
+        // The grandchild's clone counts against the grandparent's budget too.
+        assert_eq!(
+            clone_in(&nsd.scoped(child).unwrap(), "mount tool /tool echo\n").await,
+            Err(Errno(libc::EAGAIN as u32))
+        );
+        assert_eq!(
+            clone_in(&view, "mount tool /tool echo\nlimit clones=3\n").await,
+            Err(Errno::EPERM),
+            "more than the parent's is widening"
+        );
+        nsd.space(grand).unwrap().set_ended(Status::Exited(0));
+        assert!(clone_in(&view, "mount tool /tool echo\n").await.is_ok());
+    }
+
+    /// When a namespace ends, its subtree ends: a clone not yet run (and its own clone) fails
+    /// and can never be run, and the ended namespace's `/ns/clone` makes nothing (ESRCH).
+    #[tokio::test]
+    async fn a_namespaces_subtree_ends_with_it() {
+        let nsd = Nsd::new(RunOptions::default()).unwrap();
+        let text = "mount tool /tool echo\nmount ns /ns\n";
+        let (pid, parent) = nsd
+            .add_space(spec::parse("<t>", text).unwrap(), Info::default())
+            .unwrap();
+        let view = nsd.scoped(pid).unwrap();
+        let child = clone_in(&view, text).await.unwrap();
+        let grand = clone_in(&nsd.scoped(child).unwrap(), "mount tool /tool echo\n")
+            .await
+            .unwrap();
+        parent.set_ended(Status::Exited(0));
+        for id in [child, grand] {
+            assert_eq!(
+                *nsd.space(id).unwrap().status.borrow(),
+                Status::Failed("its parent namespace ended".into()),
+                "namespace {id}"
+            );
+            assert_eq!(nsd.ctl(id, "run /bin/true").await, Err(Errno::EBUSY));
+        }
+        assert_eq!(
+            clone_in(&view, "mount tool /tool echo\n").await,
+            Err(Errno(libc::ESRCH as u32))
+        );
     }
 
     /// A non-root operator's `/ns/clone` may not bind what they cannot reach on the host (nsd
