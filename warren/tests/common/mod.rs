@@ -159,6 +159,25 @@ fn sh_args<'a>(flags: &[&'a str], script: &'a str) -> Vec<&'a str> {
 
 /// Waits (bounded) for a pending ask with an id above `after` to appear on the gate and returns
 /// (id, request text).
+/// The ids `warren ls /ns` lists.
+pub fn ns_ids(w: &Warren) -> Vec<String> {
+    let out = w.run(&["ls", "/ns"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim_end_matches('/').to_string())
+        .filter(|l| l.parse::<u64>().is_ok())
+        .collect()
+}
+
+/// Polls `cond` until it holds; fails the test after 30 s.
+pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cond() {
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 pub fn next_ask(w: &Warren, after: i64) -> (i64, String) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
