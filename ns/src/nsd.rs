@@ -701,6 +701,45 @@ impl Nsd {
     }
 }
 
+/// A worker counts against the namespace it works for: its `limit` line, and for a worker that
+/// execs the uid of the namespace's whole subtree (`worker::EXEC_WORKER_UID_BASE` + the holder
+/// pid of the subtree's root, which every clone in it ends with).
+impl crate::worker::WorkerScopes for Nsd {
+    fn worker_scope(
+        &self,
+        namespace: &str,
+        session: &str,
+    ) -> std::result::Result<Option<crate::worker::WorkerScope>, String> {
+        let Ok(id) = namespace.parse::<u64>() else {
+            return Ok(None);
+        };
+        let spaces = self.shared.spaces.lock().unwrap();
+        let Some(space) = spaces.get(&id) else {
+            return Ok(None);
+        };
+        if space
+            .info()
+            .session
+            .as_deref()
+            .is_some_and(|s| s != session)
+        {
+            return Err(format!("namespace {id} has another session"));
+        }
+        let mut root = space;
+        while let Some(parent) = root.parent.and_then(|p| spaces.get(&p)) {
+            root = parent;
+        }
+        let holder = root
+            .running()
+            .map(|r| r.holder_pid())
+            .ok_or_else(|| format!("namespace {id}'s subtree is not running"))?;
+        Ok(Some(crate::worker::WorkerScope {
+            uid: crate::worker::EXEC_WORKER_UID_BASE + holder,
+            limits: space.build.limits,
+        }))
+    }
+}
+
 /// Namespace `id`'s own `/ns`, served on a socketpair nsd makes: the connection is the
 /// capability, and it shows that namespace's subtree only.
 pub struct ScopedView {

@@ -1,10 +1,11 @@
-//! Limits bind a namespace's whole subtree: the namespaces it clones through its own `/ns` share
-//! its `pids` (one uid, one RLIMIT_NPROC count) and end when it ends, `kill -9` of the `warren
-//! run` that started it included.
+//! Limits bind a namespace's whole subtree and what it causes: the namespaces it clones through
+//! its own `/ns` share its `pids` (one uid, one RLIMIT_NPROC count) and end when it ends, `kill
+//! -9` of the `warren run` that started it included; its `shell` commands count against it, and
+//! per-uid kernel objects of one namespace's commands are not another's.
 
 mod common;
 
-use common::{Warren, ns_ids, wait_until};
+use common::{Warren, approve_every_ask, envelopes, ns_ids, wait_until};
 
 const SYSTEM: &str =
     "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
@@ -218,5 +219,164 @@ time.sleep(600)
     assert!(
         completed <= 1,
         "{completed} clones started all 11 processes"
+    );
+}
+
+/// The agent's script: one `shell` call per argument, each envelope on a line of its own.
+const CALL_SHELL: &str = r#"for a in "$@"; do exec 3<>/tool/shell/call; printf '%s' "$a" >&3; cat <&3; exec 3<&-; echo; done"#;
+
+/// A directory every uid may write: the shell worker of each namespace runs as a uid of its own.
+fn shared_root(w: &Warren, name: &str, files: &[(&str, &str)]) -> std::path::PathBuf {
+    let dir = w.base.path().join(name);
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    for (file, text) in files {
+        std::fs::write(dir.join(file), text).unwrap();
+    }
+    dir
+}
+
+/// `warren run --ns SPEC -- sh -c CALL_SHELL sh ARGS…`.
+fn shell_calls(w: &Warren, spec: &std::path::Path, calls: &[&str]) -> std::process::Command {
+    let mut args = vec![
+        "run",
+        "--ns",
+        spec.to_str().unwrap(),
+        "--",
+        "/bin/sh",
+        "-c",
+        CALL_SHELL,
+    ];
+    args.push("sh");
+    args.extend(calls);
+    w.cmd(&args)
+}
+
+/// One approved `shell` call under `limit pids=16 mem=64M` forks at most what the namespace has
+/// (the old code: all 200) and cannot allocate 512 MiB (the old code: it did).
+#[test]
+fn a_shell_command_counts_against_its_namespaces_limits() {
+    let Some(w) = Warren::up() else {
+        panic!("warren run needs root and /dev/fuse")
+    };
+    let _approver = approve_every_ask(&w);
+    let dir = shared_root(
+        &w,
+        "bomb",
+        &[
+            (
+                "bomb.sh",
+                "n=0; while [ $n -lt 200 ]; do sleep 30 & n=$((n+1)); echo forked $n; done\n",
+            ),
+            (
+                "alloc.py",
+                "b = bytearray(512 << 20)\nprint('allocated', len(b))\n",
+            ),
+        ],
+    );
+    let spec = w.base.path().join("bomb.ns");
+    std::fs::write(
+        &spec,
+        format!(
+            "mount tool /tool shell\ntool shell -w {}\nlimit pids=16 mem=64M\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    let out = shell_calls(
+        &w,
+        &spec,
+        &[
+            r#"{"command":"sh bomb.sh"}"#,
+            r#"{"command":"python3 alloc.py"}"#,
+        ],
+    )
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let got = envelopes(&stdout);
+    assert_eq!(
+        got.len(),
+        2,
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let bomb = got[0]["content"].as_str().unwrap_or_default();
+    let forked = bomb
+        .lines()
+        .filter_map(|l| l.strip_prefix("forked ")?.parse::<u32>().ok())
+        .max()
+        .unwrap_or(0);
+    assert!(
+        (1..16).contains(&forked),
+        "{forked} processes forked under pids=16:\n{bomb}"
+    );
+    let alloc = got[1]["content"].as_str().unwrap_or_default();
+    assert!(
+        !alloc.contains("allocated") && alloc.contains("MemoryError"),
+        "512 MiB under mem=64M:\n{alloc}"
+    );
+}
+
+/// One namespace's approved command holds every inotify instance it can get (the kernel's per-uid
+/// 128); another namespace's command can still make one, as its worker's uid is its own (the
+/// old code: EMFILE, both ran as the one worker uid).
+#[test]
+fn one_namespaces_inotify_instances_are_not_anothers() {
+    let Some(w) = Warren::up() else {
+        panic!("warren run needs root and /dev/fuse")
+    };
+    let _approver = approve_every_ask(&w);
+    let dir = shared_root(
+        &w,
+        "inotify",
+        &[
+            (
+                "hold.py",
+                "import ctypes, time\nlibc = ctypes.CDLL(None)\n\
+                 fds = [libc.inotify_init() for _ in range(200)]\n\
+                 open('held', 'w').write(str(sum(1 for f in fds if f >= 0)))\ntime.sleep(600)\n",
+            ),
+            (
+                "one.py",
+                "import ctypes\nprint('inotify_init', ctypes.CDLL(None).inotify_init())\n",
+            ),
+        ],
+    );
+    let spec = w.base.path().join("inotify.ns");
+    std::fs::write(
+        &spec,
+        format!("mount tool /tool shell\ntool shell -w {}\n", dir.display()),
+    )
+    .unwrap();
+    let mut holder = shell_calls(&w, &spec, &[r#"{"command":"python3 hold.py"}"#])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("the first namespace holds its instances", || {
+        std::fs::read_to_string(dir.join("held")).is_ok_and(|n| !n.is_empty())
+    });
+    let held: u32 = std::fs::read_to_string(dir.join("held"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let out = shell_calls(&w, &spec, &[r#"{"command":"python3 one.py"}"#])
+        .output()
+        .unwrap();
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let got = envelopes(&stdout);
+    assert_eq!(got.len(), 1, "{stdout}");
+    let content = got[0]["content"].as_str().unwrap_or_default();
+    let fd: i64 = content
+        .lines()
+        .find_map(|l| l.strip_prefix("inotify_init ")?.parse().ok())
+        .unwrap_or_else(|| panic!("{content}"));
+    assert!(held > 0, "the first namespace made no instance");
+    assert!(
+        fd >= 0,
+        "the second namespace's inotify_init failed while the first held {held}:\n{content}"
     );
 }

@@ -3,6 +3,9 @@
 //! Needs root, /dev/fuse and the workspace's binaries.
 #![allow(dead_code)]
 
+#[path = "../../../toolfs/tests/common/approver.rs"]
+pub mod approver;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -159,6 +162,20 @@ fn sh_args<'a>(flags: &[&'a str], script: &'a str) -> Vec<&'a str> {
 
 /// Waits (bounded) for a pending ask with an id above `after` to appear on the gate and returns
 /// (id, request text).
+/// The operator, as a task on a runtime of its own: every `pending` event on the gate's operator
+/// socket is answered `allow once <fp>`. Dropping the runtime ends it (and its connection, so
+/// `warren down` is not kept waiting).
+pub fn approve_every_ask(w: &Warren) -> tokio::runtime::Runtime {
+    let sock = w.runtime().join("gate.sock");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.spawn(approver::allow_every_ask(sock));
+    rt
+}
+
 /// The ids `warren ls /ns` lists.
 pub fn ns_ids(w: &Warren) -> Vec<String> {
     let out = w.run(&["ls", "/ns"]);
