@@ -229,7 +229,7 @@ const CALL_SHELL: &str = r#"for a in "$@"; do exec 3<>/tool/shell/call; printf '
 fn shared_root(w: &Warren, name: &str, files: &[(&str, &str)]) -> std::path::PathBuf {
     let dir = w.base.path().join(name);
     std::fs::create_dir(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    common::open_to_shell_workers(&dir);
     for (file, text) in files {
         std::fs::write(dir.join(file), text).unwrap();
     }

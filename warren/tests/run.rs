@@ -168,7 +168,7 @@ fn exec_calls_wait_for_the_operator_from_inside() {
         .prefix("wgate")
         .tempdir_in("/tmp")
         .unwrap();
-    nix::unistd::chown(work.path(), Some(61010.into()), Some(61010.into())).unwrap();
+    common::open_to_shell_workers(work.path());
     let dir = work.path().to_str().unwrap();
     let spec = w.base.path().join("shell.ns");
     std::fs::write(

@@ -176,6 +176,12 @@ pub fn approve_every_ask(w: &Warren) -> tokio::runtime::Runtime {
     rt
 }
 
+/// Makes `dir` writable by the `shell` worker of every namespace: each runs as a uid of its own
+/// (its namespace subtree's).
+pub fn open_to_shell_workers(dir: &Path) {
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+}
+
 /// The ids `warren ls /ns` lists.
 pub fn ns_ids(w: &Warren) -> Vec<String> {
     let out = w.run(&["ls", "/ns"]);
