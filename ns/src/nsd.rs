@@ -589,14 +589,17 @@ impl Nsd {
                     return Err(Errno::EBUSY);
                 }
                 let mut opts = self.run_options();
-                if let Some(uid) = self.subtree_uid(&space)? {
-                    opts.uid = Some(uid);
+                let mut build = space.build.clone();
+                if let Some(parent) = self.parent_share(&space)? {
+                    opts.uid = Some(parent.uid);
+                    if let Some(left) = parent.wall_left {
+                        build.limits.wall = Some(build.limits.wall.map_or(left, |w| w.min(left)));
+                    }
                 }
                 // Mark it before the (blocking) build, so a second `run` is refused.
                 space.status.send_replace(Status::Running { holder: 0 });
                 let argv = argv.to_vec();
                 let argv_shown = argv.clone();
-                let building = space.clone();
                 let served = match self.served_mounts(id, &space) {
                     Ok(s) => s,
                     Err(e) => {
@@ -609,10 +612,9 @@ impl Nsd {
                     None => new_session_id().map_err(|e| Errno::from_io(&e))?,
                 };
                 opts.mount_server = served.clone().map(|s| s as Arc<dyn crate::MountServer>);
-                let running =
-                    tokio::task::spawn_blocking(move || spawn(&building.build, &argv, &opts))
-                        .await
-                        .map_err(|_| Errno::EIO)?;
+                let running = tokio::task::spawn_blocking(move || spawn(&build, &argv, &opts))
+                    .await
+                    .map_err(|_| Errno::EIO)?;
                 // The write returns once the command has exec'd, or fails (status says why).
                 let running = match running {
                     Ok(r) => Arc::new(r),
@@ -648,11 +650,12 @@ impl Nsd {
 }
 
 impl Nsd {
-    /// A clone runs as its parent's payload uid, so the whole subtree is one uid: per-uid
-    /// limits (RLIMIT_NPROC, inotify instances, …) then bind the subtree, not each clone
-    /// (docs/decisions.md, "A subtree is one uid"). `None` for a namespace with no parent. A
-    /// clone whose parent has ended (or does not run) never runs: ESRCH.
-    fn subtree_uid(&self, space: &Space) -> Result<Option<u32>> {
+    /// What a clone takes from its parent's: its payload uid, so the whole subtree is one uid and
+    /// per-uid limits (RLIMIT_NPROC, inotify instances, …) bind the subtree, not each clone
+    /// (docs/decisions.md, "A subtree is one uid"); and at most the wall-clock time the parent
+    /// has left. `None` for a namespace with no parent. A clone whose parent has ended (or does
+    /// not run) never runs: ESRCH.
+    fn parent_share(&self, space: &Space) -> Result<Option<ParentShare>> {
         let Some(parent_id) = space.parent else {
             return Ok(None);
         };
@@ -665,8 +668,17 @@ impl Nsd {
             return Err(ended);
         }
         let parent = self.shared.spaces.lock().unwrap().get(&parent_id).cloned();
-        let running = parent.and_then(|p| p.running()).ok_or(ended)?;
-        Ok(Some(running.payload_uid()))
+        let parent = parent.ok_or(ended)?;
+        let running = parent.running().ok_or(ended)?;
+        let started = parent.info().started;
+        let wall_left = parent.build.limits.wall.map(|wall| {
+            let spent = started.map_or(0, |t| now_secs().saturating_sub(t));
+            wall.saturating_sub(spent).max(1)
+        });
+        Ok(Some(ParentShare {
+            uid: running.payload_uid(),
+            wall_left,
+        }))
     }
 
     /// The mount server for a namespace cloned through `/ns`: toolfs and gate connections as
@@ -738,6 +750,13 @@ impl crate::worker::WorkerScopes for Nsd {
             limits: space.build.limits,
         }))
     }
+}
+
+/// What a clone gets from its running parent ([`Nsd::parent_share`]).
+struct ParentShare {
+    uid: u32,
+    /// Seconds of the parent's `limit wall` left, if it has one.
+    wall_left: Option<u64>,
 }
 
 /// Namespace `id`'s own `/ns`, served on a socketpair nsd makes: the connection is the

@@ -37,6 +37,14 @@ fn children_of(w: &Warren, parent: &str) -> Vec<String> {
         .collect()
 }
 
+/// The ids of the namespaces made through a `/ns/clone`.
+fn clone_ids(w: &Warren) -> Vec<String> {
+    ns_ids(w)
+        .into_iter()
+        .filter(|id| ns_file(w, id, "info").lines().any(|l| l == "origin clone"))
+        .collect()
+}
+
 /// (pid, ppid, real uid) of every host process.
 fn processes() -> Vec<(i32, i32, u32)> {
     let mut out = Vec::new();
@@ -236,10 +244,13 @@ fn shared_root(w: &Warren, name: &str, files: &[(&str, &str)]) -> std::path::Pat
     dir
 }
 
-/// `warren run --ns SPEC -- sh -c CALL_SHELL sh ARGS…`.
+/// `warren run --asks operator --ns SPEC -- sh -c CALL_SHELL sh ARGS…`: the test's approver
+/// answers the asks (a launcher with no terminal would deny them at once).
 fn shell_calls(w: &Warren, spec: &std::path::Path, calls: &[&str]) -> std::process::Command {
     let mut args = vec![
         "run",
+        "--asks",
+        "operator",
         "--ns",
         spec.to_str().unwrap(),
         "--",
@@ -379,4 +390,147 @@ fn one_namespaces_inotify_instances_are_not_anothers() {
         fd >= 0,
         "the second namespace's inotify_init failed while the first held {held}:\n{content}"
     );
+}
+
+/// `clone_run SPEC SCRIPT`: clones SPEC (printf escapes) through this namespace's `/ns/clone`,
+/// runs `/bin/sh SCRIPT` in it and prints its id.
+const CLONE_SH: &str = r#"clone_run() {
+    exec 3<>/ns/clone; printf "$1" >&3; id=$(cat <&3); exec 3<&-
+    echo "run /bin/sh $2" > /ns/$id/ctl; echo $id
+}
+"#;
+
+/// A probe dir (read-only at /probe in every namespace below) holding `files` and CLONE_SH.
+fn probe_dir(w: &Warren, files: &[(&str, &str)]) -> std::path::PathBuf {
+    let dir = w.base.path().join("probe");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("clone.sh"), CLONE_SH).unwrap();
+    for (file, text) in files {
+        std::fs::write(dir.join(file), text).unwrap();
+    }
+    dir
+}
+
+/// A spec as one printf format (its newlines as `\n`).
+fn printf_spec(text: &str) -> String {
+    text.replace('\n', "\\n")
+}
+
+/// The chain: the parent clones A, A clones B, and the parent's command then returns (exit 0):
+/// `warren run` returns, and A and B end with it.
+#[test]
+fn a_clone_chain_ends_when_its_warren_run_returns() {
+    let Some(w) = Warren::up() else {
+        panic!("warren run needs root and /dev/fuse")
+    };
+    let report = shared_root(&w, "report", &[]);
+    let child = printf_spec(&format!(
+        "{SYSTEM}bind -r /probe /probe\nbind -w /c /c\nmount ns /ns\n"
+    ));
+    let parent_sh = format!(
+        ". /probe/clone.sh; clone_run '{child}' /probe/a.sh; \
+         while [ ! -e /c/b ]; do sleep 0.1; done; exit 0\n"
+    );
+    let a_sh = format!(". /probe/clone.sh; clone_run '{child}' /probe/b.sh; exec sleep 600\n");
+    let probe = probe_dir(
+        &w,
+        &[
+            ("parent.sh", &parent_sh),
+            ("a.sh", &a_sh),
+            ("b.sh", "echo > /c/b; exec sleep 600\n"),
+        ],
+    );
+    let spec = w.base.path().join("parent.ns");
+    std::fs::write(
+        &spec,
+        format!(
+            "{SYSTEM}bind -r {} /probe\nbind -w {} /c\nmount ns /ns\n",
+            probe.display(),
+            report.display()
+        ),
+    )
+    .unwrap();
+    let out = w.run(&[
+        "run",
+        "--ns",
+        spec.to_str().unwrap(),
+        "--",
+        "/bin/sh",
+        "/probe/parent.sh",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(report.join("b").exists(), "the grandchild never ran");
+    let ids = clone_ids(&w);
+    assert_eq!(ids.len(), 2, "the two clones are listed: {ids:?}");
+    wait_until("the chain ends with its root", || {
+        ids.iter().all(|id| holder_of(&w, id).is_none())
+    });
+    for id in &ids {
+        assert_eq!(ns_file(&w, id, "status"), "exited 137\n", "namespace {id}");
+    }
+}
+
+/// A clone waiting on an ask when the `warren run` of its parent is killed (SIGKILL): the clone
+/// is killed, its ask leaves the pending list, and the call never runs.
+#[test]
+fn a_clones_open_ask_goes_with_its_killed_launcher() {
+    let Some(w) = Warren::up() else {
+        panic!("warren run needs root and /dev/fuse")
+    };
+    let root = shared_root(&w, "root", &[]);
+    let tool = format!("mount tool /tool shell\ntool shell -w {}\n", root.display());
+    let child = printf_spec(&format!("{SYSTEM}bind -r /probe /probe\n{tool}"));
+    let parent_sh =
+        format!(". /probe/clone.sh; clone_run '{child}' /probe/call.sh; exec sleep 600\n");
+    let probe = probe_dir(
+        &w,
+        &[
+            ("parent.sh", &parent_sh),
+            (
+                "call.sh",
+                r#"exec 3<>/tool/shell/call; printf '%s' '{"command":"echo > ran"}' >&3; cat <&3"#,
+            ),
+        ],
+    );
+    let spec = w.base.path().join("parent.ns");
+    std::fs::write(
+        &spec,
+        format!(
+            "{SYSTEM}bind -r {} /probe\nmount ns /ns\n{tool}",
+            probe.display()
+        ),
+    )
+    .unwrap();
+    let mut launcher = w
+        .cmd(&[
+            "run",
+            "--asks",
+            "operator",
+            "--ns",
+            spec.to_str().unwrap(),
+            "--",
+            "/bin/sh",
+            "/probe/parent.sh",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let (ask, request) = common::next_ask(&w, 0);
+    assert!(request.contains("tool shell"), "{request}");
+    let clone = clone_ids(&w).pop().expect("the clone is listed");
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    wait_until("the clone ends", || holder_of(&w, &clone).is_none());
+    wait_until("its ask leaves the pending list", || {
+        let out = w.run(&["ls", "/gate/pending"]);
+        !String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .any(|l| l.trim_end_matches('/') == ask.to_string())
+    });
+    assert!(!root.join("ran").exists(), "the call ran");
 }
