@@ -612,30 +612,35 @@ impl Nsd {
                     None => new_session_id().map_err(|e| Errno::from_io(&e))?,
                 };
                 opts.mount_server = served.clone().map(|s| s as Arc<dyn crate::MountServer>);
-                let running = tokio::task::spawn_blocking(move || spawn(&build, &argv, &opts))
-                    .await
-                    .map_err(|_| Errno::EIO)?;
-                // The write returns once the command has exec'd, or fails (status says why).
-                let running = match running {
-                    Ok(r) => Arc::new(r),
-                    Err(e) => {
-                        space.status.send_replace(Status::Failed(e.to_string()));
-                        return Err(Errno::from_io(&e));
-                    }
-                };
-                {
-                    let mut info = space.info();
-                    info.argv = argv_shown;
-                    info.started = Some(now_secs());
-                    info.session = Some(session);
-                }
-                space.set_running(&running);
+                let (started, started_rx) = tokio::sync::oneshot::channel();
+                // Built, recorded and waited for on one blocking thread: the holder's
+                // parent-death signal follows the thread that forked it (an idle pool thread
+                // exits, and would take the namespace with it), and a request dropped mid-build
+                // (its parent's `/ns` connection gone) still leaves the namespace recorded, so
+                // its parent's end reaches it.
                 tokio::task::spawn_blocking(move || {
+                    let running = match spawn(&build, &argv, &opts) {
+                        Ok(r) => Arc::new(r),
+                        Err(e) => {
+                            space.status.send_replace(Status::Failed(e.to_string()));
+                            let _ = started.send(Err(Errno::from_io(&e)));
+                            return;
+                        }
+                    };
+                    {
+                        let mut info = space.info();
+                        info.argv = argv_shown;
+                        info.started = Some(now_secs());
+                        info.session = Some(session);
+                    }
+                    space.set_running(&running);
+                    let _ = started.send(Ok(()));
                     wait_space(&space, &running);
                     // The bridges are reaped once the namespace is gone.
                     drop(served);
                 });
-                Ok(())
+                // The write returns once the command has exec'd, or fails (status says why).
+                started_rx.await.map_err(|_| Errno::EIO)?
             }
             Some((cmd, rest)) if cmd == "kill" && rest.is_empty() => {
                 let running = space.running.lock().unwrap().clone();
@@ -1161,6 +1166,29 @@ mod tests {
             clone_in(&view, "mount tool /tool echo\n").await,
             Err(Errno(libc::ESRCH as u32))
         );
+    }
+
+    /// A worker is placed by the namespace it works for: none for an id nsd does not have (the
+    /// operator's own connection), refused for one that does not run yet or names another
+    /// session.
+    #[test]
+    fn a_worker_is_placed_by_its_running_namespace_only() {
+        use crate::worker::WorkerScopes;
+        let nsd = Nsd::new(RunOptions::default()).unwrap();
+        let (id, space) = nsd
+            .add_space(
+                spec::parse("<t>", "mount tool /tool shell\n").unwrap(),
+                Info::default(),
+            )
+            .unwrap();
+        let session = "0".repeat(32);
+        assert_eq!(nsd.worker_scope("operator", &session), Ok(None));
+        assert_eq!(nsd.worker_scope("999", &session), Ok(None));
+        let not_running = nsd.worker_scope(&id.to_string(), &session).unwrap_err();
+        assert!(not_running.contains("not running"), "{not_running}");
+        space.info().session = Some("1".repeat(32));
+        let other = nsd.worker_scope(&id.to_string(), &session).unwrap_err();
+        assert!(other.contains("another session"), "{other}");
     }
 
     /// A non-root operator's `/ns/clone` may not bind what they cannot reach on the host (nsd

@@ -648,6 +648,49 @@ mod tests {
         }
     }
 
+    struct OneNamespace;
+
+    impl WorkerScopes for OneNamespace {
+        fn worker_scope(&self, namespace: &str, _: &str) -> Result<Option<WorkerScope>, String> {
+            match namespace {
+                "7" => Ok(Some(WorkerScope {
+                    uid: EXEC_WORKER_UID_BASE + 42,
+                    limits: crate::spec::parse("<t>", "limit pids=16 mem=64M")
+                        .unwrap()
+                        .limits,
+                })),
+                "8" => Err("namespace 8's subtree is not running".into()),
+                _ => Ok(None),
+            }
+        }
+    }
+
+    /// A `shell` worker runs as its namespace subtree's uid with its limits; a file tool's keeps
+    /// the one worker uid (and gets the limits); a namespace nsd does not know gets the worker
+    /// uid and no limits; one it knows but cannot place is refused.
+    #[test]
+    fn a_shell_worker_runs_as_its_subtrees_uid() {
+        let factory = WorkerFactory::new(Dirs::from_env(), false, PathBuf::from("/nonexistent"))
+            .with_scopes(Arc::new(OneNamespace));
+        let mut shell = request(&[]);
+        shell.tool = "shell".into();
+        shell.namespace = "7".into();
+        let (uid, limits) = factory.identity(&shell, true).unwrap();
+        assert_eq!(uid, EXEC_WORKER_UID_BASE + 42);
+        assert_eq!((limits.pids, limits.mem), (Some(16), Some(64 << 20)));
+        let mut read = request(&[]);
+        read.namespace = "7".into();
+        let (uid, limits) = factory.identity(&read, false).unwrap();
+        assert_eq!((uid, limits.pids), (Role::Worker.uid(), Some(16)));
+        shell.namespace = "operator".into();
+        assert_eq!(
+            factory.identity(&shell, true).unwrap(),
+            (Role::Worker.uid(), Limits::default())
+        );
+        shell.namespace = "8".into();
+        assert!(factory.identity(&shell, true).is_err());
+    }
+
     #[test]
     fn requests_are_checked_whole() {
         assert!(check_request(&request(&[("/home/me/repo", false)]), 1).is_ok());
