@@ -551,10 +551,7 @@ impl Nsd {
                 .push(Arc::downgrade(&space));
             if !parent.is_live() {
                 // Made as its parent ended: it never runs.
-                space
-                    .lineage
-                    .ended
-                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                space.set_ended(Status::Failed("its parent namespace ended".into()));
             }
         }
         spaces.insert(id, space.clone());
