@@ -286,6 +286,17 @@ pub fn covers(parent: &Spec, child: &Spec) -> Result<(), Widening> {
             });
         }
     }
+    // `clones` unset is the default, never more than an ancestor allows: each ancestor's own
+    // count is checked when a clone is made (`Nsd`), so only a higher value widens.
+    if let Some(cv) = c.clones
+        && cv > p.clones()
+    {
+        out.push(Widened::Limit {
+            key: "clones",
+            parent: p.clones(),
+            child: Some(cv),
+        });
+    }
 
     for e in &child.env {
         if !parent.env.contains(e) {
@@ -393,6 +404,17 @@ mod tests {
                 .any(|w| matches!(w, Widened::MountNotInParent { server, .. } if server == "tool"))
         );
         assert_eq!(got.len(), 9, "{err}");
+        // More live clones than the parent's (set or default) widens; unset does not.
+        let e = covers(&parent, &spec("limit pids=64 mem=1G clones=17")).unwrap_err();
+        assert_eq!(
+            e.0,
+            vec![Widened::Limit {
+                key: "clones",
+                parent: crate::spec::DEFAULT_CLONES,
+                child: Some(17)
+            }]
+        );
+        assert!(covers(&parent, &spec("limit pids=64 mem=1G clones=16")).is_ok());
         // Dropping a parent limit is widening too.
         let e = covers(&parent, &spec("")).unwrap_err();
         assert_eq!(

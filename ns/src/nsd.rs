@@ -72,6 +72,19 @@ pub(crate) struct Space {
     status: watch::Sender<Status>,
     running: Mutex<Option<Arc<Running>>>,
     info: Mutex<Info>,
+    /// Its subtree's lifetime: see [`Lineage`].
+    lineage: Lineage,
+}
+
+/// A namespace's subtree ends when it ends: the namespaces cloned through its `/ns` (and theirs)
+/// are killed, and one not yet run never runs.
+#[derive(Default)]
+struct Lineage {
+    /// Set once an ancestor has ended (or it has itself): it may not start, and is killed if it
+    /// was being started.
+    ended: std::sync::atomic::AtomicBool,
+    /// The namespaces cloned through its own `/ns`.
+    children: Mutex<Vec<std::sync::Weak<Space>>>,
 }
 
 /// Who started a namespace, and how: the `<id>/info` file.
@@ -141,15 +154,65 @@ pub(crate) fn now_secs() -> u64 {
 
 impl Space {
     pub(crate) fn set_running(&self, running: &Arc<Running>) {
-        *self.running.lock().unwrap() = Some(running.clone());
+        let mut slot = self.running.lock().unwrap();
+        *slot = Some(running.clone());
         self.status.send_replace(Status::Running {
             holder: running.holder_pid(),
         });
+        // Its parent ended while it was being built: it goes too (its waiter records the end).
+        // Checked under the lock `end_subtree` takes after setting the flag, so one of the two
+        // always sees the other.
+        if self.lineage.ended.load(std::sync::atomic::Ordering::SeqCst) {
+            let _ = running.kill();
+        }
     }
 
+    /// Records its end, and ends its subtree with it.
     pub(crate) fn set_ended(&self, end: Status) {
         *self.running.lock().unwrap() = None;
         self.status.send_replace(end);
+        self.end_subtree();
+    }
+
+    /// Kills every namespace cloned through its `/ns`; each one's waiter then records its end
+    /// and ends its own children in turn. A child not yet run is failed at once.
+    fn end_subtree(&self) {
+        self.lineage
+            .ended
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let children: Vec<Arc<Space>> = self
+            .lineage
+            .children
+            .lock()
+            .unwrap()
+            .drain(..)
+            .filter_map(|c| c.upgrade())
+            .collect();
+        for child in children {
+            child
+                .lineage
+                .ended
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            let running = child.running.lock().unwrap().clone();
+            match running {
+                Some(r) => {
+                    if let Err(e) = r.kill() {
+                        tracing::warn!("ending a clone with its parent: {e}");
+                    }
+                }
+                None if *child.status.borrow() == Status::Created => {
+                    child.set_ended(Status::Failed("its parent namespace ended".into()));
+                }
+                // Being built (`set_running` kills it) or already ended.
+                None => {}
+            }
+        }
+    }
+
+    /// Whether it is alive for the clone count: created or running, its parent not ended.
+    fn is_live(&self) -> bool {
+        !self.status.borrow().is_final()
+            && !self.lineage.ended.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub(crate) fn info(&self) -> std::sync::MutexGuard<'_, Info> {
@@ -185,6 +248,8 @@ struct Shared {
     bridge: std::sync::OnceLock<std::path::PathBuf>,
     next_id: Mutex<u64>,
     spaces: Mutex<BTreeMap<u64, Arc<Space>>>,
+    /// Held while a clone is counted against its ancestors' budgets and entered.
+    cloning: Mutex<()>,
 }
 
 /// The `/ns` tree as one operator sees it: the namespaces they start run under their own uid
@@ -296,6 +361,7 @@ impl Nsd {
                 bridge: std::sync::OnceLock::new(),
                 next_id: Mutex::new(1),
                 spaces: Mutex::new(BTreeMap::new()),
+                cloning: Mutex::new(()),
             }),
             operator_uid: 0,
             scope: None,
@@ -331,17 +397,10 @@ impl Nsd {
     /// Is `id` shown in this view: everything for an operator, strict descendants for a
     /// namespace's own.
     fn visible(&self, spaces: &BTreeMap<u64, Arc<Space>>, id: u64) -> bool {
-        let Some(scope) = self.scope else {
-            return spaces.contains_key(&id);
-        };
-        let mut at = spaces.get(&id).and_then(|s| s.parent);
-        while let Some(p) = at {
-            if p == scope {
-                return true;
-            }
-            at = spaces.get(&p).and_then(|s| s.parent);
+        match self.scope {
+            None => spaces.contains_key(&id),
+            Some(scope) => descends_from(spaces, id, scope),
         }
-        false
     }
 
     /// The run options for a namespace this operator starts: never uid 0; a non-root operator's
@@ -423,7 +482,46 @@ impl Nsd {
             Refusal::new(Errno::EPERM, &format!("refused: {}", e.line()))
         })?;
         self.within_handle_budget(parent_id, narrowed.handles.count())?;
+        // Counted and entered under one lock, so two clones at once cannot both take the last.
+        let _counting = self.shared.cloning.lock().unwrap();
+        self.clone_budget(parent_id).inspect_err(|r| {
+            tracing::warn!("/ns/clone in namespace {parent_id}: {}", r.line.trim_end());
+        })?;
         Ok(self.insert_space(spec, narrowed, info).0)
+    }
+
+    /// Whether namespace `parent_id` may clone one more: it is live, and it and every ancestor
+    /// stay within their `limit clones=` (live namespaces in the subtree, default
+    /// [`spec::DEFAULT_CLONES`]).
+    fn clone_budget(&self, parent_id: u64) -> std::result::Result<(), Refusal> {
+        let spaces = self.shared.spaces.lock().unwrap();
+        let live = |id: u64| spaces.get(&id).is_some_and(|s| s.is_live());
+        if !live(parent_id) {
+            return Err(Refusal::new(
+                Errno(libc::ESRCH as u32),
+                "the parent namespace has ended",
+            ));
+        }
+        let mut ancestor = Some(parent_id);
+        while let Some(id) = ancestor {
+            let Some(space) = spaces.get(&id) else { break };
+            let limit = space.spec.limits.clones();
+            let held = spaces
+                .iter()
+                .filter(|(d, s)| s.is_live() && descends_from(&spaces, **d, id))
+                .count() as u64;
+            if held >= limit {
+                return Err(Refusal::new(
+                    Errno(libc::EAGAIN as u32),
+                    &format!(
+                        "refused: budget:clones: namespace {id} has {held} live clone(s) in its \
+                         subtree (limit clones={limit})"
+                    ),
+                ));
+            }
+            ancestor = space.parent;
+        }
+        Ok(())
     }
 
     /// Refuses `more` handles for a clone in `parent`'s subtree past [`SUBTREE_HANDLES`]: each
@@ -486,8 +584,22 @@ impl Nsd {
             status,
             running: Mutex::new(None),
             info: Mutex::new(info),
+            lineage: Lineage::default(),
         });
-        self.shared.spaces.lock().unwrap().insert(id, space.clone());
+        let mut spaces = self.shared.spaces.lock().unwrap();
+        if let Some(parent) = space.parent.and_then(|p| spaces.get(&p)) {
+            parent
+                .lineage
+                .children
+                .lock()
+                .unwrap()
+                .push(Arc::downgrade(&space));
+            if !parent.is_live() {
+                // Made as its parent ended: it never runs.
+                space.set_ended(Status::Failed("its parent namespace ended".into()));
+            }
+        }
+        spaces.insert(id, space.clone());
         (id, space)
     }
 
@@ -523,12 +635,18 @@ impl Nsd {
                 if *space.status.borrow() != Status::Created {
                     return Err(Errno::EBUSY);
                 }
+                let mut opts = self.run_options();
+                let mut build = space.build.clone();
+                if let Some(parent) = self.parent_share(&space)? {
+                    opts.uid = Some(parent.uid);
+                    if let Some(left) = parent.wall_left {
+                        build.limits.wall = Some(build.limits.wall.map_or(left, |w| w.min(left)));
+                    }
+                }
                 // Mark it before the (blocking) build, so a second `run` is refused.
                 space.status.send_replace(Status::Running { holder: 0 });
-                let mut opts = self.run_options();
                 let argv = argv.to_vec();
                 let argv_shown = argv.clone();
-                let building = space.clone();
                 let served = match self.served_mounts(id, &space) {
                     Ok(s) => s,
                     Err(e) => {
@@ -541,41 +659,45 @@ impl Nsd {
                     None => new_session_id().map_err(|e| Errno::from_io(&e))?,
                 };
                 opts.mount_server = served.clone().map(|s| s as Arc<dyn crate::MountServer>);
-                let running =
-                    tokio::task::spawn_blocking(move || spawn(&building.build, &argv, &opts))
-                        .await
-                        .map_err(|_| Errno::EIO)?;
-                // The write returns once the command has exec'd, or fails (status says why).
-                let running = match running {
-                    Ok(r) => Arc::new(r),
-                    Err(e) => {
-                        let why = space.handles.in_words(&e.to_string());
-                        space.status.send_replace(Status::Failed(why));
-                        return Err(Errno::from_io(&e));
-                    }
-                };
-                {
-                    let mut info = space.info();
-                    info.argv = argv_shown;
-                    info.started = Some(now_secs());
-                    info.session = Some(session);
-                }
-                space.set_running(&running);
-                if let Some(served) = &served {
-                    let running = Arc::downgrade(&running);
-                    served.on_bridge_death(move |why| {
-                        tracing::warn!("namespace {id}: {why}: ending it");
-                        if let Some(r) = running.upgrade() {
-                            let _ = r.kill();
-                        }
-                    });
-                }
+                let (started, started_rx) = tokio::sync::oneshot::channel();
+                // Built, recorded and waited for on one blocking thread: the holder's
+                // parent-death signal follows the thread that forked it (an idle pool thread
+                // exits, and would take the namespace with it), and a request dropped mid-build
+                // (its parent's `/ns` connection gone) still leaves the namespace recorded, so
+                // its parent's end reaches it.
                 tokio::task::spawn_blocking(move || {
+                    let running = match spawn(&build, &argv, &opts) {
+                        Ok(r) => Arc::new(r),
+                        Err(e) => {
+                            let why = space.handles.in_words(&e.to_string());
+                            space.status.send_replace(Status::Failed(why));
+                            let _ = started.send(Err(Errno::from_io(&e)));
+                            return;
+                        }
+                    };
+                    {
+                        let mut info = space.info();
+                        info.argv = argv_shown;
+                        info.started = Some(now_secs());
+                        info.session = Some(session);
+                    }
+                    space.set_running(&running);
+                    if let Some(served) = &served {
+                        let running = Arc::downgrade(&running);
+                        served.on_bridge_death(move |why| {
+                            tracing::warn!("namespace {id}: {why}: ending it");
+                            if let Some(r) = running.upgrade() {
+                                let _ = r.kill();
+                            }
+                        });
+                    }
+                    let _ = started.send(Ok(()));
                     wait_space(&space, &running, served.as_deref());
                     // The bridges are reaped once the namespace is gone.
                     drop(served);
                 });
-                Ok(())
+                // The write returns once the command has exec'd, or fails (status says why).
+                started_rx.await.map_err(|_| Errno::EIO)?
             }
             Some((cmd, rest)) if cmd == "kill" && rest.is_empty() => {
                 let running = space.running.lock().unwrap().clone();
@@ -590,6 +712,37 @@ impl Nsd {
 }
 
 impl Nsd {
+    /// What a clone takes from its parent's: its payload uid, so the whole subtree is one uid and
+    /// per-uid limits (RLIMIT_NPROC, inotify instances, …) bind the subtree, not each clone
+    /// (docs/decisions.md, "A subtree is one uid"); and at most the wall-clock time the parent
+    /// has left. `None` for a namespace with no parent. A clone whose parent has ended (or does
+    /// not run) never runs: ESRCH.
+    fn parent_share(&self, space: &Space) -> Result<Option<ParentShare>> {
+        let Some(parent_id) = space.parent else {
+            return Ok(None);
+        };
+        let ended = Errno(libc::ESRCH as u32);
+        if space
+            .lineage
+            .ended
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(ended);
+        }
+        let parent = self.shared.spaces.lock().unwrap().get(&parent_id).cloned();
+        let parent = parent.ok_or(ended)?;
+        let running = parent.running().ok_or(ended)?;
+        let started = parent.info().started;
+        let wall_left = parent.build.limits.wall.map(|wall| {
+            let spent = started.map_or(0, |t| now_secs().saturating_sub(t));
+            wall.saturating_sub(spent).max(1)
+        });
+        Ok(Some(ParentShare {
+            uid: running.payload_uid(),
+            wall_left,
+        }))
+    }
+
     /// The mount server for a namespace cloned through `/ns`: toolfs and gate connections as
     /// for any namespace, and its own scoped `/ns` for `mount ns`.
     fn served_mounts(&self, id: u64, space: &Space) -> std::io::Result<Option<Arc<ServedMounts>>> {
@@ -620,6 +773,52 @@ impl Nsd {
         }));
         Ok(Some(Arc::new(served)))
     }
+}
+
+/// A worker counts against the namespace it works for: its `limit` line, and for a worker that
+/// execs the uid of the namespace's whole subtree (`worker::EXEC_WORKER_UID_BASE` + the holder
+/// pid of the subtree's root, which every clone in it ends with).
+impl crate::worker::WorkerScopes for Nsd {
+    fn worker_scope(
+        &self,
+        namespace: &str,
+        session: &str,
+    ) -> std::result::Result<Option<crate::worker::WorkerScope>, String> {
+        let Ok(id) = namespace.parse::<u64>() else {
+            return Ok(None);
+        };
+        let spaces = self.shared.spaces.lock().unwrap();
+        let Some(space) = spaces.get(&id) else {
+            return Ok(None);
+        };
+        if space
+            .info()
+            .session
+            .as_deref()
+            .is_some_and(|s| s != session)
+        {
+            return Err(format!("namespace {id} has another session"));
+        }
+        let mut root = space;
+        while let Some(parent) = root.parent.and_then(|p| spaces.get(&p)) {
+            root = parent;
+        }
+        let holder = root
+            .running()
+            .map(|r| r.holder_pid())
+            .ok_or_else(|| format!("namespace {id}'s subtree is not running"))?;
+        Ok(Some(crate::worker::WorkerScope {
+            uid: crate::worker::EXEC_WORKER_UID_BASE + holder,
+            limits: space.build.limits,
+        }))
+    }
+}
+
+/// What a clone gets from its running parent ([`Nsd::parent_share`]).
+struct ParentShare {
+    uid: u32,
+    /// Seconds of the parent's `limit wall` left, if it has one.
+    wall_left: Option<u64>,
 }
 
 /// Namespace `id`'s own `/ns`, served on a socketpair nsd makes: the connection is the
@@ -658,6 +857,18 @@ impl NsView for ScopedView {
             })?;
         Ok(theirs.into())
     }
+}
+
+/// Whether `ancestor` cloned `id`, or an ancestor of it did (never itself).
+fn descends_from(spaces: &BTreeMap<u64, Arc<Space>>, id: u64, ancestor: u64) -> bool {
+    let mut at = spaces.get(&id).and_then(|s| s.parent);
+    while let Some(p) = at {
+        if p == ancestor {
+            return true;
+        }
+        at = spaces.get(&p).and_then(|s| s.parent);
+    }
+    false
 }
 
 /// On a blocking thread: wait for the command and record its end (a dead bridge's, if one
@@ -947,6 +1158,98 @@ mod tests {
             "{first}"
         );
         assert!(first.ends_with('\n'));
+    }
+
+    /// `limit clones=N` counts the live namespaces of a subtree, grandchildren included, at every
+    /// ancestor: one more is refused with EAGAIN and a `budget:clones` reason; a child may not
+    /// ask for more than its parent has; an ended clone frees its place.
+    #[tokio::test]
+    async fn live_clones_are_counted_per_subtree() {
+        let nsd = Nsd::new(RunOptions::default()).unwrap();
+        let text = "mount tool /tool echo\nmount ns /ns\nlimit clones=2\n";
+        let (pid, _) = nsd
+            .add_space(spec::parse("<t>", text).unwrap(), Info::default())
+            .unwrap();
+        let view = nsd.scoped(pid).unwrap();
+        let child = clone_in(&view, "mount tool /tool echo\nmount ns /ns\n")
+            .await
+            .unwrap();
+        let grand = clone_in(&nsd.scoped(child).unwrap(), "mount tool /tool echo\n")
+            .await
+            .unwrap();
+        let (first, why) = clone_twice(&view, "mount tool /tool echo\n").await;
+        assert_eq!(first, Err(Errno(libc::EAGAIN as u32)));
+        assert_eq!(
+            why,
+            format!(
+                "error: refused: budget:clones: namespace {pid} has 2 live clone(s) in its \
+                 subtree (limit clones=2)\n"
+            )
+        );
+        // The grandchild's clone counts against the grandparent's budget too.
+        assert_eq!(
+            clone_in(&nsd.scoped(child).unwrap(), "mount tool /tool echo\n").await,
+            Err(Errno(libc::EAGAIN as u32))
+        );
+        assert_eq!(
+            clone_in(&view, "mount tool /tool echo\nlimit clones=3\n").await,
+            Err(Errno::EPERM),
+            "more than the parent's is widening"
+        );
+        nsd.space(grand).unwrap().set_ended(Status::Exited(0));
+        assert!(clone_in(&view, "mount tool /tool echo\n").await.is_ok());
+    }
+
+    /// When a namespace ends, its subtree ends: a clone not yet run (and its own clone) fails
+    /// and can never be run, and the ended namespace's `/ns/clone` makes nothing (ESRCH).
+    #[tokio::test]
+    async fn a_namespaces_subtree_ends_with_it() {
+        let nsd = Nsd::new(RunOptions::default()).unwrap();
+        let text = "mount tool /tool echo\nmount ns /ns\n";
+        let (pid, parent) = nsd
+            .add_space(spec::parse("<t>", text).unwrap(), Info::default())
+            .unwrap();
+        let view = nsd.scoped(pid).unwrap();
+        let child = clone_in(&view, text).await.unwrap();
+        let grand = clone_in(&nsd.scoped(child).unwrap(), "mount tool /tool echo\n")
+            .await
+            .unwrap();
+        parent.set_ended(Status::Exited(0));
+        for id in [child, grand] {
+            assert_eq!(
+                *nsd.space(id).unwrap().status.borrow(),
+                Status::Failed("its parent namespace ended".into()),
+                "namespace {id}"
+            );
+            assert_eq!(nsd.ctl(id, "run /bin/true").await, Err(Errno::EBUSY));
+        }
+        assert_eq!(
+            clone_in(&view, "mount tool /tool echo\n").await,
+            Err(Errno(libc::ESRCH as u32))
+        );
+    }
+
+    /// A worker is placed by the namespace it works for: none for an id nsd does not have (the
+    /// operator's own connection), refused for one that does not run yet or names another
+    /// session.
+    #[test]
+    fn a_worker_is_placed_by_its_running_namespace_only() {
+        use crate::worker::WorkerScopes;
+        let nsd = Nsd::new(RunOptions::default()).unwrap();
+        let (id, space) = nsd
+            .add_space(
+                spec::parse("<t>", "mount tool /tool shell\n").unwrap(),
+                Info::default(),
+            )
+            .unwrap();
+        let session = "0".repeat(32);
+        assert_eq!(nsd.worker_scope("operator", &session), Ok(None));
+        assert_eq!(nsd.worker_scope("999", &session), Ok(None));
+        let not_running = nsd.worker_scope(&id.to_string(), &session).unwrap_err();
+        assert!(not_running.contains("not running"), "{not_running}");
+        space.info().session = Some("1".repeat(32));
+        let other = nsd.worker_scope(&id.to_string(), &session).unwrap_err();
+        assert!(other.contains("another session"), "{other}");
     }
 
     /// A non-root operator's `/ns/clone` may not bind what they cannot reach on the host (nsd

@@ -100,7 +100,8 @@ pub enum Net {
     Loopback,
 }
 
-/// `limit mem= pids= cpu= wall=`; `None` is "no limit".
+/// `limit mem= pids= cpu= wall= clones=`; `None` is "no limit" (for `clones`:
+/// [`DEFAULT_CLONES`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Limits {
     /// bytes
@@ -110,11 +111,22 @@ pub struct Limits {
     pub cpu: Option<u64>,
     /// wall-clock seconds
     pub wall: Option<u64>,
+    /// live namespaces in this one's subtree (itself not counted), cloned through its `/ns`
+    pub clones: Option<u64>,
 }
+
+/// Live clones a namespace's subtree may hold when its spec sets no `clones`: far more than an
+/// agent fanning out work needs, few enough that a clone loop stops at once.
+pub const DEFAULT_CLONES: u64 = 16;
 
 impl Limits {
     pub fn is_empty(&self) -> bool {
         *self == Limits::default()
+    }
+
+    /// The live clones its subtree may hold.
+    pub fn clones(&self) -> u64 {
+        self.clones.unwrap_or(DEFAULT_CLONES)
     }
 }
 
@@ -712,7 +724,7 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                     return Err(ctx.err_at(
                         ctx.end(),
                         1,
-                        "limit needs KEY=VALUE (mem=, pids=, cpu=, wall=)",
+                        "limit needs KEY=VALUE (mem=, pids=, cpu=, wall=, clones=)",
                     ));
                 }
                 for w in args {
@@ -724,10 +736,13 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                         "pids" => (&mut spec.limits.pids, parse_number(v)),
                         "cpu" => (&mut spec.limits.cpu, parse_duration(v)),
                         "wall" => (&mut spec.limits.wall, parse_duration(v)),
+                        "clones" => (&mut spec.limits.clones, parse_number(v)),
                         _ => {
                             return Err(ctx.err(
                                 w,
-                                format!("unknown limit `{k}`: expected mem, pids, cpu or wall"),
+                                format!(
+                                    "unknown limit `{k}`: expected mem, pids, cpu, wall or clones"
+                                ),
                             ));
                         }
                     };
@@ -735,7 +750,7 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                         return Err(ctx.err(
                             w,
                             format!(
-                                "bad value `{v}` for {k} (mem: 512M/1G/bytes; pids: count; cpu, wall: 30s/5m/2h), must be > 0"
+                                "bad value `{v}` for {k} (mem: 512M/1G/bytes; pids, clones: count; cpu, wall: 30s/5m/2h), must be > 0"
                             ),
                         ));
                     };
@@ -874,6 +889,9 @@ impl Spec {
             if let Some(v) = l.wall {
                 out.push_str(&format!(" wall={v}s"));
             }
+            if let Some(v) = l.clones {
+                out.push_str(&format!(" clones={v}"));
+            }
             out.push('\n');
         }
         out
@@ -946,9 +964,11 @@ mod tests {
     fn limits_and_env() {
         let s = parse(
             "x",
-            "limit mem=512M pids=64\nlimit cpu=2m wall=30\nenv TERM _X1",
+            "limit mem=512M pids=64\nlimit cpu=2m wall=30 clones=3\nenv TERM _X1",
         )
         .unwrap();
+        assert_eq!(s.limits.clones, Some(3));
+        assert_eq!(parse("x", "").unwrap().limits.clones(), DEFAULT_CLONES);
         assert_eq!(s.limits.mem, Some(512 << 20));
         assert_eq!(s.limits.pids, Some(64));
         assert_eq!(s.limits.cpu, Some(120));
@@ -1005,6 +1025,7 @@ mod tests {
             ("env A A", "twice"),
             ("limit mem=lots", "bad value"),
             ("limit pids=0", "bad value"),
+            ("limit clones=0", "bad value"),
             ("limit pids=1 pids=2", "twice"),
             ("limit disk=1", "unknown limit"),
             ("bind 'unterminated /a", "unterminated"),
@@ -1180,6 +1201,7 @@ mod tests {
                         pids: lim[1],
                         cpu: lim[2],
                         wall: lim[3],
+                        clones: lim[1].map(|n| n % 40 + 1),
                     },
                 }
             })

@@ -36,7 +36,7 @@ use crate::confine::guard::Guard;
 use crate::confine::sys::{self, Dir};
 use crate::confine::{NAMESPACES, creds, landlock, mounts, seccomp};
 use crate::run::{SETUP_DEADLINE, SetupErrors};
-use crate::spec::{Access, Bind, Net};
+use crate::spec::{Access, Bind, Limits, Net};
 
 /// Where the worker binary is bound (read-only) in every worker's root.
 pub const WORKER_PATH: &str = "/warren-tool-worker";
@@ -60,12 +60,32 @@ const RESERVED: &[&str] = &[
 /// is pid 1 of a namespace the worker kills whole): see docs/decisions.md.
 const SHELL_CLONE_FLAGS: u64 = (libc::CLONE_NEWUSER | libc::CLONE_NEWPID) as u64;
 
+/// The uids of the workers that exec (`shell`): this + the host pid of the holder of the
+/// namespace subtree they work for, unique while that subtree lives (a subtree ends with its
+/// root: `nsd`). Above every payload uid (`RunOptions::uid_base` + a pid, pids < 2²²).
+pub const EXEC_WORKER_UID_BASE: u32 = 5_000_000;
+
+/// What a worker of one namespace runs under: its uid and the namespace's `limit` line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkerScope {
+    pub uid: u32,
+    pub limits: Limits,
+}
+
+/// Who the namespaces are (nsd's `/ns`): the scope of a worker built for one of them.
+pub trait WorkerScopes: Send + Sync {
+    /// `Ok(None)`: no namespace of this nsd has this id (the operator's own connection). An
+    /// error refuses the build: the namespace is known but not running, or the session differs.
+    fn worker_scope(&self, namespace: &str, session: &str) -> Result<Option<WorkerScope>, String>;
+}
+
 /// Builds workers. One per nsd.
 pub struct WorkerFactory {
     protected: Dirs,
     weaker_landlock: bool,
     uid: u32,
     binary: PathBuf,
+    scopes: Option<Arc<dyn WorkerScopes>>,
 }
 
 /// A running worker, as nsd hands it to toolfs.
@@ -91,6 +111,8 @@ struct Plan {
     uid: u32,
     execs: bool,
     weaker_landlock: bool,
+    /// The calling namespace's `limit` line (none for a namespace nsd does not know).
+    limits: Limits,
 }
 
 impl WorkerFactory {
@@ -102,7 +124,31 @@ impl WorkerFactory {
             weaker_landlock,
             uid: Role::Worker.uid(),
             binary,
+            scopes: None,
         }
+    }
+
+    /// Workers of the namespaces `scopes` knows count against them (their uid and limits).
+    pub fn with_scopes(mut self, scopes: Arc<dyn WorkerScopes>) -> WorkerFactory {
+        self.scopes = Some(scopes);
+        self
+    }
+
+    /// The uid a worker runs as and the limits it gets. A worker that execs (`shell`) runs as
+    /// its namespace subtree's own uid, so the processes and per-uid kernel objects (inotify
+    /// instances, …) of what it runs count there and nowhere else; the file tools' workers,
+    /// which run only warren's code and never fork, keep the one worker uid, so what they
+    /// write keeps one owner across namespaces (docs/decisions.md, "A subtree is one uid").
+    fn identity(&self, request: &BuildRequest, execs: bool) -> Result<(u32, Limits), String> {
+        let scope = match &self.scopes {
+            Some(s) => s.worker_scope(&request.namespace, &request.session)?,
+            None => None,
+        };
+        Ok(match scope {
+            Some(scope) if execs => (scope.uid, scope.limits),
+            Some(scope) => (self.uid, scope.limits),
+            None => (self.uid, Limits::default()),
+        })
     }
 
     /// The uid (and gid) every worker runs as.
@@ -114,6 +160,7 @@ impl WorkerFactory {
     pub fn build(&self, request: &BuildRequest, root_fds: Vec<OwnedFd>) -> Result<Built, String> {
         check_request(request, root_fds.len())?;
         let execs = EXEC_TOOLS.contains(&request.tool.as_str());
+        let (uid, limits) = self.identity(request, execs)?;
         let guard = Guard::new(&self.protected).map_err(|e| e.to_string())?;
         let mut prepared = Vec::new();
         for (root, fd) in request.roots.iter().zip(&root_fds) {
@@ -172,9 +219,10 @@ impl WorkerFactory {
             err_write,
             tool: request.tool.clone(),
             roots: request.roots.clone(),
-            uid: self.uid,
+            uid,
             execs,
             weaker_landlock: self.weaker_landlock,
+            limits,
         };
         let holder = match sys::fork_process().map_err(io("fork"))? {
             ForkResult::Child => {
@@ -207,7 +255,7 @@ impl WorkerFactory {
             lifeline: lifeline.into(),
             holder: holder_fd.map_err(io("pidfd_open"))?,
             holder_pid: holder.as_raw(),
-            uid: self.uid,
+            uid,
         })
     }
 
@@ -300,11 +348,17 @@ impl WorkerFactory {
 
 /// Listens on `<runtime>/nsd-workers.ctl` (or the socket the supervisor bound for it) and serves
 /// worker builds there until the runtime stops.
-pub fn spawn_server(dirs: &Dirs, weaker_landlock: bool) -> io::Result<PathBuf> {
+/// `scopes`: the namespaces whose workers count against them.
+pub fn spawn_server(
+    dirs: &Dirs,
+    weaker_landlock: bool,
+    scopes: Arc<dyn WorkerScopes>,
+) -> io::Result<PathBuf> {
     let binary = warren_toolfs::worker::worker_program()?;
     let path = dirs.control(warren_toolfs::worker::nsd::NSD_WORKER_CONTROL);
     let listener = warren_daemon::operator::listen(&path)?;
-    let factory = Arc::new(WorkerFactory::new(dirs.clone(), weaker_landlock, binary));
+    let factory =
+        Arc::new(WorkerFactory::new(dirs.clone(), weaker_landlock, binary).with_scopes(scopes));
     tokio::spawn(factory.serve(listener));
     Ok(path)
 }
@@ -502,6 +556,12 @@ fn confine_worker(plan: &mut Plan) -> Result<std::convert::Infallible, String> {
         root_fds.push(fd);
     }
     creds::drop_to(uid)?;
+    // The namespace's process count is per uid: its exec worker, and all that runs under it,
+    // share its subtree's uid and this limit.
+    if let Some(pids) = plan.limits.pids.filter(|_| plan.execs) {
+        nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NPROC, pids, pids)
+            .map_err(|e| format!("setrlimit pids={pids}: {e}"))?;
+    }
     // A credential change clears these.
     let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
     nix::sys::prctl::set_dumpable(false).map_err(|e| format!("non-dumpable: {e}"))?;
@@ -528,16 +588,27 @@ fn confine_worker(plan: &mut Plan) -> Result<std::convert::Infallible, String> {
         argv.push(cstr(fd.to_string())?);
     }
     let home = if plan.execs { crate::HOME } else { "/" };
-    let env = [
+    let mut env = vec![
         format!("PATH={}", crate::PAYLOAD_PATH),
         format!("HOME={home}"),
         "LANG=C.UTF-8".into(),
         "TMPDIR=/tmp".into(),
         "USER=agent".into(),
-    ]
-    .into_iter()
-    .map(cstr)
-    .collect::<Result<Vec<_>, _>>()?;
+    ];
+    if plan.execs {
+        // What each command may use at most (the tool's own defaults apply below these).
+        let l = plan.limits;
+        let words: Vec<String> = [("pids", l.pids), ("mem", l.mem), ("cpu", l.cpu)]
+            .into_iter()
+            .filter_map(|(k, v)| Some(format!("{k}={}", v?)))
+            .collect();
+        env.push(format!(
+            "{}={}",
+            warren_toolfs::tools::shell::NAMESPACE_LIMITS_ENV,
+            words.join(" ")
+        ));
+    }
+    let env = env.into_iter().map(cstr).collect::<Result<Vec<_>, _>>()?;
     let path = cstr(WORKER_PATH.into())?;
     nix::unistd::execve(&path, &argv, &env).map_err(|e| format!("exec {WORKER_PATH}: {e}"))
 }
@@ -580,6 +651,49 @@ mod tests {
                 .collect(),
             network: false,
         }
+    }
+
+    struct OneNamespace;
+
+    impl WorkerScopes for OneNamespace {
+        fn worker_scope(&self, namespace: &str, _: &str) -> Result<Option<WorkerScope>, String> {
+            match namespace {
+                "7" => Ok(Some(WorkerScope {
+                    uid: EXEC_WORKER_UID_BASE + 42,
+                    limits: crate::spec::parse("<t>", "limit pids=16 mem=64M")
+                        .unwrap()
+                        .limits,
+                })),
+                "8" => Err("namespace 8's subtree is not running".into()),
+                _ => Ok(None),
+            }
+        }
+    }
+
+    /// A `shell` worker runs as its namespace subtree's uid with its limits; a file tool's keeps
+    /// the one worker uid (and gets the limits); a namespace nsd does not know gets the worker
+    /// uid and no limits; one it knows but cannot place is refused.
+    #[test]
+    fn a_shell_worker_runs_as_its_subtrees_uid() {
+        let factory = WorkerFactory::new(Dirs::from_env(), false, PathBuf::from("/nonexistent"))
+            .with_scopes(Arc::new(OneNamespace));
+        let mut shell = request(&[]);
+        shell.tool = "shell".into();
+        shell.namespace = "7".into();
+        let (uid, limits) = factory.identity(&shell, true).unwrap();
+        assert_eq!(uid, EXEC_WORKER_UID_BASE + 42);
+        assert_eq!((limits.pids, limits.mem), (Some(16), Some(64 << 20)));
+        let mut read = request(&[]);
+        read.namespace = "7".into();
+        let (uid, limits) = factory.identity(&read, false).unwrap();
+        assert_eq!((uid, limits.pids), (Role::Worker.uid(), Some(16)));
+        shell.namespace = "operator".into();
+        assert_eq!(
+            factory.identity(&shell, true).unwrap(),
+            (Role::Worker.uid(), Limits::default())
+        );
+        shell.namespace = "8".into();
+        assert!(factory.identity(&shell, true).is_err());
     }
 
     #[test]

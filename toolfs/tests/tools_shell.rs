@@ -107,6 +107,25 @@ async fn output_is_capped_at_one_mebibyte_keeping_head_and_tail() {
     );
 }
 
+/// A command that writes past `OUTPUT_LIMIT` (an endless `yes`) is killed, and the result says
+/// so; without the limit the call would run to its timeout.
+#[tokio::test]
+async fn output_past_the_limit_kills_the_command() {
+    let scratch = Scratch::new();
+    let root = scratch.worker_dir("root");
+    let w = spawn("shell", &[("/r", &root, true)]);
+    let out = call(&w, json!({"command": "yes", "timeout_s": 600})).await;
+    assert!(!out.ok);
+    assert!(
+        out.content.ends_with(&format!(
+            "[shell: more than {} bytes of output; its process group was killed]",
+            warren_toolfs::tools::shell::OUTPUT_LIMIT
+        )),
+        "{}",
+        &out.content[out.content.len().saturating_sub(200)..]
+    );
+}
+
 #[tokio::test]
 async fn the_timeout_kills_the_whole_process_group() {
     let scratch = Scratch::new();

@@ -170,11 +170,31 @@ fn checks() -> Vec<Check> {
                 .iter()
                 .all(|w| c.split_whitespace().any(|s| s == *w))
         });
+    let usable = cg2 && delegated && warren_ns::confine::limits::cgroup2_available();
+    let v1: Vec<String> = std::fs::read_dir("/sys/fs/cgroup")
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.path().join("tasks").exists())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
     out.push(Check {
         name: "cgroup v2",
-        state: if cg2 && delegated { "ok" } else { "missing" },
-        detail: if cg2 { format!("controllers available to warren: {subtree}") } else { "cgroup v2 not mounted at /sys/fs/cgroup".into() },
-        consequence: "limits fall back to rlimits and a wall-clock kill (pids= is then per uid, not per namespace)",
+        state: if usable { "ok" } else { "missing" },
+        detail: match (cg2, v1.is_empty()) {
+            (true, _) => format!("controllers available to warren: {subtree}"),
+            (false, false) => format!(
+                "cgroup v1 only at /sys/fs/cgroup ({}): not used",
+                v1.join(", ")
+            ),
+            (false, true) => "no cgroup v2 at /sys/fs/cgroup".into(),
+        },
+        consequence: "limits are rlimits: pids= holds per namespace subtree (one uid, \
+                      RLIMIT_NPROC, its shell commands under a second uid with the same count), \
+                      mem= and cpu= per process only (a subtree's memory is bounded by pids × \
+                      mem, not mem), wall= by a kill; a subtree ends with its root by nsd's kill, \
+                      not cgroup.kill (docs/gaps.md, \"Limits without cgroup v2\")",
     });
     let apparmor = read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns");
     out.push(Check {

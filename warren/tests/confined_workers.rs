@@ -4,8 +4,6 @@
 //! toolfs, the gate, receiptd and a confined worker nsd built — writing nothing outside the root.
 //! Needs root, /dev/fuse and the workspace's binaries.
 
-#[path = "../../toolfs/tests/common/approver.rs"]
-mod approver;
 mod common;
 #[path = "../../toolfs/tests/race_support/mod.rs"]
 mod race_support;
@@ -14,7 +12,7 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use common::Warren;
+use common::{Warren, approve_every_ask};
 use warren_daemon::identity::Role;
 
 /// The operator lets every fs_write call run without an ask (the race makes thousands).
@@ -80,24 +78,6 @@ fn the_agent_does_not_see_a_dir_granted_to_fs_write_unless_it_binds_it() {
 /// Calls made from inside `warren run`. Each is an ask (after the first result the session is
 /// `untrusted_context`, which turns write-tier rules into asks) answered by [`approve_every_ask`].
 const CALLS: usize = 1_000;
-
-/// The operator, as a task on a runtime of its own: every `pending` event on the gate's operator
-/// socket is answered `allow once <fp>`. Dropping the runtime ends it (and its connection, so
-/// `warren down` is not kept waiting).
-fn approve_every_ask(w: &Warren) -> tokio::runtime::Runtime {
-    let sock = w.runtime().join("gate.sock");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let (ready, watching) = std::sync::mpsc::channel();
-    rt.spawn(approver::allow_every_ask(sock, Some(ready)));
-    watching
-        .recv_timeout(std::time::Duration::from_secs(60))
-        .expect("the approver never started watching the gate's events");
-    rt
-}
 
 /// Issue 4's "done when": the race through a confined worker from inside `warren run` (at
 /// [`CALLS`] calls; the full 10,000 run through nsd-built workers directly in toolfs's

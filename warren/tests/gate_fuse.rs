@@ -32,8 +32,7 @@ impl Workdir {
             .prefix("wgf")
             .tempdir_in("/tmp")
             .unwrap();
-        let worker = warren_daemon::identity::Role::Worker.uid();
-        nix::unistd::chown(dir.path(), Some(worker.into()), Some(worker.into())).unwrap();
+        common::open_to_shell_workers(dir.path());
         let spec = w.base.path().join("gate.ns");
         std::fs::write(
             &spec,

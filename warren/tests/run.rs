@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Warren, fingerprint, next_ask};
+use common::{Warren, fingerprint, next_ask, ns_ids, wait_until};
 use std::time::{Duration, Instant};
 
 /// N1: only granted tools exist; ungranted names and host paths are ENOENT, never EACCES.
@@ -168,7 +168,7 @@ fn exec_calls_wait_for_the_operator_from_inside() {
         .prefix("wgate")
         .tempdir_in("/tmp")
         .unwrap();
-    nix::unistd::chown(work.path(), Some(61010.into()), Some(61010.into())).unwrap();
+    common::open_to_shell_workers(work.path());
     let dir = work.path().to_str().unwrap();
     let spec = w.base.path().join("shell.ns");
     std::fs::write(
@@ -258,24 +258,6 @@ fn ppid_of(pid: i32) -> Option<i32> {
         .trim()
         .parse()
         .ok()
-}
-
-/// The ids `warren ls /ns` lists.
-fn ns_ids(w: &Warren) -> Vec<String> {
-    let out = w.run(&["ls", "/ns"]);
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| l.trim_end_matches('/').to_string())
-        .filter(|l| l.parse::<u64>().is_ok())
-        .collect()
-}
-
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !cond() {
-        assert!(Instant::now() < deadline, "never happened: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// The front door never builds a namespace (so never needs CAP_SYS_ADMIN): the namespace's

@@ -78,7 +78,8 @@ fn serve(weaker_landlock: bool) -> ExitCode {
             }
         };
         // Tool workers for toolfs (issue 4): without this socket no worker tool can run.
-        match warren_ns::worker::spawn_server(&dirs, weaker_landlock) {
+        let scopes = std::sync::Arc::new(nsd.for_operator(0));
+        match warren_ns::worker::spawn_server(&dirs, weaker_landlock, scopes) {
             Ok(p) => tracing::info!("building tool workers on {}", p.display()),
             Err(e) => {
                 eprintln!("warren-nsd: tool worker socket: {e}");

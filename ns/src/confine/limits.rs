@@ -45,7 +45,9 @@ fn write(path: &Path, value: &str) -> io::Result<()> {
         .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))
 }
 
-fn cgroup2_available() -> bool {
+/// Whether namespaces get a cgroup v2 of their own: /sys/fs/cgroup is a cgroup2 root this
+/// process may write (`warren doctor` reports the same).
+pub fn cgroup2_available() -> bool {
     let root = Path::new(CGROUP_ROOT);
     root.join("cgroup.controllers").exists()
         && nix::unistd::access(root, nix::unistd::AccessFlags::W_OK).is_ok()

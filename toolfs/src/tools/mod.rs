@@ -230,6 +230,10 @@ The result is stdout and stderr interleaved, capped at 1 MiB (the first and last
 with a marker), then `[exit status N]`. At `timeout_s` (default 120, at most 600) the command's
 whole process group is killed and the result says so; the group is killed at the end of every
 call, so background jobs do not outlive it.
-Not yet confined: the command sees the host filesystem with the worker uid's permissions and the
-host network (namespaces for workers are issue 4).
+Limits per command (lowered to the calling namespace's `limit pids= mem= cpu=` where those are
+lower): at most 256 processes at once (counted with every other command of the namespace's
+subtree: they share one uid), 8 GiB of address space and 600 s of CPU time per process, and
+64 MiB of output, past which the command is killed and the result says so. A fork or an
+allocation past a limit fails inside the command (EAGAIN, ENOMEM); CPU past it is SIGKILL.
+It runs in the worker's own namespaces: its roots, /usr, /bin, /lib, a /tmp and home; only lo.
 ";

@@ -6,6 +6,12 @@
 //! pipe closes and the shell has exited, or at the deadline; either way the shell is then killed
 //! (SIGKILL), and with its pid 1 the kernel kills every process of the namespace: background
 //! jobs, `setsid` children and their children never outlive their call.
+//!
+//! Each command is limited ([`CommandLimits`]): processes (RLIMIT_NPROC, counted per uid: the
+//! worker runs as its namespace subtree's own uid, so this counts every command of the subtree),
+//! address space (RLIMIT_AS, per process) and CPU time (RLIMIT_CPU, per process) — the tool's
+//! defaults, or less where the calling namespace's `limit` line says less — and output: past
+//! [`OUTPUT_LIMIT`] bytes the command is killed.
 
 use std::collections::VecDeque;
 use std::ffi::CString;
@@ -33,6 +39,54 @@ pub const ENV_KEPT: [&str; 7] = ["PATH", "HOME", "LANG", "LC_ALL", "TERM", "TMPD
 const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 /// How often the worker looks for the shell's exit once its output has closed.
 const EXIT_POLL: Duration = Duration::from_millis(10);
+/// The most output a command may write (stdout and stderr together); past it, it is killed.
+pub const OUTPUT_LIMIT: u64 = 64 << 20;
+/// The most processes a command may have at once (its subtree's commands together: per uid).
+pub const DEFAULT_PROCESSES: u64 = 256;
+/// The most address space each process of a command may map (RLIMIT_AS: virtual, not RSS).
+pub const DEFAULT_MEMORY: u64 = 8 << 30;
+/// The most CPU time each process of a command may use.
+pub const DEFAULT_CPU_S: u64 = MAX_TIMEOUT_S;
+/// nsd puts the calling namespace's limits here (`pids=N mem=BYTES cpu=SECONDS`, each word
+/// only when the namespace sets it) in the worker's environment; commands never see it.
+pub const NAMESPACE_LIMITS_ENV: &str = "WARREN_NS_LIMITS";
+
+/// What one command may use: the tool's defaults, lowered to the namespace's limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CommandLimits {
+    pub processes: u64,
+    pub memory: u64,
+    pub cpu_s: u64,
+}
+
+impl CommandLimits {
+    /// The defaults lowered by `namespace` (the [`NAMESPACE_LIMITS_ENV`] value). A word that
+    /// does not parse is an error: a command never runs with less confinement than asked for.
+    pub fn lowered_by(namespace: Option<&str>) -> Result<CommandLimits, String> {
+        let mut limits = CommandLimits {
+            processes: DEFAULT_PROCESSES,
+            memory: DEFAULT_MEMORY,
+            cpu_s: DEFAULT_CPU_S,
+        };
+        for word in namespace.unwrap_or_default().split_whitespace() {
+            let parsed = word
+                .split_once('=')
+                .and_then(|(k, v)| Some((k, v.parse::<u64>().ok()?)));
+            let slot = match parsed {
+                Some(("pids", v)) => (&mut limits.processes, v),
+                Some(("mem", v)) => (&mut limits.memory, v),
+                Some(("cpu", v)) => (&mut limits.cpu_s, v),
+                _ => return Err(format!("bad namespace limit `{word}`")),
+            };
+            *slot.0 = (*slot.0).min(slot.1);
+        }
+        Ok(limits)
+    }
+
+    fn from_env() -> Result<CommandLimits, String> {
+        CommandLimits::lowered_by(std::env::var(NAMESPACE_LIMITS_ENV).ok().as_deref())
+    }
+}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -61,7 +115,11 @@ pub fn run(ctx: &ToolContext, args: &str, scope: &mut CallScope<'_>) -> ToolOutp
     let deadline = scope
         .deadline
         .min(Instant::now() + Duration::from_secs(timeout_s));
-    match execute(&args.command, &cwd, deadline, scope) {
+    let limits = match CommandLimits::from_env() {
+        Ok(l) => l,
+        Err(e) => return ToolOutput::error(format!("shell: {e}")),
+    };
+    match execute(&args.command, &cwd, deadline, limits, scope) {
         Ok(out) => out,
         Err(e) => ToolOutput::error(format!("shell: {e}")),
     }
@@ -81,10 +139,11 @@ fn execute(
     command: &str,
     cwd: &OwnedFd,
     deadline: Instant,
+    limits: CommandLimits,
     scope: &mut CallScope<'_>,
 ) -> std::io::Result<ToolOutput> {
     let started = Instant::now();
-    let (group, reader) = spawn_shell(command, cwd)?;
+    let (group, reader) = spawn_shell(command, cwd, limits)?;
     (scope.on_started)(group.as_raw());
     let caller = scope.caller;
 
@@ -113,7 +172,13 @@ fn execute(
         loop {
             match pipe.read(&mut buf) {
                 Ok(0) => break 'read,
-                Ok(n) => output.push(&buf[..n]),
+                Ok(n) => {
+                    output.push(&buf[..n]);
+                    if output.total > OUTPUT_LIMIT {
+                        end = End::OutputLimit;
+                        break 'read;
+                    }
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
@@ -161,6 +226,12 @@ fn execute(
         }
         End::CallerGone => {
             content.push_str("[shell: toolfs went away; its process group was killed]");
+            return Ok(ToolOutput { ok: false, content });
+        }
+        End::OutputLimit => {
+            content.push_str(&format!(
+                "[shell: more than {OUTPUT_LIMIT} bytes of output; its process group was killed]"
+            ));
             return Ok(ToolOutput { ok: false, content });
         }
     }
@@ -220,8 +291,13 @@ fn cstring(s: &str) -> std::io::Result<CString> {
 /// own: the unprivileged worker may make one, and nothing else), in its own session, with the
 /// reduced environment, `cwd` as its working directory and one pipe for stdout and stderr.
 /// When that pid 1 dies — it exits, or the worker kills it — the kernel kills every process of
-/// the namespace, `setsid` children included. Returns its pid and the pipe's read end.
-fn spawn_shell(command: &str, cwd: &OwnedFd) -> std::io::Result<(Pid, OwnedFd)> {
+/// the namespace, `setsid` children included. Every process of it inherits `limits`. Returns its
+/// pid and the pipe's read end.
+fn spawn_shell(
+    command: &str,
+    cwd: &OwnedFd,
+    limits: CommandLimits,
+) -> std::io::Result<(Pid, OwnedFd)> {
     let (reader, writer) = pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
     // The write end must block for the command (a non-blocking stdout surprises programs).
     nix::fcntl::fcntl(&writer, nix::fcntl::FcntlArg::F_SETFL(OFlag::empty()))?;
@@ -251,10 +327,19 @@ fn spawn_shell(command: &str, cwd: &OwnedFd) -> std::io::Result<(Pid, OwnedFd)> 
         .chain(std::iter::once(std::ptr::null()))
         .collect();
     let (null_fd, out_fd, cwd_fd) = (null.as_raw_fd(), writer.as_raw_fd(), cwd.as_raw_fd());
+    let rlimit = |n: u64| libc::rlimit {
+        rlim_cur: n,
+        rlim_max: n,
+    };
+    let rlimits = [
+        (libc::RLIMIT_NPROC, rlimit(limits.processes)),
+        (libc::RLIMIT_AS, rlimit(limits.memory)),
+        (libc::RLIMIT_CPU, rlimit(limits.cpu_s)),
+    ];
     let flags = (pid_namespace_flags() | libc::SIGCHLD) as libc::c_ulong;
     // SAFETY: clone without CLONE_VM and with a null stack is fork(): the child gets a copy of
     // this (single-threaded) worker's memory. The child only makes async-signal-safe syscalls
-    // (dup2, fchdir, setsid, prctl, execve, _exit) on values computed before the clone — the
+    // (setrlimit, dup2, fchdir, setsid, prctl, execve, _exit) on values computed before the clone — the
     // argv and env pointer arrays stay alive in the parent's copy too — and allocates nothing.
     let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
     if pid < 0 {
@@ -264,6 +349,11 @@ fn spawn_shell(command: &str, cwd: &OwnedFd) -> std::io::Result<(Pid, OwnedFd)> 
         // SAFETY: see above; every call here is a plain syscall wrapper, and the process ends
         // in execve or _exit.
         unsafe {
+            for (resource, value) in &rlimits {
+                if libc::setrlimit(*resource, value) != 0 {
+                    libc::_exit(126);
+                }
+            }
             if libc::dup2(null_fd, 0) < 0
                 || libc::dup2(out_fd, 1) < 0
                 || libc::dup2(out_fd, 2) < 0
@@ -305,6 +395,8 @@ enum End {
     TimedOut,
     /// toolfs closed the worker's socket: nobody waits for the answer any more.
     CallerGone,
+    /// It wrote more than [`OUTPUT_LIMIT`] bytes.
+    OutputLimit,
 }
 
 /// Whether toolfs's end of the socket is gone. Polled for no events: POLLHUP and POLLERR are
@@ -368,6 +460,21 @@ impl OutputCap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_namespace_only_lowers_the_defaults() {
+        let defaults = CommandLimits::lowered_by(None).unwrap();
+        assert_eq!(defaults.processes, DEFAULT_PROCESSES);
+        let lowered = CommandLimits::lowered_by(Some("pids=16 mem=67108864")).unwrap();
+        assert_eq!(lowered.processes, 16);
+        assert_eq!(lowered.memory, 64 << 20);
+        assert_eq!(lowered.cpu_s, DEFAULT_CPU_S);
+        let higher = CommandLimits::lowered_by(Some("pids=100000 cpu=100000")).unwrap();
+        assert_eq!(higher, defaults);
+        for bad in ["pids", "pids=x", "disk=1"] {
+            assert!(CommandLimits::lowered_by(Some(bad)).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn cap_keeps_head_and_tail() {

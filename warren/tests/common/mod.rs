@@ -3,6 +3,9 @@
 //! Needs root, /dev/fuse and the workspace's binaries.
 #![allow(dead_code)]
 
+#[path = "../../../toolfs/tests/common/approver.rs"]
+pub mod approver;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -159,6 +162,49 @@ fn sh_args<'a>(flags: &[&'a str], script: &'a str) -> Vec<&'a str> {
 
 /// Waits (bounded) for a pending ask with an id above `after` to appear on the gate and returns
 /// (id, request text).
+/// The operator, as a task on a runtime of its own: every `pending` event on the gate's operator
+/// socket is answered `allow once <fp>`. Dropping the runtime ends it (and its connection, so
+/// `warren down` is not kept waiting).
+pub fn approve_every_ask(w: &Warren) -> tokio::runtime::Runtime {
+    let sock = w.runtime().join("gate.sock");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (ready, watching) = std::sync::mpsc::channel();
+    rt.spawn(approver::allow_every_ask(sock, Some(ready)));
+    watching
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the approver never started watching the gate's events");
+    rt
+}
+
+/// Makes `dir` writable by the `shell` worker of every namespace: each runs as a uid of its own
+/// (its namespace subtree's).
+pub fn open_to_shell_workers(dir: &Path) {
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+}
+
+/// The ids `warren ls /ns` lists.
+pub fn ns_ids(w: &Warren) -> Vec<String> {
+    let out = w.run(&["ls", "/ns"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim_end_matches('/').to_string())
+        .filter(|l| l.parse::<u64>().is_ok())
+        .collect()
+}
+
+/// Polls `cond` until it holds; fails the test after 30 s.
+pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cond() {
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 pub fn next_ask(w: &Warren, after: i64) -> (i64, String) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
