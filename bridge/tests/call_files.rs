@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::{Mounted, Setup, assert_python_calls, call_result, python, run, wait_until};
 
-fn mounted(call_files: bool) -> Option<Mounted> {
+fn mounted(call_files: bool) -> Mounted {
     Mounted::start_with(Setup {
         call_files,
         ..Setup::default()
@@ -35,7 +35,7 @@ fn call_written(m: &Mounted, args: &[u8]) -> std::fs::File {
 #[test]
 fn a_call_files_first_write_goes_out_with_its_first_read() {
     for call_files in [false, true] {
-        let Some(m) = mounted(call_files) else { return };
+        let m = mounted(call_files);
         let mut f = call_written(&m, br#"{"x":1}"#);
         let seen = m.stats.call_writes.load(SeqCst);
         assert_eq!(
@@ -56,7 +56,7 @@ fn a_call_files_first_write_goes_out_with_its_first_read() {
 /// order (the second sends the first before it), a shell's exec idiom, Python buffered and not.
 #[test]
 fn the_call_idioms_run_unchanged_with_call_files() {
-    let Some(m) = mounted(true) else { return };
+    let m = mounted(true);
     for (script, want) in [
         (
             r#"exec 3<>call; printf '{"x":1}' >&3; cat <&3"#,
@@ -90,7 +90,7 @@ fn the_call_idioms_run_unchanged_with_call_files() {
 /// write followed by another fails that other.
 #[test]
 fn a_refused_deferred_write_fails_the_read_that_carried_it() {
-    let Some(m) = mounted(true) else { return };
+    let m = mounted(true);
     let path = m.path("call");
     let path = path.to_str().unwrap();
     let script = "import sys, errno\n\
@@ -122,7 +122,7 @@ fn a_refused_deferred_write_fails_the_read_that_carried_it() {
 /// a server that records withdrawn calls (toolfs's `withdrawn` receipt) records their bytes.
 #[test]
 fn a_deferred_write_closed_unread_reaches_the_server_before_the_clunk() {
-    let Some(m) = mounted(true) else { return };
+    let m = mounted(true);
     drop(call_written(&m, br#"{"w":1}"#));
     // RELEASE is asynchronous to close(2).
     assert!(

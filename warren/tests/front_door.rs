@@ -10,11 +10,11 @@ struct Warren {
 }
 
 impl Warren {
-    fn new() -> Option<Warren> {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipped: warren up needs root (it starts daemons under their own uids)");
-            return None;
-        }
+    fn new() -> Warren {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "warren up needs root (it starts daemons under their own uids): scripts/test runs as root"
+        );
         let bin = PathBuf::from(env!("CARGO_BIN_EXE_warren"));
         let toolfs = bin.with_file_name("warren-toolfs");
         assert!(
@@ -26,7 +26,7 @@ impl Warren {
             .prefix("wfd")
             .tempdir_in("/tmp")
             .unwrap();
-        Some(Warren { base })
+        Warren { base }
     }
 
     fn cmd(&self, args: &[&str]) -> Command {
@@ -97,7 +97,7 @@ fn status_field(pid: i32, field: &str) -> String {
 /// T: O2 (each daemon under its own uid), N9/H3 (non-dumpable, no root), the operator's view.
 #[test]
 fn up_serves_tools_under_the_daemons_own_uid_and_down_stops_them() {
-    let Some(w) = Warren::new() else { return };
+    let w = Warren::new();
     let said = w.ok(&["up"]);
     assert!(said.contains("warren is up"), "{said}");
     // A second `up` finds the lock held and starts nothing.
@@ -157,7 +157,7 @@ fn up_serves_tools_under_the_daemons_own_uid_and_down_stops_them() {
 /// Supervision: a daemon killed with SIGKILL comes back on the same socket.
 #[test]
 fn a_killed_daemon_is_restarted_on_the_same_socket() {
-    let Some(w) = Warren::new() else { return };
+    let w = Warren::new();
     w.ok(&["up"]);
     let first = daemon_pid(&w.runtime(), "warren-toolfs").unwrap();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(first), nix::sys::signal::SIGKILL).unwrap();
@@ -177,7 +177,7 @@ fn a_killed_daemon_is_restarted_on_the_same_socket() {
 /// H1: a host process that is not the operator cannot attach, even with the socket's path.
 #[test]
 fn a_non_operator_and_a_peer_in_another_pid_namespace_are_refused() {
-    let Some(w) = Warren::new() else { return };
+    let w = Warren::new();
     w.ok(&["up"]);
     // Control: the operator gets in.
     w.ok(&["cat", "/tool/tools"]);
@@ -251,7 +251,7 @@ fn doctor_names_every_feature() {
 /// not; a missing file is a usage error.
 #[test]
 fn receipts_export_and_verify_through_the_front_door() {
-    let Some(w) = Warren::new() else { return };
+    let w = Warren::new();
     w.ok(&["up"]);
     // The boot receipt is signed one by one; a checkpoint makes the export cover it.
     w.ok(&["write", "/receipts/ctl", "checkpoint"]);
@@ -287,10 +287,10 @@ fn receipts_export_and_verify_through_the_front_door() {
 /// The README's quick start: `warren demo` runs the whole job on its embedded default and exits 0.
 #[test]
 fn the_demo_runs_the_main_job() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: warren demo needs root (daemons, namespaces)");
-        return;
-    }
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "warren demo needs root (daemons, namespaces): scripts/test runs as root"
+    );
     let out = Command::new(env!("CARGO_BIN_EXE_warren"))
         .arg("demo")
         .stdin(std::process::Stdio::null())
@@ -322,7 +322,7 @@ fn the_demo_runs_the_main_job() {
 /// refused by the gate.
 #[test]
 fn approvals_shows_an_ask_and_answers_it() {
-    let Some(w) = Warren::new() else { return };
+    let w = Warren::new();
     w.ok(&["up"]);
     let ask = |cmd: &str| {
         let req = format!(
@@ -378,7 +378,7 @@ fn approvals_shows_an_ask_and_answers_it() {
 /// it, with nothing left running; a base directory the daemons cannot search is refused up front.
 #[test]
 fn up_fails_cleanly_when_a_daemon_cannot_start() {
-    let Some(w) = Warren::new() else { return };
+    let w = Warren::new();
     let libexec = tempfile::tempdir().unwrap();
     let real = PathBuf::from(env!("CARGO_BIN_EXE_warren"));
     for b in [

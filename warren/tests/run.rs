@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 /// N1: only granted tools exist; ungranted names and host paths are ENOENT, never EACCES.
 #[test]
 fn only_granted_tools_exist_inside() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let (code, out, err) = w.sh(&["--tool", "fs_read", "--tool", "echo"], "cat /tool/tools");
     assert_eq!(code, 0, "{err}");
     let names: Vec<&str> = out.lines().map(|l| l.split('\t').next().unwrap()).collect();
@@ -39,7 +39,7 @@ fn only_granted_tools_exist_inside() {
 /// The call-file idioms through the kernel: bash/dash `exec 3<>` and Python's `r+b`.
 #[test]
 fn calls_work_through_fuse_from_inside() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let (code, out, err) = w.sh(
         &["--tool", "echo"],
         r#"exec 3<>/tool/echo/call; printf '{"text":"dash"}' >&3; cat <&3; echo;
@@ -68,7 +68,7 @@ fn calls_work_through_fuse_from_inside() {
 /// can, and only that root.
 #[test]
 fn a_tool_reads_with_its_own_authority_not_the_agents() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let repo = tempfile::Builder::new()
         .prefix("wrepo")
         .tempdir_in("/tmp")
@@ -128,7 +128,7 @@ fn a_tool_reads_with_its_own_authority_not_the_agents() {
 /// other calls on the same mount.
 #[test]
 fn a_blocked_call_does_not_block_the_mount() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let started = Instant::now();
     let (code, out, err) = w.sh(
         &["--tool", "echo"],
@@ -163,7 +163,7 @@ fn a_blocked_call_does_not_block_the_mount() {
 /// never runs. Every decision and effect is a receipt of the session.
 #[test]
 fn exec_calls_wait_for_the_operator_from_inside() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let work = tempfile::Builder::new()
         .prefix("wgate")
         .tempdir_in("/tmp")
@@ -283,7 +283,7 @@ fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 /// and killing the launcher (SIGKILL: no chance to clean up) tears the namespace down.
 #[test]
 fn nsd_builds_warren_runs_namespace_and_it_dies_with_the_launcher() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let mut launcher = w.spawn_sh(&["--asks", "operator", "--tool", "echo"], "sleep 600");
     let mut ids = Vec::new();
     wait_until("the namespace appears in /ns", || {
@@ -337,10 +337,14 @@ fn nsd_builds_warren_runs_namespace_and_it_dies_with_the_launcher() {
 /// runs the command through nsd, and leaves the daemons up.
 #[test]
 fn warren_run_starts_the_daemons_when_none_are_up() {
-    if !nix::unistd::geteuid().is_root() || !std::path::Path::new("/dev/fuse").exists() {
-        eprintln!("skipped: warren run needs root and /dev/fuse");
-        return;
-    }
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "warren run needs root: scripts/test runs as root"
+    );
+    assert!(
+        std::path::Path::new("/dev/fuse").exists(),
+        "this kernel has no FUSE (/dev/fuse is missing): scripts/test skips this test on such a host"
+    );
     let base = tempfile::Builder::new()
         .prefix("wrup")
         .tempdir_in("/tmp")
@@ -369,7 +373,7 @@ fn warren_run_starts_the_daemons_when_none_are_up() {
 fn an_operator_namespace_mounts_the_operator_sockets() {
     use std::os::fd::AsFd;
     use warren_ns::launch::client::{LaunchOptions, launch};
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let dirs = warren_daemon::Dirs {
         runtime: w.runtime(),
         data: w.base.path().join("data"),
@@ -433,7 +437,7 @@ fn an_operator_namespace_mounts_the_operator_sockets() {
 /// and `mount receipts` is refused there before anything runs.
 #[test]
 fn an_ordinary_namespace_gets_its_own_gate_view_and_no_receipts() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let spec = w.base.path().join("gate.ns");
     std::fs::write(&spec, "mount gate /n/gate\n").unwrap();
     let spec = spec.to_str().unwrap();
