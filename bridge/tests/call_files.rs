@@ -135,3 +135,27 @@ fn a_deferred_write_closed_unread_reaches_the_server_before_the_clunk() {
     assert_eq!(m.stats.calls_run.load(SeqCst), 0);
     m.unmount().unwrap();
 }
+
+/// A write after the call's first read fails with EBUSY at that write (specs/tool-tree.md §4.1),
+/// with and without the option: it is never answered early and surfaced on the next read.
+#[test]
+fn a_write_after_the_first_read_fails_with_ebusy_where_it_is_made() {
+    for call_files in [false, true] {
+        let m = mounted(call_files);
+        let path = m.path("call");
+        let script = "import sys, errno\n\
+            f = open(sys.argv[1], 'r+b', buffering=0)\n\
+            f.write(b'ab')\n\
+            first = f.read()\n\
+            try:\n    f.write(b'cd')\n    print('write succeeded')\n\
+            except OSError as e:\n    print(errno.errorcode[e.errno])\n\
+            f.seek(2)\n\
+            print(f.read() == first)";
+        assert_eq!(
+            python(script, &[path.to_str().unwrap()]).trim(),
+            "EBUSY\nTrue",
+            "call_files={call_files}"
+        );
+        m.unmount().unwrap();
+    }
+}

@@ -79,7 +79,7 @@ impl Session {
     /// (toolfs runs nothing on a call whose write was refused: specs/tool-tree.md §4).
     pub(super) async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Reply, Errno> {
         let file = self.file(fh)?;
-        let mut data = match file.take_deferred() {
+        let mut data = match file.take_deferred_for_read() {
             Some(w) => {
                 let (sent, read) = tokio::join!(
                     file.fid.write(w.offset, &w.data),
