@@ -215,9 +215,8 @@ fn run_demo(dirs: &Dirs, base: &Path) -> Result<ExitCode> {
     if pending > 0 {
         bail!("{pending} allowed call(s) of the session have no effect receipt after 5 s");
     }
-    rt.block_on(checkpoint(dirs))?;
     let mut export = Vec::new();
-    let n = rt.block_on(warren_receiptd::client::export(
+    let (_, n) = rt.block_on(warren_receiptd::client::export(
         &dirs.socket("receipts"),
         &session,
         &mut export,
@@ -232,15 +231,6 @@ fn run_demo(dirs: &Dirs, base: &Path) -> Result<ExitCode> {
         "done: the agent did only what it was granted, asked where the gate said so, and every decision and effect is a signed receipt",
     );
     Ok(ExitCode::SUCCESS)
-}
-
-async fn checkpoint(dirs: &Dirs) -> Result<()> {
-    let client = warren_9p::Client::connect_unix(dirs.socket("receipts")).await?;
-    let root = client.attach("demo", "").await?;
-    let ctl = root.walk(&["ctl"]).await?;
-    ctl.open(warren_9p::oflags::RDWR).await?;
-    ctl.write_all(0, b"checkpoint").await?;
-    Ok(())
 }
 
 /// Answers every ask with `allow once <fingerprint prefix>`, as the gate's live view shows them
