@@ -374,6 +374,31 @@ fn approvals_shows_an_ask_and_answers_it() {
     assert!(state.contains("allow"), "{state}");
 }
 
+/// With no terminal and nothing to read (standard input /dev/null), `warren approvals` still
+/// lists the open ask, then says why it stops.
+#[test]
+fn approvals_with_no_terminal_lists_the_open_asks_and_says_why_it_stops() {
+    let w = Warren::new();
+    w.ok(&["up"]);
+    let req = r#"{"session":"0123456789abcdef0123456789abcdef","tool":"shell","args":{"command":"make test"}}"#;
+    let out = w.ok(&["write", "/gate/decide", req]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let id = v["pending"].as_i64().expect("an ask");
+    let out = w
+        .cmd(&["approvals"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains(&format!("── ask {id} ──")), "{text}");
+    assert!(text.contains("make test"), "{text}");
+    assert!(
+        text.contains("standard input ended: no more answers; 1 ask(s) left open"),
+        "{text}"
+    );
+}
+
 /// N10 for the front door: a daemon that dies at start makes `warren up` fail promptly, naming
 /// it, with nothing left running; a base directory the daemons cannot search is refused up front.
 #[test]
