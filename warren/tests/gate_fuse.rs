@@ -263,7 +263,11 @@ fn an_unanswered_ask_expires_into_a_deny() {
     let env = envelopes(&stdout);
     assert_eq!(env.len(), 1, "{stdout}\n{}", text(&out.stderr));
     assert_eq!(env[0]["status"], "denied", "{stdout}");
-    assert_eq!(env[0]["content"], "expiry", "{stdout}");
+    assert_eq!(env[0]["basis"], "expiry", "{stdout}");
+    assert_eq!(
+        env[0]["content"], "denied: the ask for this call was not answered in time",
+        "{stdout}"
+    );
     assert!(work.effects().is_empty(), "an expired ask ran");
     // Too late to answer now.
     assert!(
@@ -325,10 +329,7 @@ fn a_killed_gate_denies_the_waiting_call_and_every_call_while_it_is_down() {
     for e in &env {
         assert_eq!(e["status"], "denied", "{stdout}");
         assert!(
-            e["content"]
-                .as_str()
-                .unwrap()
-                .starts_with("gate_unavailable"),
+            e["basis"].as_str().unwrap().starts_with("gate_unavailable"),
             "{stdout}"
         );
     }

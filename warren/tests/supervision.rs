@@ -412,7 +412,7 @@ fn each_daemon_killed_during_calls_comes_back_and_no_call_runs_without_a_decisio
             }
             // No decision receipt only when there was no gate or no receiptd to write one.
             "denied" if v["receipt"].is_null() => {
-                let basis = v["content"].as_str().unwrap_or_default();
+                let basis = v["basis"].as_str().unwrap_or_default();
                 assert!(
                     basis == "receipts_unavailable" || basis.starts_with("gate_unavailable"),
                     "{label}: denied without a receipt: {v}"
