@@ -68,6 +68,11 @@ struct Failure {
     message: String,
 }
 
+/// `1 entry`, `2 entries`: a count with its noun in the right number.
+pub fn counted(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 fn invalid(message: String) -> Failure {
     Failure {
         code: EXIT_INVALID,
@@ -104,10 +109,10 @@ pub fn verify(export: &[u8], registry: &[u8]) -> VerifyOutcome {
         Ok(()) => VerifyOutcome {
             code: EXIT_VERIFIED,
             message: format!(
-                "verified: scope {}, {} entries, {} checkpoints, the latest covering all of them",
+                "verified: scope {}, {}, {}, the latest covering all of them",
                 v.scope.as_deref().unwrap_or("?"),
-                v.entries,
-                v.checkpoints
+                counted(v.entries, "entry", "entries"),
+                counted(v.checkpoints, "checkpoint", "checkpoints")
             ),
             entries: v.entries,
             checkpoints: v.checkpoints,

@@ -9,6 +9,13 @@ use std::process::ExitCode;
 use anyhow::Result;
 use serde::Serialize;
 
+/// What the rlimit fallback does not hold, said where cgroup v2 is missing.
+const CGROUP_FALLBACK: &str = "limits fall back to rlimits, which do not hold a namespace as a whole: \
+    mem= caps each process's address space (RLIMIT_AS), not the namespace's memory, so many \
+    processes together can use more; pids= counts the processes of the namespace's uid \
+    (RLIMIT_NPROC), not of the namespace; and a namespace's processes are not killed together \
+    when it is dropped (one not waited for runs on until its command ends). cpu= and wall= hold.";
+
 #[derive(Serialize)]
 struct Check {
     name: &'static str,
@@ -152,8 +159,12 @@ fn checks() -> Vec<Check> {
     out.push(Check {
         name: "cgroup v2",
         state: if cg2 && delegated { "ok" } else { "missing" },
-        detail: if cg2 { format!("controllers available to warren: {subtree}") } else { "cgroup v2 not mounted at /sys/fs/cgroup".into() },
-        consequence: "limits fall back to rlimits and a wall-clock kill (pids= is then per uid, not per namespace)",
+        detail: if cg2 {
+            format!("controllers available to warren: {subtree}")
+        } else {
+            "cgroup v2 not mounted at /sys/fs/cgroup".into()
+        },
+        consequence: CGROUP_FALLBACK,
     });
     let apparmor = read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns");
     out.push(Check {
@@ -178,6 +189,30 @@ fn checks() -> Vec<Check> {
         consequence: "warren up needs root in this version",
     });
     out
+}
+
+/// The last line: whether warren runs here, and if it does with something missing, what.
+fn summary(checks: &[Check], required_missing: &[&str], fuse_and_9p_missing: bool) -> String {
+    if !required_missing.is_empty() || fuse_and_9p_missing {
+        let mut missing = required_missing.to_vec();
+        if fuse_and_9p_missing {
+            missing.push("fuse (and no kernel 9P client)");
+        }
+        return format!("warren cannot run here: missing {}.", missing.join(", "));
+    }
+    let weaker: Vec<&str> = checks
+        .iter()
+        .filter(|c| c.state == "missing")
+        .map(|c| c.name)
+        .collect();
+    if weaker.is_empty() {
+        "warren can run here, with every protection it has in force.".into()
+    } else {
+        format!(
+            "warren can run here, but not everything holds: without {} (the arrow above says what the fallback does not hold).",
+            weaker.join(", ")
+        )
+    }
 }
 
 pub fn doctor(json: bool) -> Result<ExitCode> {
@@ -210,18 +245,59 @@ pub fn doctor(json: bool) -> Result<ExitCode> {
                 println!("{:<22} {:<8} → {}", "", "", c.consequence);
             }
         }
-        if required_missing.is_empty() && !fuse_and_9p_missing {
-            println!("\nwarren can run here with no weaker mode.");
-        } else {
-            println!(
-                "\nwarren cannot run fully here: missing {}.",
-                required_missing.join(", ")
-            );
-        }
+        println!(
+            "\n{}",
+            summary(&checks, &required_missing, fuse_and_9p_missing)
+        );
     }
     Ok(if required_missing.is_empty() && !fuse_and_9p_missing {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(name: &'static str, state: &'static str) -> Check {
+        Check {
+            name,
+            state,
+            detail: String::new(),
+            consequence: if name == "cgroup v2" {
+                CGROUP_FALLBACK
+            } else {
+                "-"
+            },
+        }
+    }
+
+    /// Without cgroup v2 the summary never says "no weaker mode": it names what is missing, and
+    /// the fallback's line says what it does not hold.
+    #[test]
+    fn a_missing_cgroup_is_said_with_what_the_fallback_does_not_hold() {
+        let checks = [check("landlock", "ok"), check("cgroup v2", "missing")];
+        let said = summary(&checks, &[], false);
+        assert!(!said.contains("no weaker mode"), "{said}");
+        assert!(
+            said.contains("not everything holds: without cgroup v2"),
+            "{said}"
+        );
+        for held_not in [
+            "not the namespace's memory",
+            "not of the namespace",
+            "not killed together",
+        ] {
+            assert!(CGROUP_FALLBACK.contains(held_not), "{held_not}");
+        }
+        let all = summary(&[check("landlock", "ok")], &[], false);
+        assert_eq!(
+            all,
+            "warren can run here, with every protection it has in force."
+        );
+        let cannot = summary(&checks, &["landlock"], false);
+        assert_eq!(cannot, "warren cannot run here: missing landlock.");
+    }
 }

@@ -315,6 +315,12 @@ fn the_demo_runs_the_main_job() {
     assert!(stdout.contains("reviewed by the demo agent"), "{stdout}");
     assert!(stdout.contains("echo 'allow once "), "{stdout}");
     assert!(stdout.contains("warren verify: verified"), "{stdout}");
+    // Its output is a pipe here: words alone, no terminal codes; counts in the right number.
+    assert!(
+        !stdout.contains('\x1b'),
+        "ANSI codes written to a pipe:\n{stdout}"
+    );
+    assert!(!stdout.contains(" 1 checkpoints"), "{stdout}");
 }
 
 /// N8 and the operator's side of an ask: `warren approvals` shows a pending ask from the gate's
