@@ -76,6 +76,7 @@ pub struct Built {
     pub holder: OwnedFd,
     pub holder_pid: i32,
     pub uid: u32,
+    pub gid: u32,
 }
 
 /// Everything the holder and the worker need, prepared in nsd before the fork.
@@ -87,6 +88,7 @@ struct Plan {
     tool: String,
     roots: Vec<RootConfig>,
     uid: u32,
+    gid: u32,
     execs: bool,
     weaker_landlock: bool,
 }
@@ -159,6 +161,7 @@ impl WorkerFactory {
             },
             &guard,
         )?);
+        let (uid, gid) = write_identity(request, &root_fds, execs)?.unwrap_or((self.uid, self.uid));
         let (channel, worker_end) = UnixStream::pair().map_err(io("channel"))?;
         let (lifeline, holder_end) = UnixStream::pair().map_err(io("lifeline"))?;
         let (err_read, err_write) =
@@ -170,7 +173,8 @@ impl WorkerFactory {
             err_write,
             tool: request.tool.clone(),
             roots: request.roots.clone(),
-            uid: self.uid,
+            uid,
+            gid,
             execs,
             weaker_landlock: self.weaker_landlock,
         };
@@ -202,7 +206,8 @@ impl WorkerFactory {
             lifeline: lifeline.into(),
             holder: holder_fd.map_err(io("pidfd_open"))?,
             holder_pid: holder.as_raw(),
-            uid: self.uid,
+            uid,
+            gid,
         })
     }
 
@@ -263,7 +268,7 @@ impl WorkerFactory {
                         ok: true,
                         error: String::new(),
                         uid: b.uid,
-                        gid: b.uid,
+                        gid: b.gid,
                         pid: 1,
                         holder_pid: b.holder_pid,
                     };
@@ -318,6 +323,47 @@ fn send_reply(sock: &UnixStream, reply: &BuildReply, fds: &[BorrowedFd<'_>]) -> 
 fn toolfs_or_root(cred: &PeerCred) -> Option<String> {
     (cred.uid != 0 && cred.uid != Role::Toolfs.uid())
         .then(|| format!("uid {} is neither toolfs nor root", cred.uid))
+}
+
+/// Whom a worker that writes files writes as: the owner (uid and gid) of its writable roots, so
+/// what `fs_write` and `fs_edit` create belongs to whoever owns the directory the operator
+/// granted, and the worker can create files in it (a directory's owner can; the warren worker
+/// uid, in a 0755 directory, cannot). `None` keeps nsd's worker uid: no writable root; a tool
+/// that runs programs (`shell`: the user's uid would carry the user's keyrings and process
+/// limits); a root owned by root (never uid 0: writing into a root-owned directory is the
+/// explicit choice of making it writable for the worker uid) or by one of warren's daemons.
+/// Writable roots of different owners are refused: a worker writes as one user.
+fn write_identity(
+    request: &BuildRequest,
+    root_fds: &[OwnedFd],
+    execs: bool,
+) -> Result<Option<(u32, u32)>, String> {
+    if execs {
+        return Ok(None);
+    }
+    let mut owner: Option<(u32, u32, &str)> = None;
+    for (root, fd) in request.roots.iter().zip(root_fds) {
+        if !root.writable {
+            continue;
+        }
+        let st =
+            nix::sys::stat::fstat(fd).map_err(|e| format!("root {}: fstat: {e}", root.path))?;
+        let this = (st.st_uid, st.st_gid);
+        match owner {
+            Some((u, g, other)) if (u, g) != this => {
+                return Err(format!(
+                    "writable roots {other} (owner {u}:{g}) and {} (owner {}:{}) belong to \
+                     different users: a worker writes as one; grant them to separate tools",
+                    root.path, this.0, this.1
+                ));
+            }
+            _ => owner = Some((this.0, this.1, &root.path)),
+        }
+    }
+    let daemons = [Role::Toolfs, Role::Receiptd, Role::Gate, Role::Bridge].map(Role::uid);
+    Ok(owner
+        .filter(|&(u, g, _)| u != 0 && g != 0 && !daemons.contains(&u))
+        .map(|(u, g, _)| (u, g)))
 }
 
 /// The request must name a worker tool, roots that fit the fds and do not overlap each other or
@@ -496,7 +542,7 @@ fn confine_worker(plan: &mut Plan) -> Result<std::convert::Infallible, String> {
         .map_err(|e| format!("opening root {}: {e}", r.path))?;
         root_fds.push(fd);
     }
-    creds::drop_to(uid)?;
+    creds::drop_to_user(uid, plan.gid)?;
     // A credential change clears these.
     let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
     nix::sys::prctl::set_dumpable(false).map_err(|e| format!("non-dumpable: {e}"))?;
