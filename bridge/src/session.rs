@@ -77,6 +77,8 @@ pub(crate) struct OpenFile {
     /// A read has been sent: the call has run (or is running), so a write now is refused by the
     /// server (EBUSY) and must go out at once for the writer to see that refusal.
     read_sent: std::sync::atomic::AtomicBool,
+    /// Opened with FOPEN_DIRECT_IO: its reads must be read(2)s at the descriptor's offset.
+    pub direct_io: bool,
 }
 
 /// A write the kernel was told succeeded, to be sent before (pipelined with) the next request
@@ -87,7 +89,13 @@ pub(crate) struct DeferredWrite {
 }
 
 impl OpenFile {
-    pub(crate) fn new(fid: Fid, client: Client, generation: u64, defers_writes: bool) -> OpenFile {
+    pub(crate) fn new(
+        fid: Fid,
+        client: Client,
+        generation: u64,
+        defers_writes: bool,
+        direct_io: bool,
+    ) -> OpenFile {
         OpenFile {
             fid,
             client,
@@ -95,6 +103,7 @@ impl OpenFile {
             defers_writes,
             deferred: std::sync::Mutex::new(None),
             read_sent: std::sync::atomic::AtomicBool::new(false),
+            direct_io,
         }
     }
 

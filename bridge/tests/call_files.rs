@@ -159,3 +159,34 @@ fn a_write_after_the_first_read_fails_with_ebusy_where_it_is_made() {
         m.unmount().unwrap();
     }
 }
+
+/// busybox's `cat` and `dd` read a call file through the shell's exec idiom as coreutils and
+/// Python do: the answer, never a silent empty read. With and without the option.
+#[test]
+fn busybox_cat_and_dd_read_a_call_file() {
+    for call_files in [false, true] {
+        let m = mounted(call_files);
+        for reader in [
+            "busybox dd bs=65536 <&3 2>/dev/null",
+            "cat <&3",
+            "busybox cat <&3",
+        ] {
+            let script = format!(r#"exec 3<>call; printf '{{"x":1}}' >&3; {reader}"#);
+            let out = run(Command::new("bash")
+                .current_dir(&m.mnt)
+                .arg("-c")
+                .arg(&script));
+            assert!(
+                out.status.success(),
+                "{script}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                call_result(r#"{"x":1}"#),
+                "call_files={call_files}: {script}"
+            );
+        }
+        m.unmount().unwrap();
+    }
+}

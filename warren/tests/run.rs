@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Warren, fingerprint, next_ask};
+use common::{Warren, envelopes, fingerprint, next_ask};
 use std::time::{Duration, Instant};
 
 /// N1: only granted tools exist; ungranted names and host paths are ENOENT, never EACCES.
@@ -464,5 +464,49 @@ fn an_ordinary_namespace_gets_its_own_gate_view_and_no_receipts() {
     assert!(
         err.contains("only an operator namespace may mount it"),
         "{err}"
+    );
+}
+
+/// busybox (`cat` reads with sendfile, `dd` with read) gets the answer of a call file and of
+/// `/ns/clone` through `warren run`'s mounts, as coreutils does — never a silent empty read; and
+/// `cat /ns/clone` (opened read-only) makes no namespace.
+#[test]
+fn busybox_reads_call_and_rpc_files_and_a_read_only_clone_makes_nothing() {
+    let w = Warren::up();
+    let spec = w.base.path().join("bb.ns");
+    std::fs::write(&spec, "mount tool /tool echo\nmount ns /ns\n").unwrap();
+    let script = r#"
+        for reader in 'busybox cat' 'busybox dd bs=65536' 'cat'; do
+          exec 3<>/tool/echo/call; printf '{"text":"hi"}' >&3; $reader <&3 2>/dev/null; echo; exec 3<&-
+        done
+        exec 3<>/ns/clone; printf 'mount tool /tool echo\n' >&3; echo "child $(busybox cat <&3)"; exec 3<&-
+        cat /ns/clone >/dev/null 2>&1 && echo READ-ONLY-CLONE-READ
+        echo "listed $(ls /ns | tr '\n' ' ')"
+    "#;
+    let (code, out, err) = w.sh(&["--ns", spec.to_str().unwrap()], script);
+    assert_eq!(code, 0, "{err}");
+    let envelopes = envelopes(&out);
+    assert_eq!(envelopes.len(), 3, "one answer per reader:\n{out}");
+    for e in &envelopes {
+        assert_eq!(e["status"], "ok", "{out}");
+        assert_eq!(e["content"], r#"{"text":"hi"}"#, "{out}");
+    }
+    let child = out
+        .lines()
+        .find_map(|l| l.strip_prefix("child "))
+        .unwrap()
+        .trim();
+    assert!(
+        child.parse::<u64>().is_ok(),
+        "busybox cat of /ns/clone: {out}"
+    );
+    assert!(!out.contains("READ-ONLY-CLONE-READ"), "{out}");
+    let listed = out.lines().find_map(|l| l.strip_prefix("listed ")).unwrap();
+    let mut listed: Vec<&str> = listed.split_whitespace().collect();
+    listed.sort();
+    assert_eq!(
+        listed,
+        [child, "clone"],
+        "a read-only open of clone left a namespace: {out}"
     );
 }
