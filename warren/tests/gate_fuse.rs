@@ -362,7 +362,7 @@ fn a_stopped_or_killed_receiptd_denies_every_call() {
     assert_eq!(code, 0, "{err}");
     let env = envelopes(&out);
     assert_eq!(env[0]["status"], "denied", "{out}");
-    assert_eq!(env[0]["content"], "receipts_unavailable", "{out}");
+    assert_eq!(env[0]["basis"], "receipts_unavailable", "{out}");
 
     // Killed: the same, at once; an exec call is denied without an ask being shown.
     signal(receiptd, Signal::SIGKILL);
@@ -379,7 +379,7 @@ fn a_stopped_or_killed_receiptd_denies_every_call() {
     assert_eq!(env.len(), 2, "{out}");
     for e in &env {
         assert_eq!(e["status"], "denied", "{out}");
-        assert_eq!(e["content"], "receipts_unavailable", "{out}");
+        assert_eq!(e["basis"], "receipts_unavailable", "{out}");
     }
     assert!(work.effects().is_empty(), "a call ran unreceipted");
 }
