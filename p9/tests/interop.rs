@@ -1,5 +1,5 @@
 //! Third-party 9P2000.L peers against our server, and our client against a real diod. The peers
-//! (diod's tools, Python p9fs in /work/main/.venv) are installed by scripts/install-test-deps;
+//! (diod's tools, Python p9fs in the repository's .venv) are installed by scripts/install-test-deps;
 //! a test whose peer is missing fails, naming it.
 
 mod common;
@@ -109,10 +109,7 @@ print(json.dumps({"names": names, "hello": fs.cat('hello').decode(), "size": fs.
 async fn python_p9fs_lists_and_reads_our_server() {
     let python = find_peer(
         "p9fs (venv python)",
-        &[
-            "/work/main/.venv/bin/python",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../.venv/bin/python"),
-        ],
+        &[concat!(env!("CARGO_MANIFEST_DIR"), "/../.venv/bin/python")],
     );
     let dir = common::short_tmp();
     let sock = serve_demo(dir.path());

@@ -106,7 +106,8 @@ fn b64e(b: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(b)
 }
 
-const PYTHON: &str = "/work/main/.venv/bin/python";
+/// The venv scripts/install-test-deps makes in this checkout.
+const PYTHON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../.venv/bin/python");
 
 /// The venv's Python with `cryptography`, a peer: missing is a failure.
 fn python() -> String {
