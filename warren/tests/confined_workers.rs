@@ -122,6 +122,22 @@ fn the_readmes_fs_write_writes_into_a_users_directory_as_that_user() {
         (USER, USER),
         "owned by the directory's owner"
     );
+
+    // The same directory owned by root (0755): never written as root; the worker uid is kept
+    // out, and the refusal says which uid was refused and why.
+    nix::unistd::chown(repo.path(), Some(0.into()), Some(0.into())).unwrap();
+    let script = script.replace("notes.md", "root.md");
+    let (code, out, err) = w.sh(&["--ns", spec.to_str().unwrap()], &script);
+    assert_eq!(code, 0, "{err}");
+    let envelope: serde_json::Value =
+        serde_json::from_str(out.lines().find(|l| l.starts_with('{')).unwrap()).unwrap();
+    assert_eq!(envelope["status"], "error", "{envelope}");
+    let why = envelope["content"].as_str().unwrap();
+    assert!(
+        why.contains(&format!("this tool writes as uid {}", Role::Worker.uid())),
+        "{why}"
+    );
+    assert!(!repo.path().join("root.md").exists());
 }
 
 /// Calls made from inside `warren run`. Each is an ask (after the first result the session is
