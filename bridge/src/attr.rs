@@ -36,11 +36,24 @@ pub(crate) struct Owner {
     pub gid: u32,
 }
 
-/// A 9P `Stat` as FUSE's `fuse_attr`: setid bits stripped, owner replaced.
-pub(crate) fn fuse_attr(qid: &QId, stat: &Stat, owner: Owner) -> abi::fuse_attr {
+/// The size shown for a call or rpc file (a writable file of a synthetic tree reporting 9P size
+/// 0): larger than any request written to one (toolfs takes 1 MiB of arguments by default), so
+/// the kernel never ends a `sendfile`/`splice` (busybox `cat`) at its idea of the size without
+/// asking; the bridge refuses that page-cache read (`Session::read`) and the reader falls back to
+/// read(2), which goes to the server at the descriptor's offset. Size 0 made it a silent empty
+/// read.
+pub(crate) const RPC_FILE_SIZE: u64 = 16 << 20;
+
+/// A 9P `Stat` as FUSE's `fuse_attr`: setid bits stripped, owner replaced; on a synthetic tree
+/// (`synthetic`), a call or rpc file's size shown as [`RPC_FILE_SIZE`].
+pub(crate) fn fuse_attr(qid: &QId, stat: &Stat, owner: Owner, synthetic: bool) -> abi::fuse_attr {
+    let rpc_file = synthetic
+        && stat.size == 0
+        && stat.mode & libc::S_IFMT == libc::S_IFREG
+        && stat.mode & 0o222 != 0;
     abi::fuse_attr {
         ino: ino(qid),
-        size: stat.size,
+        size: if rpc_file { RPC_FILE_SIZE } else { stat.size },
         blocks: stat.blocks,
         atime: stat.atime.sec,
         mtime: stat.mtime.sec,
@@ -247,6 +260,7 @@ mod tests {
                 uid: 1000,
                 gid: 1000,
             },
+            false,
         );
         assert_eq!(attr.mode, libc::S_IFREG | 0o755);
         assert_eq!(

@@ -33,6 +33,9 @@ pub(crate) enum Op {
         fh: u64,
         offset: u64,
         size: u32,
+        /// Sent for a read(2) of a direct-I/O file (FUSE_READ_LOCKOWNER: the kernel names the
+        /// reader); a page-cache read (splice, sendfile, mmap, readahead) has none.
+        direct: bool,
     },
     Readdir {
         fh: u64,
@@ -142,6 +145,7 @@ fn decode_op(opcode: u32, body: &[u8]) -> Result<Op, Errno> {
                 fh: r.fh,
                 offset: r.offset,
                 size: r.size,
+                direct: r.read_flags & abi::FUSE_READ_LOCKOWNER != 0,
             }
         }
         abi::FUSE_READDIR => {

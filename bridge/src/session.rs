@@ -74,6 +74,11 @@ pub(crate) struct OpenFile {
     defers_writes: bool,
     /// The write answered but not yet sent.
     deferred: std::sync::Mutex<Option<DeferredWrite>>,
+    /// A read has been sent: the call has run (or is running), so a write now is refused by the
+    /// server (EBUSY) and must go out at once for the writer to see that refusal.
+    read_sent: std::sync::atomic::AtomicBool,
+    /// Opened with FOPEN_DIRECT_IO: its reads must be read(2)s at the descriptor's offset.
+    pub direct_io: bool,
 }
 
 /// A write the kernel was told succeeded, to be sent before (pipelined with) the next request
@@ -84,13 +89,21 @@ pub(crate) struct DeferredWrite {
 }
 
 impl OpenFile {
-    pub(crate) fn new(fid: Fid, client: Client, generation: u64, defers_writes: bool) -> OpenFile {
+    pub(crate) fn new(
+        fid: Fid,
+        client: Client,
+        generation: u64,
+        defers_writes: bool,
+        direct_io: bool,
+    ) -> OpenFile {
         OpenFile {
             fid,
             client,
             generation,
             defers_writes,
             deferred: std::sync::Mutex::new(None),
+            read_sent: std::sync::atomic::AtomicBool::new(false),
+            direct_io,
         }
     }
 
@@ -98,10 +111,14 @@ impl OpenFile {
         self.deferred.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Keeps `data` to send later, if this handle defers writes and holds none yet.
+    /// Keeps `data` to send later, if this handle defers writes, holds none yet and has not
+    /// been read (only a call's first write, before its first read, is deferred).
     pub(crate) fn defer(&self, offset: u64, data: &[u8]) -> bool {
         let mut deferred = self.deferred();
-        if !self.defers_writes || deferred.is_some() {
+        if !self.defers_writes
+            || deferred.is_some()
+            || self.read_sent.load(std::sync::atomic::Ordering::Acquire)
+        {
             return false;
         }
         *deferred = Some(DeferredWrite {
@@ -113,6 +130,15 @@ impl OpenFile {
 
     pub(crate) fn take_deferred(&self) -> Option<DeferredWrite> {
         self.deferred().take()
+    }
+
+    /// Takes the deferred write for a read, and marks the handle read: no write is deferred
+    /// after this.
+    pub(crate) fn take_deferred_for_read(&self) -> Option<DeferredWrite> {
+        let mut deferred = self.deferred();
+        self.read_sent
+            .store(true, std::sync::atomic::Ordering::Release);
+        deferred.take()
     }
 
     /// Sends the deferred write, if there is one, and waits for it: its error is the caller's

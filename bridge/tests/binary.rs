@@ -8,14 +8,12 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Server, fuse_available, wait_bounded};
+use common::{Server, need_fuse, wait_bounded};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
 
 #[test]
 fn the_binary_serves_unprivileged_and_exits_at_unmount() {
-    if !fuse_available() {
-        return;
-    }
+    need_fuse();
     let dir = tempfile::Builder::new()
         .prefix("wbb")
         .tempdir_in("/tmp")

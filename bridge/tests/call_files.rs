@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::{Mounted, Setup, assert_python_calls, call_result, python, run, wait_until};
 
-fn mounted(call_files: bool) -> Option<Mounted> {
+fn mounted(call_files: bool) -> Mounted {
     Mounted::start_with(Setup {
         call_files,
         ..Setup::default()
@@ -35,7 +35,7 @@ fn call_written(m: &Mounted, args: &[u8]) -> std::fs::File {
 #[test]
 fn a_call_files_first_write_goes_out_with_its_first_read() {
     for call_files in [false, true] {
-        let Some(m) = mounted(call_files) else { return };
+        let m = mounted(call_files);
         let mut f = call_written(&m, br#"{"x":1}"#);
         let seen = m.stats.call_writes.load(SeqCst);
         assert_eq!(
@@ -56,7 +56,7 @@ fn a_call_files_first_write_goes_out_with_its_first_read() {
 /// order (the second sends the first before it), a shell's exec idiom, Python buffered and not.
 #[test]
 fn the_call_idioms_run_unchanged_with_call_files() {
-    let Some(m) = mounted(true) else { return };
+    let m = mounted(true);
     for (script, want) in [
         (
             r#"exec 3<>call; printf '{"x":1}' >&3; cat <&3"#,
@@ -90,7 +90,7 @@ fn the_call_idioms_run_unchanged_with_call_files() {
 /// write followed by another fails that other.
 #[test]
 fn a_refused_deferred_write_fails_the_read_that_carried_it() {
-    let Some(m) = mounted(true) else { return };
+    let m = mounted(true);
     let path = m.path("call");
     let path = path.to_str().unwrap();
     let script = "import sys, errno\n\
@@ -122,7 +122,7 @@ fn a_refused_deferred_write_fails_the_read_that_carried_it() {
 /// a server that records withdrawn calls (toolfs's `withdrawn` receipt) records their bytes.
 #[test]
 fn a_deferred_write_closed_unread_reaches_the_server_before_the_clunk() {
-    let Some(m) = mounted(true) else { return };
+    let m = mounted(true);
     drop(call_written(&m, br#"{"w":1}"#));
     // RELEASE is asynchronous to close(2).
     assert!(
@@ -134,4 +134,59 @@ fn a_deferred_write_closed_unread_reaches_the_server_before_the_clunk() {
     );
     assert_eq!(m.stats.calls_run.load(SeqCst), 0);
     m.unmount().unwrap();
+}
+
+/// A write after the call's first read fails with EBUSY at that write (specs/tool-tree.md §4.1),
+/// with and without the option: it is never answered early and surfaced on the next read.
+#[test]
+fn a_write_after_the_first_read_fails_with_ebusy_where_it_is_made() {
+    for call_files in [false, true] {
+        let m = mounted(call_files);
+        let path = m.path("call");
+        let script = "import sys, errno\n\
+            f = open(sys.argv[1], 'r+b', buffering=0)\n\
+            f.write(b'ab')\n\
+            first = f.read()\n\
+            try:\n    f.write(b'cd')\n    print('write succeeded')\n\
+            except OSError as e:\n    print(errno.errorcode[e.errno])\n\
+            f.seek(2)\n\
+            print(f.read() == first)";
+        assert_eq!(
+            python(script, &[path.to_str().unwrap()]).trim(),
+            "EBUSY\nTrue",
+            "call_files={call_files}"
+        );
+        m.unmount().unwrap();
+    }
+}
+
+/// busybox's `cat` and `dd` read a call file through the shell's exec idiom as coreutils and
+/// Python do: the answer, never a silent empty read. With and without the option.
+#[test]
+fn busybox_cat_and_dd_read_a_call_file() {
+    for call_files in [false, true] {
+        let m = mounted(call_files);
+        for reader in [
+            "busybox dd bs=65536 <&3 2>/dev/null",
+            "cat <&3",
+            "busybox cat <&3",
+        ] {
+            let script = format!(r#"exec 3<>call; printf '{{"x":1}}' >&3; {reader}"#);
+            let out = run(Command::new("bash")
+                .current_dir(&m.mnt)
+                .arg("-c")
+                .arg(&script));
+            assert!(
+                out.status.success(),
+                "{script}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                call_result(r#"{"x":1}"#),
+                "call_files={call_files}: {script}"
+            );
+        }
+        m.unmount().unwrap();
+    }
 }

@@ -9,24 +9,21 @@ use std::os::unix::net::UnixStream as StdUnixStream;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{fuse_available, run};
+use common::{need_fuse, run};
 use warren_bridge::BridgeOptions;
 
-fn diod() -> Option<&'static str> {
+/// diod, a peer: missing is a failure (scripts/install-test-deps installs it).
+fn diod() -> &'static str {
     ["/usr/sbin/diod", "/usr/bin/diod"]
         .into_iter()
         .find(|p| std::path::Path::new(p).exists())
+        .expect("diod is not installed (scripts/install-test-deps installs it)")
 }
 
 #[test]
 fn a_diod_export_reads_writes_and_lists_through_the_bridge() {
-    if !fuse_available() {
-        return;
-    }
-    let Some(diod) = diod() else {
-        eprintln!("SKIP: diod is not installed (scripts/install-test-deps installs it)");
-        return;
-    };
+    need_fuse();
+    let diod = diod();
     let dir = tempfile::Builder::new()
         .prefix("wbd")
         .tempdir_in("/tmp")

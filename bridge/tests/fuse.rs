@@ -45,7 +45,7 @@ print(len(bad), bad[:3])
 
 #[test]
 fn cat_of_a_static_file_and_a_listing() {
-    let Some(m) = Mounted::start() else { return };
+    let m = Mounted::start();
     let out = run(Command::new("cat").arg(m.path("static")));
     assert!(
         out.status.success(),
@@ -65,7 +65,7 @@ fn cat_of_a_static_file_and_a_listing() {
 
 #[test]
 fn bash_exec_idiom_runs_one_transaction() {
-    let Some(m) = Mounted::start() else { return };
+    let m = Mounted::start();
     let out = run(Command::new("bash")
         .current_dir(&m.mnt)
         .arg("-c")
@@ -91,7 +91,7 @@ fn bash_exec_idiom_runs_one_transaction() {
 
 #[test]
 fn python_unbuffered_and_buffered_read_write_run_one_transaction() {
-    let Some(m) = Mounted::start() else { return };
+    let m = Mounted::start();
     let path = m.path("call");
     let path = path.to_str().unwrap();
     assert_python_calls(path);
@@ -100,12 +100,10 @@ fn python_unbuffered_and_buffered_read_write_run_one_transaction() {
 
 #[test]
 fn concurrent_transactions_never_see_each_others_results() {
-    let Some(m) = Mounted::start_with(Setup {
+    let m = Mounted::start_with(Setup {
         call_delay: Duration::from_millis(20),
         ..Default::default()
-    }) else {
-        return;
-    };
+    });
     let out = python(
         CONCURRENT_CALLS,
         &[m.path("call").to_str().unwrap(), "50", "2"],
@@ -117,7 +115,7 @@ fn concurrent_transactions_never_see_each_others_results() {
 
 #[test]
 fn a_read_blocked_in_the_server_blocks_neither_cat_nor_a_hundred_calls() {
-    let Some(m) = Mounted::start() else { return };
+    let m = Mounted::start();
     let mut blocked = Command::new("cat")
         .arg(m.path("slow"))
         .stdout(Stdio::null())
@@ -151,7 +149,7 @@ fn a_read_blocked_in_the_server_blocks_neither_cat_nor_a_hundred_calls() {
 
 #[test]
 fn a_sigkilled_reader_blocked_in_the_server_is_reaped_and_its_read_flushed() {
-    let Some(m) = Mounted::start() else { return };
+    let m = Mounted::start();
     let mut reader = Command::new("cat")
         .arg(m.path("slow"))
         .stdout(Stdio::null())
@@ -197,7 +195,7 @@ fn a_sigkilled_reader_blocked_in_the_server_is_reaped_and_its_read_flushed() {
 
 #[test]
 fn privileged_xattrs_are_refused_and_others_unsupported() {
-    let Some(m) = Mounted::start() else { return };
+    let m = Mounted::start();
     let script = r#"
 import errno, os, struct, sys
 p = sys.argv[1]
@@ -227,7 +225,7 @@ print(code(lambda: os.setxattr(p, 'security.capability', cap)),
 
 #[test]
 fn setid_bits_never_reach_the_server_and_chown_is_refused() {
-    let Some(m) = Mounted::start() else { return };
+    let m = Mounted::start();
     let scratch = m.path("scratch");
     std::fs::set_permissions(&scratch, std::fs::Permissions::from_mode(0o6755)).unwrap();
     assert_eq!(m.stats.modes_of("scratch"), vec![0o755]);
@@ -251,7 +249,7 @@ fn setid_bits_never_reach_the_server_and_chown_is_refused() {
 
 #[test]
 fn create_write_read_list_and_remove() {
-    let Some(m) = Mounted::start() else { return };
+    let m = Mounted::start();
     std::fs::write(m.path("notes"), b"some notes").unwrap();
     assert_eq!(std::fs::read(m.path("notes")).unwrap(), b"some notes");
     std::fs::create_dir(m.path("sub")).unwrap();
@@ -277,7 +275,7 @@ fn create_write_read_list_and_remove() {
 
 #[test]
 fn unmount_makes_serve_return() {
-    let Some(m) = Mounted::start() else { return };
+    let m = Mounted::start();
     assert_eq!(
         std::fs::read(m.path("static")).unwrap(),
         common::STATIC_TEXT
@@ -287,7 +285,7 @@ fn unmount_makes_serve_return() {
 
 #[test]
 fn a_server_gone_for_good_gives_enotconn_never_a_hang() {
-    let Some(m) = Mounted::start() else { return };
+    let m = Mounted::start();
     let mut blocked = Command::new("cat")
         .arg(m.path("slow"))
         .stdout(Stdio::null())
@@ -310,12 +308,10 @@ fn a_server_gone_for_good_gives_enotconn_never_a_hang() {
 
 #[test]
 fn a_restarted_server_is_reattached_and_names_rewalked() {
-    let Some(m) = Mounted::start_with(Setup {
+    let m = Mounted::start_with(Setup {
         reconnect: true,
         ..Default::default()
-    }) else {
-        return;
-    };
+    });
     assert_eq!(
         std::fs::read(m.path("static")).unwrap(),
         common::STATIC_TEXT
@@ -355,7 +351,7 @@ fn a_restarted_server_is_reattached_and_names_rewalked() {
 
 #[test]
 fn names_are_cached_until_invalidated() {
-    let Some(m) = Mounted::start() else { return };
+    let m = Mounted::start();
     assert!(std::fs::metadata(m.path("static")).is_ok());
     m.server.shared.hide("static");
     // Cached for the entry timeout (60 s here): the withdrawn name still resolves...

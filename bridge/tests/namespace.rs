@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{Server, client_for, fuse_available};
+use common::{Server, client_for, need_fuse};
 use nix::mount::{MsFlags, mount, umount};
 use nix::sched::{CloneFlags, unshare};
 
@@ -21,9 +21,7 @@ fn is_fuse(path: &std::path::Path) -> bool {
 
 #[test]
 fn a_mount_made_in_another_mount_namespace_is_served_and_unseen_outside() {
-    if !fuse_available() {
-        return;
-    }
+    need_fuse();
     let dir = tempfile::Builder::new()
         .prefix("wbn")
         .tempdir_in("/tmp")

@@ -125,11 +125,19 @@ impl FakeKernel {
         abi::fuse_open_out::read_from_prefix(&body).unwrap().0
     }
 
+    /// A read(2) of a direct-I/O file, as the kernel sends it: naming its reader.
     fn read(&self, unique: u64, nodeid: u64, fh: u64) {
+        self.read_with(unique, nodeid, fh, abi::FUSE_READ_LOCKOWNER);
+    }
+
+    /// `read_flags` 0 is a page-cache read (splice, sendfile, mmap): no reader named.
+    fn read_with(&self, unique: u64, nodeid: u64, fh: u64, read_flags: u32) {
         let read = abi::fuse_read_in {
             fh,
             offset: 0,
             size: 4096,
+            read_flags,
+            lock_owner: if read_flags == 0 { 0 } else { 0x2b9d },
             ..Default::default()
         };
         self.send(abi::FUSE_READ, unique, nodeid, read.as_bytes());
@@ -181,6 +189,25 @@ fn an_interrupt_for_an_unknown_request_is_answered_eagain_never_enosys() {
         interrupt.as_bytes(),
     );
     assert_eq!(k.recv(), (1000 | FUSE_INT_REQ_BIT, -libc::EAGAIN, vec![]));
+    k.hang_up();
+}
+
+/// A page-cache read (sendfile, splice, mmap: no reader named) of a direct-I/O file is refused
+/// with EIO and never reaches the server: it comes at a page-aligned offset, which on a call
+/// file would run the call at the wrong o₀. (busybox `cat` then falls back to read(2).)
+#[test]
+fn a_page_cache_read_of_a_direct_io_file_is_refused_before_the_server() {
+    let k = FakeKernel::start();
+    k.init();
+    let (error, entry) = k.lookup(4, "slow");
+    assert_eq!(error, 0);
+    let node = entry.unwrap().nodeid;
+    let open = k.open(6, node);
+    assert_ne!(open.open_flags & abi::FOPEN_DIRECT_IO, 0);
+    k.read_with(8, node, open.fh, 0);
+    assert_eq!(k.recv(), (8, -libc::EIO, vec![]));
+    let stats = k.server.shared.stats.clone();
+    assert_eq!(stats.slow_reads_started.load(Ordering::SeqCst), 0);
     k.hang_up();
 }
 

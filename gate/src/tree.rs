@@ -306,7 +306,7 @@ pub fn request_text(row: &PendingRow, scope: &Scope) -> String {
         _ => "-".into(),
     };
     format!(
-        "ask {}\nsession {}\ntool {}\ntier {tier}\nbasis {}\ncontext {}\nfingerprint {fp}\nbytes {}\nargs {}\nstate {}\noutcome {outcome}\nexpires_ms {}\nanswer {answers}\n",
+        "ask {}\nsession {}\ntool {}\ntier {tier}\nbasis {}\ncontext {}\nfingerprint {fp}\nbytes {}\nargs {}\nstate {}\noutcome {outcome}\nexpires {}\nanswer {answers}\n",
         row.id,
         row.session,
         escape(&row.tool),
@@ -319,8 +319,26 @@ pub fn request_text(row: &PendingRow, scope: &Scope) -> String {
         row.args.len(),
         escape(&row.args),
         row.state,
-        row.expires_ms,
+        expiry_in_words(row, now_ms()),
     )
+}
+
+/// When an ask expires, as a person reads it: the UTC time, and for an open ask how long is
+/// left when the file was opened (`2026-12-05T13:40:00Z (in 4m 12s)`).
+fn expiry_in_words(row: &PendingRow, now_ms: i64) -> String {
+    let at = std::time::UNIX_EPOCH
+        + std::time::Duration::from_millis(u64::try_from(row.expires_ms).unwrap_or(0));
+    let at = humantime::format_rfc3339_seconds(at);
+    let left_ms = row.expires_ms.saturating_sub(now_ms);
+    if row.state != "open" {
+        at.to_string()
+    } else if left_ms <= 0 {
+        format!("{at} (due now)")
+    } else {
+        // Whole seconds, rounded up: an ask with 400 ms left still shows 1s.
+        let left = std::time::Duration::from_secs((left_ms as u64).div_ceil(1000));
+        format!("{at} (in {})", humantime::format_duration(left))
+    }
 }
 
 fn slice(data: &[u8], offset: u64, count: u32) -> Vec<u8> {
@@ -485,5 +503,60 @@ impl FileTree for GateTree {
             entries.into_iter().map(|(name, node)| (name, node.qid())),
             offset,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(state: &str, expires_ms: i64) -> PendingRow {
+        PendingRow {
+            id: 7,
+            session: "0123456789abcdef0123456789abcdef".into(),
+            tool: "shell".into(),
+            args: r#"{"command":"ls"}"#.into(),
+            fp: "1a2b3c4d5e6f7a8b9c0d".into(),
+            class: "exec".into(),
+            risk: None,
+            basis: "default:exec".into(),
+            context: String::new(),
+            created_ms: 0,
+            expires_ms,
+            state: state.into(),
+            outcome: None,
+            outcome_basis: None,
+            answer: None,
+            shown: true,
+        }
+    }
+
+    /// An ask says when it expires as a time and how long is left, never as a raw ms count.
+    #[test]
+    fn an_ask_shows_its_expiry_as_a_time_and_what_is_left() {
+        let at = 1_796_470_710_373;
+        assert_eq!(
+            expiry_in_words(&row("open", at), at - 252_000),
+            "2026-12-05T11:38:30Z (in 4m 12s)"
+        );
+        assert_eq!(
+            expiry_in_words(&row("open", at), at + 5),
+            "2026-12-05T11:38:30Z (due now)"
+        );
+        assert_eq!(
+            expiry_in_words(&row("answered", at), at - 1000),
+            "2026-12-05T11:38:30Z"
+        );
+        let operator = Scope::Operator {
+            confirmed_tty: false,
+            label: "t".into(),
+        };
+        let text = request_text(&row("open", now_ms() + 60_000), &operator);
+        assert!(!text.contains("expires_ms"), "{text}");
+        let line = text.lines().find(|l| l.starts_with("expires ")).unwrap();
+        assert!(
+            line.ends_with("(in 1m)") || line.ends_with("(in 59s)"),
+            "{line}"
+        );
     }
 }

@@ -315,6 +315,8 @@ impl Node {
 /// file the text its read at offset 0 took.
 pub struct NsFid {
     node: Node,
+    /// `clone` opened read-only (`cat /ns/clone`): it can carry no spec, so it makes nothing.
+    read_only: bool,
     written: Vec<u8>,
     reply: RpcReply,
     answer: Option<Vec<u8>>,
@@ -893,6 +895,7 @@ impl FileTree for Nsd {
             Node::Root.qid(),
             NsFid {
                 node: Node::Root,
+                read_only: false,
                 written: Vec::new(),
                 reply: RpcReply::default(),
                 answer: None,
@@ -917,6 +920,7 @@ impl FileTree for Nsd {
             qids,
             Some(NsFid {
                 node,
+                read_only: false,
                 written: Vec::new(),
                 reply: RpcReply::default(),
                 answer: None,
@@ -928,10 +932,11 @@ impl FileTree for Nsd {
         Ok((fid.node.qid(), fid.node.stat()))
     }
 
-    async fn open(&self, fid: &mut NsFid, _flags: u32) -> Result<(QId, u32)> {
+    async fn open(&self, fid: &mut NsFid, flags: u32) -> Result<(QId, u32)> {
         if let Node::Dir(id) | Node::File(id, _) = fid.node {
             self.space(id)?;
         }
+        fid.read_only = flags & 3 == warren_9p::oflags::RDONLY;
         Ok((fid.node.qid(), 0))
     }
 
@@ -942,7 +947,16 @@ impl FileTree for Nsd {
                 // The first read takes the request; a refusal fails it with its errno, and the
                 // reply (read from o₀, as every rpc file's) then says why.
                 if fid.reply.is_empty() {
-                    match self.create_space(&fid.written) {
+                    let made = if fid.read_only {
+                        Err(Refusal::new(
+                            Errno::EBADF,
+                            "clone was opened read-only, so it carries no spec and made nothing: \
+                             open it for reading and writing, write the spec, then read",
+                        ))
+                    } else {
+                        self.create_space(&fid.written)
+                    };
+                    match made {
                         Ok(id) => fid.reply.set(format!("{id}\n").into_bytes()),
                         Err(refusal) => {
                             fid.reply.set(refusal.line.into_bytes());
@@ -1129,6 +1143,30 @@ mod tests {
         }
     }
 
+    /// `cat /ns/clone`: a read-only open makes no namespace (nothing is listed after it) and its
+    /// read fails with EBADF, then says why; the read-write control makes one.
+    #[tokio::test]
+    async fn a_read_only_clone_makes_nothing() {
+        let nsd = Nsd::new(RunOptions::default()).unwrap();
+        let (_, root) = nsd.attach("", "", 0).await.unwrap();
+        let (_, fid) = nsd.walk(&root, &["clone".into()]).await.unwrap();
+        let mut fid = fid.unwrap();
+        nsd.open(&mut fid, warren_9p::oflags::RDONLY).await.unwrap();
+        assert_eq!(nsd.read(&mut fid, 0, 4096).await, Err(Errno::EBADF));
+        let why = String::from_utf8(nsd.read(&mut fid, 0, 4096).await.unwrap()).unwrap();
+        assert!(
+            why.starts_with("error: clone was opened read-only"),
+            "{why}"
+        );
+        nsd.clunk(fid).await;
+        assert_eq!(listing(&nsd).await, vec!["clone".to_string()]);
+        let id = clone_in(&nsd, "").await.unwrap();
+        assert_eq!(
+            listing(&nsd).await,
+            vec!["clone".to_string(), id.to_string()]
+        );
+    }
+
     /// A refused clone fails its first read with the errno and then answers why, on one line,
     /// from o₀ (a shell reads on at its write's end); a parse error too. An accepted one answers
     /// its id from the write's end as well.
@@ -1257,10 +1295,10 @@ mod tests {
     /// accepted (the control).
     #[tokio::test]
     async fn an_operators_clone_binds_only_what_they_can_reach() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIP an_operators_clone_binds_only_what_they_can_reach: needs root");
-            return;
-        }
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test builds as root and needs root (scripts/test runs as root)"
+        );
         let fixture = crate::reach::Fixture::new();
         let inner = fixture.path("private/inner");
         let text = format!("bind -r {inner} /p\n");

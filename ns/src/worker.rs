@@ -98,6 +98,7 @@ pub struct Built {
     pub holder: OwnedFd,
     pub holder_pid: i32,
     pub uid: u32,
+    pub gid: u32,
 }
 
 /// Everything the holder and the worker need, prepared in nsd before the fork.
@@ -109,6 +110,7 @@ struct Plan {
     tool: String,
     roots: Vec<RootConfig>,
     uid: u32,
+    gid: u32,
     execs: bool,
     weaker_landlock: bool,
     /// The calling namespace's `limit` line (none for a namespace nsd does not know).
@@ -208,6 +210,8 @@ impl WorkerFactory {
             },
             &guard,
         )?);
+        // A file tool writes as its writable roots' owner; otherwise the identity above.
+        let (uid, gid) = write_identity(request, &root_fds, execs)?.unwrap_or((uid, uid));
         let (channel, worker_end) = UnixStream::pair().map_err(io("channel"))?;
         let (lifeline, holder_end) = UnixStream::pair().map_err(io("lifeline"))?;
         let (err_read, err_write) =
@@ -220,6 +224,7 @@ impl WorkerFactory {
             tool: request.tool.clone(),
             roots: request.roots.clone(),
             uid,
+            gid,
             execs,
             weaker_landlock: self.weaker_landlock,
             limits,
@@ -256,6 +261,7 @@ impl WorkerFactory {
             holder: holder_fd.map_err(io("pidfd_open"))?,
             holder_pid: holder.as_raw(),
             uid,
+            gid,
         })
     }
 
@@ -316,7 +322,7 @@ impl WorkerFactory {
                         ok: true,
                         error: String::new(),
                         uid: b.uid,
-                        gid: b.uid,
+                        gid: b.gid,
                         pid: 1,
                         holder_pid: b.holder_pid,
                     };
@@ -377,6 +383,47 @@ fn send_reply(sock: &UnixStream, reply: &BuildReply, fds: &[BorrowedFd<'_>]) -> 
 fn toolfs_or_root(cred: &PeerCred) -> Option<String> {
     (cred.uid != 0 && cred.uid != Role::Toolfs.uid())
         .then(|| format!("uid {} is neither toolfs nor root", cred.uid))
+}
+
+/// Whom a worker that writes files writes as: the owner (uid and gid) of its writable roots, so
+/// what `fs_write` and `fs_edit` create belongs to whoever owns the directory the operator
+/// granted, and the worker can create files in it (a directory's owner can; the warren worker
+/// uid, in a 0755 directory, cannot). `None` keeps nsd's worker uid: no writable root; a tool
+/// that runs programs (`shell`: the user's uid would carry the user's keyrings and process
+/// limits); a root owned by root (never uid 0: writing into a root-owned directory is the
+/// explicit choice of making it writable for the worker uid) or by one of warren's daemons.
+/// Writable roots of different owners are refused: a worker writes as one user.
+fn write_identity(
+    request: &BuildRequest,
+    root_fds: &[OwnedFd],
+    execs: bool,
+) -> Result<Option<(u32, u32)>, String> {
+    if execs {
+        return Ok(None);
+    }
+    let mut owner: Option<(u32, u32, &str)> = None;
+    for (root, fd) in request.roots.iter().zip(root_fds) {
+        if !root.writable {
+            continue;
+        }
+        let st =
+            nix::sys::stat::fstat(fd).map_err(|e| format!("root {}: fstat: {e}", root.path))?;
+        let this = (st.st_uid, st.st_gid);
+        match owner {
+            Some((u, g, other)) if (u, g) != this => {
+                return Err(format!(
+                    "writable roots {other} (owner {u}:{g}) and {} (owner {}:{}) belong to \
+                     different users: a worker writes as one; grant them to separate tools",
+                    root.path, this.0, this.1
+                ));
+            }
+            _ => owner = Some((this.0, this.1, &root.path)),
+        }
+    }
+    let daemons = [Role::Toolfs, Role::Receiptd, Role::Gate, Role::Bridge].map(Role::uid);
+    Ok(owner
+        .filter(|&(u, g, _)| u != 0 && g != 0 && !daemons.contains(&u))
+        .map(|(u, g, _)| (u, g)))
 }
 
 /// The request must name a worker tool, roots that fit the fds and do not overlap each other or
@@ -555,7 +602,7 @@ fn confine_worker(plan: &mut Plan) -> Result<std::convert::Infallible, String> {
         .map_err(|e| format!("opening root {}: {e}", r.path))?;
         root_fds.push(fd);
     }
-    creds::drop_to(uid)?;
+    creds::drop_to_user(uid, plan.gid)?;
     // The namespace's process count is per uid: its exec worker, and all that runs under it,
     // share its subtree's uid and this limit.
     if let Some(pids) = plan.limits.pids.filter(|_| plan.execs) {

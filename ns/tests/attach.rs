@@ -96,9 +96,7 @@ fn start_namespace(nsd: &Nsd, spec: &str, scratch: &std::path::Path) -> (Launche
 /// attached process — is `blocked`, while its control outside is `allowed`.
 #[test]
 fn escape_probes_rerun_from_an_attached_process_are_refused() {
-    if !need_root("escape_probes_rerun_from_an_attached_process_are_refused") {
-        return;
-    }
+    need_root();
     let nsd = start_nsd("watt");
     let targets = escape::Targets::new("wats");
     let scratch = &targets.scratch;

@@ -10,9 +10,7 @@ use common::*;
 /// read-only system binds.
 #[test]
 fn shell_sees_only_its_grant_and_no_privilege() {
-    if !need_root("shell_sees_only_its_grant_and_no_privilege") {
-        return;
-    }
+    need_root();
     let script = r#"
         echo uid=$(id -u)
         grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status
@@ -77,9 +75,7 @@ fn shell_sees_only_its_grant_and_no_privilege() {
 
 #[test]
 fn exit_status_signals_and_wall_limit() {
-    if !need_root("exit_status_signals_and_wall_limit") {
-        return;
-    }
+    need_root();
     let out = nsd_run(&[], &["/bin/sh", "-c", "exit 7"]);
     assert_eq!(out.status.code(), Some(7));
     let out = nsd_run(&[], &["/bin/sh", "-c", "kill -TERM $$"]);
@@ -103,9 +99,7 @@ fn exit_status_signals_and_wall_limit() {
 /// the command's TERM trap decides the exit status.
 #[test]
 fn signals_to_the_launcher_are_forwarded() {
-    if !need_root("signals_to_the_launcher_are_forwarded") {
-        return;
-    }
+    need_root();
     use std::io::BufRead;
     let script = "n=0; trap 'n=$((n+1))' INT; trap 'exit $((40+n))' TERM; echo ready; while :; do sleep 0.05; done";
     let mut child = Command::new(NSD)
@@ -130,13 +124,11 @@ fn signals_to_the_launcher_are_forwarded() {
 /// and the exit status propagates. `script` gives the launcher its terminal.
 #[test]
 fn launcher_tty_becomes_a_namespace_pty() {
-    if !need_root("launcher_tty_becomes_a_namespace_pty") {
-        return;
-    }
-    if Command::new("script").arg("--version").output().is_err() {
-        eprintln!("SKIP launcher_tty_becomes_a_namespace_pty: `script` (util-linux) is missing");
-        return;
-    }
+    need_root();
+    assert!(
+        Command::new("script").arg("--version").output().is_ok(),
+        "`script` (util-linux, essential on Debian) is missing"
+    );
     let inner = format!(
         "stty cols 123 rows 45; {NSD} run -- /bin/sh -c 'tty; stty size; stat -c %U:%a $(tty); exit 5'"
     );
@@ -159,9 +151,7 @@ fn launcher_tty_becomes_a_namespace_pty() {
 /// by a bind of an ancestor (`--ro /`, `--ro $HOME`), not through a symlink.
 #[test]
 fn protected_dirs_are_refused_by_inode() {
-    if !need_root("protected_dirs_are_refused_by_inode") {
-        return;
-    }
+    need_root();
     let p = Protected::new();
     let home = p.path("home/me");
     std::fs::create_dir_all(&home).unwrap();
@@ -224,9 +214,7 @@ fn protected_dirs_are_refused_by_inode() {
 /// The host's kernel interfaces are never bound in, at any target: proc, sysfs, devpts.
 #[test]
 fn kernel_filesystems_are_never_bind_sources() {
-    if !need_root("kernel_filesystems_are_never_bind_sources") {
-        return;
-    }
+    need_root();
     let dir = tempdir("wkfs");
     for (source, fstype) in [
         ("/proc", "proc"),
@@ -256,9 +244,7 @@ fn kernel_filesystems_are_never_bind_sources() {
 /// namespace's mount table before and after.
 #[test]
 fn no_mount_propagates_to_the_launcher() {
-    if !need_root("no_mount_propagates_to_the_launcher") {
-        return;
-    }
+    need_root();
     let script = format!(
         "cat /proc/self/mountinfo > \"$1/before\"; {NSD} run -- /bin/sh -c 'ls /proc >/dev/null'; echo rc=$?; cat /proc/self/mountinfo > \"$1/after\""
     );
@@ -295,9 +281,7 @@ fn no_mount_propagates_to_the_launcher() {
 /// writes under a read-only bind and under a submount of a `-R` read-only bind fail.
 #[test]
 fn bind_recursion_and_read_only_submounts() {
-    if !need_root("bind_recursion_and_read_only_submounts") {
-        return;
-    }
+    need_root();
     let dir = tempdir("wrec");
     let d = dir.path().display().to_string();
     std::fs::create_dir_all(dir.path().join("data/sub")).unwrap();
@@ -353,9 +337,7 @@ fn bind_recursion_and_read_only_submounts() {
 /// `net loopback` brings lo up (bind and connect work inside); `net none` has neither.
 #[test]
 fn net_loopback_and_none() {
-    if !need_root("net_loopback_and_none") {
-        return;
-    }
+    need_root();
     let script = format!("{PROBE} tcp-bind");
     let out = nsd_run(
         &["--net", "loopback", "--ro", PROBE],
@@ -413,9 +395,7 @@ fn only_unix_and_inet_sockets_inside() {
 /// grants it needs: every probe must be `blocked` inside and `allowed` in its control.
 #[test]
 fn escape_suite() {
-    if !need_root("escape_suite") {
-        return;
-    }
+    need_root();
     let targets = escape::Targets::new("wesc");
     let probes = escape::escape_probes(&targets);
     let mut findings = escape::Findings::default();

@@ -37,9 +37,7 @@ impl MountServer for Recorder {
 
 #[test]
 fn mount_line_becomes_a_fuse_mount_handed_to_the_server() {
-    if !need_root("mount_line_becomes_a_fuse_mount_handed_to_the_server") {
-        return;
-    }
+    need_root();
     let out = tempdir("wfuse");
     std::fs::set_permissions(
         out.path(),
@@ -97,9 +95,7 @@ impl MountServer for Refuser {
 /// launcher was already reporting the failure).
 #[test]
 fn an_unserved_mount_means_the_command_never_runs() {
-    if !need_root("an_unserved_mount_means_the_command_never_runs") {
-        return;
-    }
+    need_root();
     let out = tempdir("wfusr");
     std::fs::set_permissions(
         out.path(),

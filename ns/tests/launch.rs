@@ -101,9 +101,7 @@ fn launch_plain(
 /// launcher's stdio, shows up in /ns with its info while it runs, and its status comes back.
 #[test]
 fn nsd_builds_it_with_the_launchers_stdio_and_status() {
-    if !need_root("nsd_builds_it_with_the_launchers_stdio_and_status") {
-        return;
-    }
+    need_root();
     let nsd = start_nsd("wlch");
     let t = tempdir("wlio");
     let (stdin_r, stdin_w) = std::io::pipe().unwrap();
@@ -176,9 +174,7 @@ fn nsd_builds_it_with_the_launchers_stdio_and_status() {
 /// Forwarded signals reach the command; a launcher that goes away takes its namespace with it.
 #[test]
 fn signals_are_forwarded_and_a_vanished_launcher_kills_the_namespace() {
-    if !need_root("signals_are_forwarded_and_a_vanished_launcher_kills_the_namespace") {
-        return;
-    }
+    need_root();
     let nsd = start_nsd("wlch");
     let (out_r, out_w) = std::io::pipe().unwrap();
     let out_w: OwnedFd = out_w.into();
@@ -224,10 +220,12 @@ fn signals_are_forwarded_and_a_vanished_launcher_kills_the_namespace() {
     });
 }
 
-fn diod() -> Option<&'static str> {
+/// diod, a peer: missing is a failure (scripts/install-test-deps installs it).
+fn diod() -> &'static str {
     ["/usr/sbin/diod", "/usr/bin/diod"]
         .into_iter()
         .find(|p| Path::new(p).exists())
+        .expect("diod is not installed (scripts/install-test-deps installs it)")
 }
 
 fn bridge_next_to_nsd() -> PathBuf {
@@ -305,15 +303,8 @@ fn read_export_inside(nsd: &Nsd, dir: &Path, d: &Diod, mount_line: &str) {
 /// connection to a bridge, and the payload reads the export's bytes through FUSE.
 #[test]
 fn a_unix_mount_of_a_diod_export_is_read_inside() {
-    if !need_root("a_unix_mount_of_a_diod_export_is_read_inside") {
-        return;
-    }
-    let Some(diod) = diod() else {
-        eprintln!(
-            "SKIP a_unix_mount_of_a_diod_export_is_read_inside: diod is not installed (scripts/install-test-deps)"
-        );
-        return;
-    };
+    need_root();
+    let diod = diod();
     bridge_next_to_nsd();
     let nsd = start_nsd("wlch");
     let t = tempdir("wldd");
@@ -336,15 +327,8 @@ fn a_unix_mount_of_a_diod_export_is_read_inside() {
 /// namespace itself has no network: `net none`).
 #[test]
 fn a_tcp_mount_of_a_diod_export_is_read_inside() {
-    if !need_root("a_tcp_mount_of_a_diod_export_is_read_inside") {
-        return;
-    }
-    let Some(diod) = diod() else {
-        eprintln!(
-            "SKIP a_tcp_mount_of_a_diod_export_is_read_inside: diod is not installed (scripts/install-test-deps)"
-        );
-        return;
-    };
+    need_root();
+    let diod = diod();
     bridge_next_to_nsd();
     let nsd = start_nsd("wlch");
     let t = tempdir("wldt");
@@ -371,9 +355,7 @@ fn a_tcp_mount_of_a_diod_export_is_read_inside() {
 /// refuses a connection for a mount that is its own to make.
 #[test]
 fn unix_mounts_inside_warrens_dirs_are_refused() {
-    if !need_root("unix_mounts_inside_warrens_dirs_are_refused") {
-        return;
-    }
+    need_root();
     let nsd = start_nsd("wlch");
     let inside = nsd.dirs.socket("ns");
     let text = format!("{SYSTEM}mount unix!{} /mnt/x\n", inside.display());

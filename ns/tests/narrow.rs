@@ -127,9 +127,7 @@ for line in open('/probe/specs'):
 /// its binds, by (st_dev, st_ino) as seen inside, is inside the parent's own bind on the host.
 #[test]
 fn a_sample_of_random_children_built_for_real_reach_nothing_outside_the_parent() {
-    if !need_root("a_sample_of_random_children_built_for_real_reach_nothing_outside_the_parent") {
-        return;
-    }
+    need_root();
     let nsd = start_nsd("wnrw");
     let t = tempdir("wns");
     let d = t.path().join("data");
@@ -257,9 +255,7 @@ fn a_sample_of_random_children_built_for_real_reach_nothing_outside_the_parent()
 /// differs.
 #[test]
 fn narrowing_from_inside_a_namespace() {
-    if !need_root("narrowing_from_inside_a_namespace") {
-        return;
-    }
+    need_root();
     let bridge = Path::new(NSD).with_file_name("warren-bridge");
     assert!(
         bridge.exists(),

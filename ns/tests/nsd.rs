@@ -32,9 +32,7 @@ const SYSTEM: &str =
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ns_tree_clones_runs_waits_and_kills() {
-    if !need_root("ns_tree_clones_runs_waits_and_kills") {
-        return;
-    }
+    need_root();
     let nsd = start_nsd("wnsd");
     let client = Client::connect_unix(nsd.dirs.socket("ns")).await.unwrap();
     let root = client.attach("root", "").await.unwrap();

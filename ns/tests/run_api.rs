@@ -21,9 +21,7 @@ fn fds_of(pid: u32) -> Vec<(i32, String)> {
 /// launcher like nsd holds operator connections). Planted: a non-CLOEXEC file of the launcher.
 #[test]
 fn namespace_processes_hold_none_of_the_launchers_descriptors() {
-    if !need_root("namespace_processes_hold_none_of_the_launchers_descriptors") {
-        return;
-    }
+    need_root();
     let dir = tempdir("wfds");
     let marker = dir.path().join("launcher-secret");
     let file = std::fs::File::create(&marker).unwrap();

@@ -1,6 +1,6 @@
 //! Third-party 9P2000.L peers against our server, and our client against a real diod. The peers
-//! (diod's tools, Python p9fs in /work/main/.venv) are installed by scripts/install-test-deps;
-//! a test whose peer is missing says so by name and returns.
+//! (diod's tools, Python p9fs in the repository's .venv) are installed by scripts/install-test-deps;
+//! a test whose peer is missing fails, naming it.
 
 mod common;
 
@@ -12,14 +12,17 @@ use tokio::process::Command;
 use warren_9p::demo::{DemoTree, HELLO};
 use warren_9p::{Client, Limits, oflags};
 
-fn find_peer(name: &str, candidates: &[&str]) -> Option<PathBuf> {
-    let found = candidates.iter().map(PathBuf::from).find(|p| p.exists());
-    if found.is_none() {
-        eprintln!(
-            "SKIP: peer `{name}` not installed (looked in {candidates:?}); scripts/install-test-deps installs it"
-        );
-    }
-    found
+/// A peer's path: missing is a failure (scripts/install-test-deps installs every peer).
+fn find_peer(name: &str, candidates: &[&str]) -> PathBuf {
+    candidates
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .unwrap_or_else(|| {
+            panic!(
+                "peer `{name}` not installed (looked in {candidates:?}); scripts/install-test-deps installs it"
+            )
+        })
 }
 
 /// Serves the demo tree on a fresh Unix socket, one `serve` per connection.
@@ -59,12 +62,10 @@ async fn run_both(cmd: &mut Command) -> (String, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn diodls_and_diodcat_read_our_server() {
-    let (Some(diodls), Some(diodcat)) = (
+    let (diodls, diodcat) = (
         find_peer("diodls", &["/usr/sbin/diodls", "/usr/bin/diodls"]),
         find_peer("diodcat", &["/usr/sbin/diodcat", "/usr/bin/diodcat"]),
-    ) else {
-        return;
-    };
+    );
     let dir = common::short_tmp();
     let sock = serve_demo(dir.path());
     let listing = run(Command::new(&diodls)
@@ -106,15 +107,10 @@ print(json.dumps({"names": names, "hello": fs.cat('hello').decode(), "size": fs.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_p9fs_lists_and_reads_our_server() {
-    let Some(python) = find_peer(
+    let python = find_peer(
         "p9fs (venv python)",
-        &[
-            "/work/main/.venv/bin/python",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../.venv/bin/python"),
-        ],
-    ) else {
-        return;
-    };
+        &[concat!(env!("CARGO_MANIFEST_DIR"), "/../.venv/bin/python")],
+    );
     let dir = common::short_tmp();
     let sock = serve_demo(dir.path());
     let out = run(Command::new(&python).arg("-c").arg(P9FS_SCRIPT).arg(&sock)).await;
@@ -139,9 +135,7 @@ fn serde_json_string(s: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn our_client_reads_a_file_served_by_diod() {
-    let Some(diod) = find_peer("diod", &["/usr/sbin/diod", "/usr/bin/diod"]) else {
-        return;
-    };
+    let diod = find_peer("diod", &["/usr/sbin/diod", "/usr/bin/diod"]);
     let dir = common::short_tmp();
     let export = dir.path().join("export");
     std::fs::create_dir(&export).unwrap();
@@ -197,9 +191,7 @@ async fn our_client_reads_a_file_served_by_diod() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn diodload_runs_against_our_server() {
-    let Some(diodload) = find_peer("diodload", &["/usr/sbin/diodload", "/usr/bin/diodload"]) else {
-        return;
-    };
+    let diodload = find_peer("diodload", &["/usr/sbin/diodload", "/usr/bin/diodload"]);
     let dir = common::short_tmp();
     let sock = serve_demo(dir.path());
     // diodload attaches aname `ctl`, copies zero to null (or getattrs null with -g) on 2

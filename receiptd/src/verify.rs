@@ -72,6 +72,11 @@ struct Failure {
     message: String,
 }
 
+/// `1 entry`, `2 entries`: a count with its noun in the right number.
+pub fn counted(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 fn invalid(message: String) -> Failure {
     Failure {
         code: EXIT_INVALID,
@@ -132,11 +137,11 @@ pub fn verify_with(export: &[u8], registry: &[u8], require: Require<'_>) -> Veri
         Ok(reach) => VerifyOutcome {
             code: EXIT_VERIFIED,
             message: format!(
-                "verified: scope {}, {} entries up to its checkpoint of size {}, {} checkpoints; {reach}",
+                "verified: scope {}, {} up to its checkpoint of size {}, {}; {reach}",
                 v.scope.as_deref().unwrap_or("?"),
-                v.entries,
+                counted(v.entries, "entry", "entries"),
                 v.covered,
-                v.checkpoints
+                counted(v.checkpoints, "checkpoint", "checkpoints")
             ),
             entries: v.entries,
             checkpoints: v.checkpoints,

@@ -199,10 +199,10 @@ fn append_as(uid: u32, socket: &std::path::Path, request: &[u8]) -> (i32, String
 fn decision_only_from_the_gate_uid_and_effect_only_from_toolfs_uid() {
     const GATE: u32 = 61903;
     const TOOLFS: u32 = 61901;
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("SKIP: the uid rule test must run as root to spawn clients under other uids");
-        return;
-    }
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the uid rule test spawns clients under other uids and needs root (scripts/test runs as root)"
+    );
     let dir = tmp();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -363,32 +363,49 @@ fn kill_9_during_ten_thousand_appends_from_eight_writers_loses_no_acknowledged_r
     assert!(total >= (WRITERS * PER_WRITER) as u64, "{total}");
 }
 
+/// An export right after the appends covers them all: it requests the checkpoint it needs (the
+/// periodic one is an hour away here), and it takes a unique prefix of the scope, as `warren
+/// log` prints it; an ambiguous or unknown prefix is refused, saying why.
 #[test]
-fn an_export_through_the_tree_verifies() {
+fn an_export_through_the_tree_checkpoints_now_takes_a_unique_prefix_and_verifies() {
     let dir = tmp();
-    let d = Daemon::start(dir.path(), &[]);
+    let d = Daemon::start(dir.path(), &["--checkpoint-ms", "3600000"]);
     let (export, keys) = rt().block_on(async {
         let appender = Appender::connect(&d.socket).await.unwrap();
         for i in 0..7 {
             appender
-                .append(&body("s", if i % 2 == 0 { "query" } else { "cap" }, i))
+                .append(&body("s0a1", if i % 2 == 0 { "query" } else { "cap" }, i))
                 .await
                 .unwrap();
         }
         let client = Client::connect_unix(&d.socket).await.unwrap();
         write_file(&client, "ctl", b"checkpoint").await.unwrap();
-        appender.append(&body("s", "query", 7)).await.unwrap();
+        appender.append(&body("s0a1", "query", 7)).await.unwrap();
+        appender.append(&body("s0b2", "cap", 0)).await.unwrap();
         let mut out = Vec::new();
-        let n = warren_receiptd::client::export(&d.socket, "s", &mut out)
+        let (scope, n) = warren_receiptd::client::export(&d.socket, "s0a", &mut out)
             .await
             .unwrap();
-        assert_eq!(n, 7, "the entry after the head is left out");
+        assert_eq!(
+            (scope.as_str(), n),
+            ("s0a1", 8),
+            "the entry after the last head too"
+        );
+        for (prefix, why) in [
+            ("s0", "2 scopes start with \"s0\": s0a1, s0b2"),
+            ("s1", "no scope starting with \"s1\""),
+        ] {
+            let err = warren_receiptd::client::export(&d.socket, prefix, &mut Vec::new())
+                .await
+                .unwrap_err();
+            assert!(format!("{err:#}").contains(why), "{err:#}");
+        }
         (out, warren_receiptd::client::keys(&d.socket).await.unwrap())
     });
     let out = verify(&export, &keys);
     assert_eq!(
         (out.code, out.entries, out.checkpoints),
-        (EXIT_VERIFIED, 7, 1),
+        (EXIT_VERIFIED, 8, 1),
         "{}",
         out.message
     );

@@ -124,22 +124,21 @@ fn traced_run(base: &Path, mode: &str) -> String {
     std::fs::read_to_string(&trace).unwrap()
 }
 
-fn have_strace() -> bool {
+/// strace, a peer: missing is a failure.
+fn need_strace() {
     let ok = Command::new("strace")
         .arg("-V")
         .output()
         .is_ok_and(|o| o.status.success());
-    if !ok {
-        eprintln!("SKIP: strace is not installed (scripts/install-test-deps installs it)");
-    }
-    ok
+    assert!(
+        ok,
+        "strace is not installed (scripts/install-test-deps installs it)"
+    );
 }
 
 #[test]
 fn durable_fsync_acknowledges_only_after_the_covering_fdatasync() {
-    if !have_strace() {
-        return;
-    }
+    need_strace();
     let dir = tmp();
     let trace = traced_run(dir.path(), "fsync");
     let (acks, uncovered) = uncovered_acks(&trace);
@@ -155,9 +154,7 @@ fn durable_fsync_acknowledges_only_after_the_covering_fdatasync() {
 
 #[test]
 fn the_check_finds_early_acknowledgements_in_the_default_mode() {
-    if !have_strace() {
-        return;
-    }
+    need_strace();
     let dir = tmp();
     let trace = traced_run(dir.path(), "wal");
     let (acks, uncovered) = uncovered_acks(&trace);

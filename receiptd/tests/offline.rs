@@ -106,27 +106,26 @@ fn b64e(b: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(b)
 }
 
-const PYTHON: &str = "/work/main/.venv/bin/python";
+/// The venv scripts/install-test-deps makes in this checkout.
+const PYTHON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../.venv/bin/python");
 
-fn python() -> Option<String> {
+/// The venv's Python with `cryptography`, a peer: missing is a failure.
+fn python() -> String {
     let python = std::env::var("WARREN_TEST_PYTHON").unwrap_or_else(|_| PYTHON.into());
     let ok = Command::new(&python)
         .args(["-c", "import cryptography"])
         .output()
         .is_ok_and(|o| o.status.success());
-    if ok {
-        Some(python)
-    } else {
-        eprintln!(
-            "SKIP: {python} with the `cryptography` module is missing (run scripts/install-test-deps)"
-        );
-        None
-    }
+    assert!(
+        ok,
+        "{python} with the `cryptography` module is missing (run scripts/install-test-deps)"
+    );
+    python
 }
 
 #[test]
 fn an_independent_python_checker_accepts_our_proofs_and_checkpoints() {
-    let Some(python) = python() else { return };
+    let python = python();
     let dir = tmp();
     let log = build(dir.path());
     let mut proofs = Vec::new();

@@ -110,7 +110,7 @@ fn withdraw(
 
 /// The envelope of a call the gate did not allow: the gate's basis, and its decision receipt.
 fn denied(tool: &str, session: &str, answer: &Answer) -> Envelope {
-    let mut env = Envelope::new(tool, Status::Denied, Taint::Trusted, answer.basis.clone());
+    let mut env = Envelope::denied(tool, &answer.basis);
     env.receipt = answer
         .receipt
         .as_ref()

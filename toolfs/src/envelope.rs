@@ -40,6 +40,44 @@ pub struct Envelope {
     /// it), the gate's decision receipt of a denied call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub receipt: Option<ReceiptRef>,
+    /// A denied call's basis, as the gate gave it (`deny_covers:1`, `expiry`, …): the
+    /// machine-readable reason; `content` says it in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basis: Option<String>,
+}
+
+/// What a gate basis means, in words, for a denied call's `content`.
+pub fn basis_in_words(basis: &str) -> String {
+    let (kind, detail) = match basis.split_once(':') {
+        Some((k, d)) => (k, d.trim()),
+        None => (basis, ""),
+    };
+    match kind {
+        "deny_covers" => "an identical call was denied earlier in this session".into(),
+        "rule" => format!("the policy's rule {detail} denies this call"),
+        "default" => {
+            format!("no rule covers this call and the default for a {detail} call is deny")
+        }
+        "context" => format!("the session's context ({detail}) does not allow this call"),
+        "expiry" => "the ask for this call was not answered in time".into(),
+        "receipts_unavailable" => {
+            "the decision could not be written as a receipt (receiptd is unavailable)".into()
+        }
+        "ask_cap" => "this session has too many asks open already".into(),
+        "orphaned" => "the ask was withdrawn before it was answered".into(),
+        "once_spent" => {
+            "it was allowed once, and an identical call used that allowance first".into()
+        }
+        "gate_error" => {
+            "the gate could not read its own store, and denies rather than guess".into()
+        }
+        "answer" => match detail {
+            "deny" => "the operator answered deny".into(),
+            other => format!("the operator answered {}", other.replace('_', " ")),
+        },
+        "gate_unavailable" => format!("the gate cannot be reached ({detail})"),
+        _ => basis.to_owned(),
+    }
 }
 
 impl Envelope {
@@ -51,7 +89,20 @@ impl Envelope {
             taint,
             tool: tool.to_owned(),
             receipt: None,
+            basis: None,
         }
+    }
+
+    /// A denied call: `content` says why in words (`denied: …`), `basis` keeps the gate's basis.
+    pub fn denied(tool: &str, basis: &str) -> Envelope {
+        let mut env = Envelope::new(
+            tool,
+            Status::Denied,
+            Taint::Trusted,
+            format!("denied: {}", basis_in_words(basis)),
+        );
+        env.basis = Some(basis.to_owned());
+        env
     }
 
     /// The canonical (RFC 8785) bytes: what a call file's read returns.
@@ -79,6 +130,51 @@ pub fn content_digest(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A denied envelope says what happened in words and keeps the gate's basis beside them.
+    #[test]
+    fn a_denied_envelope_says_why_in_words_and_keeps_the_basis() {
+        let env = Envelope::denied("shell", "deny_covers:1");
+        assert_eq!(
+            env.content,
+            "denied: an identical call was denied earlier in this session"
+        );
+        assert_eq!(env.basis.as_deref(), Some("deny_covers:1"));
+        let json: serde_json::Value = serde_json::from_slice(&env.to_canonical()).unwrap();
+        assert_eq!(json["basis"], "deny_covers:1");
+        for (basis, words) in [
+            ("rule:4", "the policy's rule 4 denies this call"),
+            (
+                "default:destructive",
+                "the default for a destructive call is deny",
+            ),
+            ("context:untrusted_context", "context (untrusted_context)"),
+            ("expiry", "not answered in time"),
+            ("receipts_unavailable", "receiptd is unavailable"),
+            ("ask_cap", "too many asks open"),
+            ("orphaned", "withdrawn"),
+            ("once_spent", "used that allowance first"),
+            ("gate_error", "its own store"),
+            ("answer:deny", "the operator answered deny"),
+            ("gate_unavailable: EOF", "the gate cannot be reached (EOF)"),
+        ] {
+            let said = basis_in_words(basis);
+            assert!(said.contains(words), "{basis}: {said}");
+        }
+        // Not a gate basis: said as it is.
+        assert_eq!(
+            basis_in_words("no gate: every call is denied"),
+            "no gate: every call is denied"
+        );
+        // Not denied: no basis field.
+        assert!(
+            !String::from_utf8(
+                Envelope::new("echo", Status::Ok, Taint::Untrusted, "x".into()).to_canonical()
+            )
+            .unwrap()
+            .contains("basis")
+        );
+    }
 
     #[test]
     fn canonical_bytes_and_digest() {

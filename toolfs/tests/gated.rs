@@ -195,6 +195,12 @@ async fn an_exec_call_waits_for_its_answer_and_a_deny_never_runs() {
     answer(&gate, id2, "deny").await.unwrap();
     let env = second.await.unwrap();
     assert_eq!(env.status, Status::Denied, "{env:?}");
+    // Words for the caller, the basis for a program.
+    assert_eq!(
+        env.content, "denied: an identical call was denied earlier in this session",
+        "{env:?}"
+    );
+    assert_eq!(env.basis.as_deref(), Some("deny_covers:1"), "{env:?}");
     receipt_seq(&env, "decision");
     assert_eq!(
         std::fs::read_to_string(path.join("ran.txt")).unwrap(),
@@ -259,7 +265,17 @@ async fn with_the_gate_killed_every_later_call_is_denied() {
     for n in 2..4 {
         let env = call_envelope(&root, "echo", format!(r#"{{"n":{n}}}"#).as_bytes()).await;
         assert_eq!(env.status, Status::Denied, "{env:?}");
-        assert!(env.content.starts_with("gate_unavailable"), "{env:?}");
+        assert!(
+            env.basis
+                .as_deref()
+                .unwrap()
+                .starts_with("gate_unavailable"),
+            "{env:?}"
+        );
+        assert!(
+            env.content
+                .starts_with("denied: the gate cannot be reached")
+        );
     }
     assert_eq!(d.journal().len(), 2, "{:?}", d.journal());
 }
@@ -271,7 +287,7 @@ async fn without_a_gate_every_call_is_denied() {
     let (_c, root) = d.granted(&record(&["echo"]), &[]).await;
     let env = call_envelope(&root, "echo", br#"{"n":1}"#).await;
     assert_eq!(env.status, Status::Denied, "{env:?}");
-    assert_eq!(env.content, warren_toolfs::gate::NO_GATE);
+    assert_eq!(env.basis.as_deref(), Some(warren_toolfs::gate::NO_GATE));
     assert_eq!(env.receipt, None);
     let (_c, op) = d.operator().await;
     let env = call_envelope(&op, "echo", br#"{"n":2}"#).await;
@@ -287,7 +303,11 @@ async fn with_receiptd_down_the_gate_denies() {
     let (_c, root) = d.granted(&record(&["echo"]), &[]).await;
     let env = call_envelope(&root, "echo", br#"{"n":1}"#).await;
     assert_eq!(env.status, Status::Denied, "{env:?}");
-    assert!(env.content.contains("receipts_unavailable"), "{env:?}");
+    assert_eq!(
+        env.basis.as_deref(),
+        Some("receipts_unavailable"),
+        "{env:?}"
+    );
     assert!(d.journal().is_empty(), "{:?}", d.journal());
 }
 
@@ -359,7 +379,11 @@ async fn an_effect_receipt_receiptd_refuses_is_retried_and_calls_are_refused_mea
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let refused = refused.expect("calls kept running while effect receipts were not written");
-    assert_eq!(refused.content, "receipts_unavailable", "{refused:?}");
+    assert_eq!(
+        refused.basis.as_deref(),
+        Some("receipts_unavailable"),
+        "{refused:?}"
+    );
     assert_eq!(refused.receipt.as_ref().unwrap().kind, "decision");
     let runs_then = lines(&ran_txt);
     assert!(

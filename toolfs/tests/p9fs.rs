@@ -40,19 +40,17 @@ fn run_p9fs(
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-fn have_p9fs() -> bool {
-    if !Path::new(PYTHON).exists() {
-        eprintln!("SKIP: {PYTHON} is missing: run scripts/install-test-deps (it installs p9fs)");
-        return false;
-    }
-    true
+/// The venv's Python with p9fs, a peer: missing is a failure.
+fn need_p9fs() {
+    assert!(
+        Path::new(PYTHON).exists(),
+        "{PYTHON} is missing: run scripts/install-test-deps (it installs p9fs)"
+    );
 }
 
 #[test]
 fn p9fs_lists_the_grant_and_runs_echo() {
-    if !have_p9fs() {
-        return;
-    }
+    need_p9fs();
     let d = Daemon::start();
     let seen = run_p9fs(
         &d,
@@ -75,9 +73,7 @@ fn p9fs_lists_the_grant_and_runs_echo() {
 
 #[test]
 fn p9fs_runs_fs_read_in_a_granted_root() {
-    if !have_p9fs() {
-        return;
-    }
+    need_p9fs();
     use std::os::fd::AsFd;
     use std::os::unix::fs::PermissionsExt;
     let d = Daemon::start();

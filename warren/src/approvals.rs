@@ -125,12 +125,24 @@ pub fn approvals(dirs: &Dirs) -> Result<ExitCode> {
             if confirmed { "session|always|" } else { "" },
         );
         let shown: std::sync::Mutex<std::collections::HashMap<i64, String>> = Default::default();
+        let show = |s: &warren_gate::approvals::Shown| {
+            // The stream's own listing repeats the asks listed below: each is shown once.
+            if shown.lock().expect("shown").insert(s.id, s.request.clone()).is_none() {
+                println!("{}", ask_shown(s));
+            }
+        };
+        // The open asks first, before any answer is read: with no terminal (standard input a
+        // file, a pipe, /dev/null) the input may end at once, and the view still lists them.
+        let open = warren_gate::approvals::list(&root)
+            .await
+            .map_err(|e| anyhow::anyhow!("listing the gate's open asks: {e}"))?;
+        if open.is_empty() {
+            println!("no open asks");
+        }
+        open.iter().for_each(show);
         let view = warren_gate::approvals::approvals(
             &client,
-            |s| {
-                println!("{}", ask_shown(s));
-                shown.lock().expect("shown").insert(s.id, s.request.clone());
-            },
+            show,
             |ev| {
                 if let warren_gate::approvals::Event::Closed { id, line } = ev {
                     println!("{}", closed_shown(*id, line));
@@ -157,6 +169,8 @@ pub fn approvals(dirs: &Dirs) -> Result<ExitCode> {
                     Err(e) => println!("{e}"),
                 }
             }
+            let left = shown.lock().expect("shown").len();
+            println!("standard input ended: no more answers; {left} ask(s) left open");
             Ok::<(), anyhow::Error>(())
         };
         tokio::select! {

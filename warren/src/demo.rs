@@ -18,7 +18,9 @@ use warren_daemon::identity::Role;
 
 /// The agent: a shell script, run confined. Each step says what it tries and what it sees.
 const AGENT: &str = r#"
-say() { printf '\n\033[1magent:\033[0m %s\n' "$*"; }
+# Bold only on a terminal: a file or a pipe gets the words alone.
+if [ -t 1 ]; then b='\033[1m' e='\033[0m'; else b='' e=''; fi
+say() { printf "\n${b}agent:${e} %s\n" "$*"; }
 show() { # print stdin with the shell alone (the namespace holds no cat)
   while IFS= read -r line || [ -n "$line" ]; do printf '%s\n' "$line"; done
 }
@@ -73,8 +75,18 @@ fn shell_binds() -> Result<String> {
     Ok(lines.join("\n") + "\n")
 }
 
+/// `who:` in bold on a terminal; a file or a pipe gets the words alone.
+fn speaker(who: &str) -> String {
+    use std::io::IsTerminal;
+    if std::io::stdout().is_terminal() {
+        format!("\x1b[1m{who}:\x1b[0m")
+    } else {
+        format!("{who}:")
+    }
+}
+
 fn step(msg: &str) {
-    println!("\n\x1b[1mwarren demo:\x1b[0m {msg}");
+    println!("\n{} {msg}", speaker("warren demo"));
 }
 
 pub fn demo() -> Result<ExitCode> {
@@ -215,9 +227,8 @@ fn run_demo(dirs: &Dirs, base: &Path) -> Result<ExitCode> {
     if pending > 0 {
         bail!("{pending} allowed call(s) of the session have no effect receipt after 5 s");
     }
-    rt.block_on(checkpoint(dirs))?;
     let mut export = Vec::new();
-    let n = rt.block_on(warren_receiptd::client::export(
+    let (_, n) = rt.block_on(warren_receiptd::client::export(
         &dirs.socket("receipts"),
         &session,
         &mut export,
@@ -232,15 +243,6 @@ fn run_demo(dirs: &Dirs, base: &Path) -> Result<ExitCode> {
         "done: the agent did only what it was granted, asked where the gate said so, and every decision and effect is a signed receipt",
     );
     Ok(ExitCode::SUCCESS)
-}
-
-async fn checkpoint(dirs: &Dirs) -> Result<()> {
-    let client = warren_9p::Client::connect_unix(dirs.socket("receipts")).await?;
-    let root = client.attach("demo", "").await?;
-    let ctl = root.walk(&["ctl"]).await?;
-    ctl.open(warren_9p::oflags::RDWR).await?;
-    ctl.write_all(0, b"checkpoint").await?;
-    Ok(())
 }
 
 /// Answers every ask with `allow once <fingerprint prefix>`, as the gate's live view shows them
@@ -265,11 +267,12 @@ fn scripted_operator(dirs: &Dirs, stop: tokio::sync::oneshot::Receiver<()>) -> R
             while let Some((id, request)) = shown_rx.recv().await {
                 let prefix = crate::approvals::fingerprint_prefix(&request).context("no fingerprint in the request")?;
                 println!(
-                    "\n\x1b[1moperator:\x1b[0m cat /gate/pending/{id}/request\n{}",
+                    "\n{} cat /gate/pending/{id}/request\n{}",
+                    speaker("operator"),
                     request.trim_end()
                 );
                 let verb = format!("allow once {prefix}");
-                println!("\x1b[1moperator:\x1b[0m echo '{verb}' > /gate/pending/{id}/ctl");
+                println!("{} echo '{verb}' > /gate/pending/{id}/ctl", speaker("operator"));
                 warren_gate::approvals::answer(&root, id, &verb).await.map_err(|e| anyhow::anyhow!(e))?;
                 answered += 1;
                 ANSWERED.store(answered, Ordering::SeqCst);

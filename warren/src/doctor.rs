@@ -9,6 +9,14 @@ use std::process::ExitCode;
 use anyhow::Result;
 use serde::Serialize;
 
+/// What the rlimit fallback does not hold, said where cgroup v2 is missing.
+/// What limits hold without cgroup v2 (docs/gaps.md, "Limits without cgroup v2").
+const CGROUP_FALLBACK: &str = "limits are rlimits: pids= holds per namespace subtree (one uid, \
+    RLIMIT_NPROC, its shell commands under a second uid with the same count), mem= and cpu= per \
+    process only (a subtree's memory is bounded by pids × mem, not the namespace's memory), wall= \
+    by a kill; a subtree ends with its root by nsd's kill, not cgroup.kill (docs/gaps.md, \
+    \"Limits without cgroup v2\")";
+
 #[derive(Serialize)]
 struct Check {
     name: &'static str,
@@ -190,11 +198,7 @@ fn checks() -> Vec<Check> {
             ),
             (false, true) => "no cgroup v2 at /sys/fs/cgroup".into(),
         },
-        consequence: "limits are rlimits: pids= holds per namespace subtree (one uid, \
-                      RLIMIT_NPROC, its shell commands under a second uid with the same count), \
-                      mem= and cpu= per process only (a subtree's memory is bounded by pids × \
-                      mem, not mem), wall= by a kill; a subtree ends with its root by nsd's kill, \
-                      not cgroup.kill (docs/gaps.md, \"Limits without cgroup v2\")",
+        consequence: CGROUP_FALLBACK,
     });
     let apparmor = read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns");
     out.push(Check {
@@ -219,6 +223,30 @@ fn checks() -> Vec<Check> {
         consequence: "warren up needs root in this version",
     });
     out
+}
+
+/// The last line: whether warren runs here, and if it does with something missing, what.
+fn summary(checks: &[Check], required_missing: &[&str], fuse_and_9p_missing: bool) -> String {
+    if !required_missing.is_empty() || fuse_and_9p_missing {
+        let mut missing = required_missing.to_vec();
+        if fuse_and_9p_missing {
+            missing.push("fuse (and no kernel 9P client)");
+        }
+        return format!("warren cannot run here: missing {}.", missing.join(", "));
+    }
+    let weaker: Vec<&str> = checks
+        .iter()
+        .filter(|c| c.state == "missing")
+        .map(|c| c.name)
+        .collect();
+    if weaker.is_empty() {
+        "warren can run here, with every protection it has in force.".into()
+    } else {
+        format!(
+            "warren can run here, but not everything holds: without {} (the arrow above says what the fallback does not hold).",
+            weaker.join(", ")
+        )
+    }
 }
 
 pub fn doctor(dirs: &warren_daemon::Dirs, json: bool) -> Result<ExitCode> {
@@ -252,18 +280,59 @@ pub fn doctor(dirs: &warren_daemon::Dirs, json: bool) -> Result<ExitCode> {
                 println!("{:<22} {:<8} → {}", "", "", c.consequence);
             }
         }
-        if required_missing.is_empty() && !fuse_and_9p_missing {
-            println!("\nwarren can run here with no weaker mode.");
-        } else {
-            println!(
-                "\nwarren cannot run fully here: missing {}.",
-                required_missing.join(", ")
-            );
-        }
+        println!(
+            "\n{}",
+            summary(&checks, &required_missing, fuse_and_9p_missing)
+        );
     }
     Ok(if required_missing.is_empty() && !fuse_and_9p_missing {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(name: &'static str, state: &'static str) -> Check {
+        Check {
+            name,
+            state,
+            detail: String::new(),
+            consequence: if name == "cgroup v2" {
+                CGROUP_FALLBACK
+            } else {
+                "-"
+            },
+        }
+    }
+
+    /// Without cgroup v2 the summary never says "no weaker mode": it names what is missing, and
+    /// the fallback's line says what it does not hold.
+    #[test]
+    fn a_missing_cgroup_is_said_with_what_the_fallback_does_not_hold() {
+        let checks = [check("landlock", "ok"), check("cgroup v2", "missing")];
+        let said = summary(&checks, &[], false);
+        assert!(!said.contains("no weaker mode"), "{said}");
+        assert!(
+            said.contains("not everything holds: without cgroup v2"),
+            "{said}"
+        );
+        for held_not in [
+            "not the namespace's memory",
+            "per process only",
+            "not cgroup.kill",
+        ] {
+            assert!(CGROUP_FALLBACK.contains(held_not), "{held_not}");
+        }
+        let all = summary(&[check("landlock", "ok")], &[], false);
+        assert_eq!(
+            all,
+            "warren can run here, with every protection it has in force."
+        );
+        let cannot = summary(&checks, &["landlock"], false);
+        assert_eq!(cannot, "warren cannot run here: missing landlock.");
+    }
 }

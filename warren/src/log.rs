@@ -22,9 +22,6 @@ use warren_9p::{Client, Fid, oflags};
 use warren_daemon::Dirs;
 use warren_daemon::escape::{escape, json_line};
 
-/// Names in `/receipts` that are not scopes.
-const NOT_SCOPES: &[&str] = &["append", "keys", "ctl"];
-
 /// One receipt, decoded from its DSSE envelope.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
@@ -180,20 +177,10 @@ impl Receipts {
         })
     }
 
-    /// The scopes whose name starts with `filter` (every scope without one), sorted.
+    /// The scopes whose name starts with `filter` (every scope without one), sorted: the same
+    /// rule `warren receipts export` takes a scope by.
     async fn scopes(&self, filter: Option<&str>) -> Result<Vec<String>> {
-        let dir = self.root.walk(&[]).await?;
-        dir.open(oflags::RDONLY).await?;
-        let mut names: Vec<String> = dir
-            .readdir_all()
-            .await?
-            .into_iter()
-            .map(|e| e.name)
-            .filter(|n| n != "." && n != ".." && !NOT_SCOPES.contains(&n.as_str()))
-            .filter(|n| filter.is_none_or(|f| n.starts_with(f)))
-            .collect();
-        names.sort();
-        Ok(names)
+        Ok(warren_receiptd::client::scopes(&self.root, filter).await?)
     }
 
     /// The bytes of `<scope>/log` from `offset` (a fresh open is a fresh snapshot).

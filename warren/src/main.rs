@@ -188,8 +188,12 @@ enum McpCommand {
 
 #[derive(Subcommand)]
 enum ReceiptsCommand {
-    /// Write a scope's chain and its covering signed checkpoint to standard output.
-    Export { scope: String },
+    /// Write a scope's chain and its covering signed checkpoint to standard output; the
+    /// checkpoint is made now, so it covers every receipt so far.
+    Export {
+        /// The scope, or a prefix naming one scope (the 8 digits `warren log` prints).
+        scope: String,
+    },
     /// Write the public key registry to standard output.
     Keys,
 }

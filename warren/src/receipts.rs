@@ -9,13 +9,14 @@ use anyhow::{Context, Result};
 use warren_daemon::Dirs;
 
 /// Writes a scope's chain and its covering checkpoint to standard output, read through
-/// receiptd's tree (so an operator who cannot read the database can export).
+/// receiptd's tree (so an operator who cannot read the database can export). `scope` is the
+/// scope or a unique prefix of it (what `warren log` prints); the export is checkpointed now.
 pub fn export(dirs: &Dirs, scope: &str) -> Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let mut out = std::io::stdout().lock();
-    let n = rt
+    let (scope, n) = rt
         .block_on(warren_receiptd::client::export(
             &dirs.socket("receipts"),
             scope,

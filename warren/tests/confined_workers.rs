@@ -27,7 +27,7 @@ fn allow_fs_write(w: &Warren) {
 
 #[test]
 fn the_agent_does_not_see_a_dir_granted_to_fs_write_unless_it_binds_it() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     allow_fs_write(&w);
     let dir = tempfile::Builder::new()
         .prefix("wfsw")
@@ -75,6 +75,69 @@ fn the_agent_does_not_see_a_dir_granted_to_fs_write_unless_it_binds_it() {
     assert_eq!(out, "via the tool\n");
 }
 
+/// The README's spec as written (its `reviewer.ns`), with its repository a directory a
+/// non-root user owns (0755, as a home directory's repository is): `fs_write` creates a file in
+/// it, and the file belongs to that user — the worker writes as the owner of the directory it
+/// was granted, not as a warren uid (which could not create a file there at all).
+#[test]
+fn the_readmes_fs_write_writes_into_a_users_directory_as_that_user() {
+    const USER: u32 = 4242;
+    let w = Warren::up();
+    allow_fs_write(&w);
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let spec_text = readme
+        .split("cat > reviewer.ns <<'NS'\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\nNS\n").next())
+        .expect("the README's reviewer.ns");
+    let repo = tempfile::Builder::new()
+        .prefix("wrepo")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        repo.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    nix::unistd::chown(repo.path(), Some(USER.into()), Some(USER.into())).unwrap();
+    let path = repo.path().to_str().unwrap();
+    let spec = w.base.path().join("reviewer.ns");
+    std::fs::write(&spec, spec_text.replace("/home/me/repo", path) + "\n").unwrap();
+    let script = format!(
+        r#"exec 3<>/tool/fs_write/call; printf '{{"path":"{path}/notes.md","content":"reviewed\\n"}}' >&3; cat <&3; echo"#
+    );
+    let (code, out, err) = w.sh(&["--ns", spec.to_str().unwrap()], &script);
+    assert_eq!(code, 0, "{err}");
+    let envelope: serde_json::Value =
+        serde_json::from_str(out.lines().find(|l| l.starts_with('{')).unwrap()).unwrap();
+    assert_eq!(envelope["status"], "ok", "{envelope}");
+    let written = repo.path().join("notes.md");
+    assert_eq!(std::fs::read_to_string(&written).unwrap(), "reviewed\n");
+    let meta = std::fs::metadata(&written).unwrap();
+    assert_eq!(
+        (meta.uid(), meta.gid()),
+        (USER, USER),
+        "owned by the directory's owner"
+    );
+
+    // The same directory owned by root (0755): never written as root; the worker uid is kept
+    // out, and the refusal says which uid was refused and why.
+    nix::unistd::chown(repo.path(), Some(0.into()), Some(0.into())).unwrap();
+    let script = script.replace("notes.md", "root.md");
+    let (code, out, err) = w.sh(&["--ns", spec.to_str().unwrap()], &script);
+    assert_eq!(code, 0, "{err}");
+    let envelope: serde_json::Value =
+        serde_json::from_str(out.lines().find(|l| l.starts_with('{')).unwrap()).unwrap();
+    assert_eq!(envelope["status"], "error", "{envelope}");
+    let why = envelope["content"].as_str().unwrap();
+    assert!(
+        why.contains(&format!("this tool writes as uid {}", Role::Worker.uid())),
+        "{why}"
+    );
+    assert!(!repo.path().join("root.md").exists());
+}
+
 /// Calls made from inside `warren run`. Each is an ask (after the first result the session is
 /// `untrusted_context`, which turns write-tier rules into asks) answered by [`approve_every_ask`].
 const CALLS: usize = 1_000;
@@ -84,7 +147,7 @@ const CALLS: usize = 1_000;
 /// tools_race.rs).
 #[test]
 fn racing_fs_writes_from_inside_warren_run_never_land_outside_the_root() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     allow_fs_write(&w);
     let approver = approve_every_ask(&w);
     let base = tempfile::Builder::new()

@@ -10,11 +10,11 @@ struct Warren {
 }
 
 impl Warren {
-    fn new() -> Option<Warren> {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipped: warren up needs root (it starts daemons under their own uids)");
-            return None;
-        }
+    fn new() -> Warren {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "warren up needs root (it starts daemons under their own uids): scripts/test runs as root"
+        );
         let bin = PathBuf::from(env!("CARGO_BIN_EXE_warren"));
         let toolfs = bin.with_file_name("warren-toolfs");
         assert!(
@@ -26,7 +26,7 @@ impl Warren {
             .prefix("wfd")
             .tempdir_in("/tmp")
             .unwrap();
-        Some(Warren { base })
+        Warren { base }
     }
 
     fn cmd(&self, args: &[&str]) -> Command {
@@ -97,7 +97,7 @@ fn status_field(pid: i32, field: &str) -> String {
 /// T: O2 (each daemon under its own uid), N9/H3 (non-dumpable, no root), the operator's view.
 #[test]
 fn up_serves_tools_under_the_daemons_own_uid_and_down_stops_them() {
-    let Some(w) = Warren::new() else { return };
+    let w = Warren::new();
     let said = w.ok(&["up"]);
     assert!(said.contains("warren is up"), "{said}");
     // A second `up` finds the lock held and starts nothing.
@@ -157,7 +157,7 @@ fn up_serves_tools_under_the_daemons_own_uid_and_down_stops_them() {
 /// Supervision: a daemon killed with SIGKILL comes back on the same socket.
 #[test]
 fn a_killed_daemon_is_restarted_on_the_same_socket() {
-    let Some(w) = Warren::new() else { return };
+    let w = Warren::new();
     w.ok(&["up"]);
     let first = daemon_pid(&w.runtime(), "warren-toolfs").unwrap();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(first), nix::sys::signal::SIGKILL).unwrap();
@@ -177,7 +177,7 @@ fn a_killed_daemon_is_restarted_on_the_same_socket() {
 /// H1: a host process that is not the operator cannot attach, even with the socket's path.
 #[test]
 fn a_non_operator_and_a_peer_in_another_pid_namespace_are_refused() {
-    let Some(w) = Warren::new() else { return };
+    let w = Warren::new();
     w.ok(&["up"]);
     // Control: the operator gets in.
     w.ok(&["cat", "/tool/tools"]);
@@ -251,7 +251,7 @@ fn doctor_names_every_feature() {
 /// not; a missing file is a usage error.
 #[test]
 fn receipts_export_and_verify_through_the_front_door() {
-    let Some(w) = Warren::new() else { return };
+    let w = Warren::new();
     w.ok(&["up"]);
     // The boot receipt is signed one by one; a checkpoint makes the export cover it.
     w.ok(&["write", "/receipts/ctl", "checkpoint"]);
@@ -326,10 +326,10 @@ fn receipts_export_and_verify_through_the_front_door() {
 /// The README's quick start: `warren demo` runs the whole job on its embedded default and exits 0.
 #[test]
 fn the_demo_runs_the_main_job() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: warren demo needs root (daemons, namespaces)");
-        return;
-    }
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "warren demo needs root (daemons, namespaces): scripts/test runs as root"
+    );
     let out = Command::new(env!("CARGO_BIN_EXE_warren"))
         .arg("demo")
         .stdin(std::process::Stdio::null())
@@ -354,6 +354,12 @@ fn the_demo_runs_the_main_job() {
     assert!(stdout.contains("reviewed by the demo agent"), "{stdout}");
     assert!(stdout.contains("echo 'allow once "), "{stdout}");
     assert!(stdout.contains("warren verify: verified"), "{stdout}");
+    // Its output is a pipe here: words alone, no terminal codes; counts in the right number.
+    assert!(
+        !stdout.contains('\x1b'),
+        "ANSI codes written to a pipe:\n{stdout}"
+    );
+    assert!(!stdout.contains(" 1 checkpoints"), "{stdout}");
 }
 
 /// N8 and the operator's side of an ask: `warren approvals` shows a pending ask from the gate's
@@ -361,7 +367,7 @@ fn the_demo_runs_the_main_job() {
 /// refused by the gate.
 #[test]
 fn approvals_shows_an_ask_and_answers_it() {
-    let Some(w) = Warren::new() else { return };
+    let w = Warren::new();
     w.ok(&["up"]);
     let ask = |cmd: &str| {
         let req = format!(
@@ -413,11 +419,36 @@ fn approvals_shows_an_ask_and_answers_it() {
     assert!(state.contains("allow"), "{state}");
 }
 
+/// With no terminal and nothing to read (standard input /dev/null), `warren approvals` still
+/// lists the open ask, then says why it stops.
+#[test]
+fn approvals_with_no_terminal_lists_the_open_asks_and_says_why_it_stops() {
+    let w = Warren::new();
+    w.ok(&["up"]);
+    let req = r#"{"session":"0123456789abcdef0123456789abcdef","tool":"shell","args":{"command":"make test"}}"#;
+    let out = w.ok(&["write", "/gate/decide", req]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let id = v["pending"].as_i64().expect("an ask");
+    let out = w
+        .cmd(&["approvals"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains(&format!("── ask {id} ──")), "{text}");
+    assert!(text.contains("make test"), "{text}");
+    assert!(
+        text.contains("standard input ended: no more answers; 1 ask(s) left open"),
+        "{text}"
+    );
+}
+
 /// N10 for the front door: a daemon that dies at start makes `warren up` fail promptly, naming
 /// it, with nothing left running; a base directory the daemons cannot search is refused up front.
 #[test]
 fn up_fails_cleanly_when_a_daemon_cannot_start() {
-    let Some(w) = Warren::new() else { return };
+    let w = Warren::new();
     let libexec = tempfile::tempdir().unwrap();
     let real = PathBuf::from(env!("CARGO_BIN_EXE_warren"));
     for b in [

@@ -143,7 +143,7 @@ fn decisions(w: &Warren, session: &str) -> Vec<serde_json::Value> {
 /// three are decided on an untainted session, and only the fingerprint tells them apart.
 #[test]
 fn allow_session_covers_the_identical_call_not_a_changed_argument() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let work = Workdir::new(&w, "shell");
     let sync = SyncDir::new();
     let s = sync.path();
@@ -252,9 +252,7 @@ fn wait_until(what: &str, done: impl Fn() -> bool) {
 /// without it this test would hit its own limit and fail).
 #[test]
 fn an_unanswered_ask_expires_into_a_deny() {
-    let Some(w) = Warren::up_with(&[("WARREN_GATE_ASK_TTL_MS", "2000")]) else {
-        return;
-    };
+    let w = Warren::up_with(&[("WARREN_GATE_ASK_TTL_MS", "2000")]);
     let work = Workdir::new(&w, "shell");
     let script = format!("{CALL}\ncall shell '{}'", work.append("late"));
     let agent = w.spawn_sh(&["--asks", "operator", "--ns", work.spec()], &script);
@@ -264,7 +262,11 @@ fn an_unanswered_ask_expires_into_a_deny() {
     let env = envelopes(&stdout);
     assert_eq!(env.len(), 1, "{stdout}\n{}", text(&out.stderr));
     assert_eq!(env[0]["status"], "denied", "{stdout}");
-    assert_eq!(env[0]["content"], "expiry", "{stdout}");
+    assert_eq!(env[0]["basis"], "expiry", "{stdout}");
+    assert_eq!(
+        env[0]["content"], "denied: the ask for this call was not answered in time",
+        "{stdout}"
+    );
     assert!(work.effects().is_empty(), "an expired ask ran");
     // Too late to answer now.
     assert!(
@@ -306,7 +308,7 @@ impl Drop for Stopped {
 /// and so are the calls made while it is down — even a read-tier call the gate would allow.
 #[test]
 fn a_killed_gate_denies_the_waiting_call_and_every_call_while_it_is_down() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let work = Workdir::new(&w, "shell echo");
     let script = format!(
         "{CALL}\ncall shell '{}'\ncall echo '{{\"text\":\"hi\"}}'\ncall shell '{}'",
@@ -326,10 +328,7 @@ fn a_killed_gate_denies_the_waiting_call_and_every_call_while_it_is_down() {
     for e in &env {
         assert_eq!(e["status"], "denied", "{stdout}");
         assert!(
-            e["content"]
-                .as_str()
-                .unwrap()
-                .starts_with("gate_unavailable"),
+            e["basis"].as_str().unwrap().starts_with("gate_unavailable"),
             "{stdout}"
         );
     }
@@ -341,7 +340,7 @@ fn a_killed_gate_denies_the_waiting_call_and_every_call_while_it_is_down() {
 /// gate that ignored receiptd would fail this.)
 #[test]
 fn a_stopped_or_killed_receiptd_denies_every_call() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let work = Workdir::new(&w, "shell echo");
     let echo = r#"{"text":"hi"}"#;
     let (code, out, err) = w.sh(
@@ -362,7 +361,7 @@ fn a_stopped_or_killed_receiptd_denies_every_call() {
     assert_eq!(code, 0, "{err}");
     let env = envelopes(&out);
     assert_eq!(env[0]["status"], "denied", "{out}");
-    assert_eq!(env[0]["content"], "receipts_unavailable", "{out}");
+    assert_eq!(env[0]["basis"], "receipts_unavailable", "{out}");
 
     // Killed: the same, at once; an exec call is denied without an ask being shown.
     signal(receiptd, Signal::SIGKILL);
@@ -379,7 +378,7 @@ fn a_stopped_or_killed_receiptd_denies_every_call() {
     assert_eq!(env.len(), 2, "{out}");
     for e in &env {
         assert_eq!(e["status"], "denied", "{out}");
-        assert_eq!(e["content"], "receipts_unavailable", "{out}");
+        assert_eq!(e["basis"], "receipts_unavailable", "{out}");
     }
     assert!(work.effects().is_empty(), "a call ran unreceipted");
 }
@@ -389,7 +388,7 @@ fn a_stopped_or_killed_receiptd_denies_every_call() {
 /// token runs; every other is denied (or asks, and is denied). Exactly one effect.
 #[test]
 fn identical_calls_racing_one_allow_once_run_exactly_once() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let work = Workdir::new(&w, "shell");
     // The starting signal for the racing calls.
     let sync = SyncDir::new();
@@ -462,7 +461,7 @@ fn identical_calls_racing_one_allow_once_run_exactly_once() {
 /// names it as who answered.
 #[test]
 fn with_no_terminal_an_ask_is_denied_at_once_naming_warren_approvals() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let work = Workdir::new(&w, "shell");
     let agent = w.spawn_sh(
         &["--ns", work.spec()],
@@ -496,7 +495,7 @@ struct Tmux {
 }
 
 impl Tmux {
-    fn start(dir: &Path, command: &str) -> Option<Tmux> {
+    fn start(dir: &Path, command: &str) -> Tmux {
         let t = Tmux {
             socket: dir.join("tmux.sock"),
         };
@@ -514,11 +513,10 @@ impl Tmux {
             ])
             .status()
         {
-            Ok(s) if s.success() => Some(t),
+            Ok(s) if s.success() => t,
             Ok(s) => panic!("tmux new-session: {s}"),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                eprintln!("skipped: tmux is not installed (scripts/install-test-deps installs it)");
-                None
+                panic!("tmux is not installed (scripts/install-test-deps installs it)")
             }
             Err(e) => panic!("tmux: {e}"),
         }
@@ -569,7 +567,7 @@ impl Drop for Tmux {
 /// keys — and `once` runs the call once.
 #[test]
 fn on_a_terminal_warren_run_asks_and_once_runs_the_call() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let work = Workdir::new(&w, "shell");
     let base = w.base.path();
     // The confined script: one call, then whatever input reached the namespace.
@@ -591,9 +589,7 @@ fn on_a_terminal_warren_run_asks_and_once_runs_the_call() {
     );
     std::fs::write(base.join("drive.sh"), drive).unwrap();
     let command = format!("/bin/sh {}/drive.sh", base.display());
-    let Some(tmux) = Tmux::start(base, &command) else {
-        return;
-    };
+    let tmux = Tmux::start(base, &command);
     let screen = tmux.wait_for("once, session or deny");
     assert!(screen.contains("tool shell"), "{screen}");
     assert!(screen.contains("bytes "), "{screen}");
@@ -642,7 +638,7 @@ fn run_on_terminal(w: &Warren, spec: &str, script: &str) -> Tmux {
     );
     std::fs::write(base.join("drive.sh"), drive).unwrap();
     let command = format!("/bin/sh {}/drive.sh", base.display());
-    Tmux::start(base, &command).expect("tmux is missing (scripts/install-test-deps installs it)")
+    Tmux::start(base, &command)
 }
 
 /// Waits (bounded) for `warren run` to end.
@@ -688,7 +684,7 @@ fn hidden_call(work: &Workdir) -> String {
 /// runs.
 #[test]
 fn an_ask_on_the_terminal_cannot_be_redrawn_by_the_namespace() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let work = Workdir::new(&w, "shell");
     let sync = tempfile::Builder::new()
         .prefix("wsync")
@@ -754,7 +750,7 @@ fn an_ask_on_the_terminal_cannot_be_redrawn_by_the_namespace() {
 /// sees the real command, not the forged one left on the screen.
 #[test]
 fn an_ask_is_drawn_on_a_surface_the_namespace_did_not_prepare() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let work = Workdir::new(&w, "shell");
     let script = format!(
         "{CALL}\nstty -onlcr\nprintf \"{FORGED_PROMPT}\\033]2;\"\ncall shell '{hidden}' > /dev/null 2>&1\n",

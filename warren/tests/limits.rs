@@ -90,9 +90,7 @@ fn payload_processes_under(holders: &[i32]) -> usize {
 /// holder is gone and its status final.
 #[test]
 fn a_cloned_child_ends_with_its_launcher_killed() {
-    let Some(w) = Warren::up() else {
-        panic!("warren run needs root and /dev/fuse")
-    };
+    let w = Warren::up();
     let spec = w.base.path().join("parent.ns");
     std::fs::write(&spec, format!("{SYSTEM}mount ns /ns\n")).unwrap();
     let child_spec = SYSTEM.replace('\n', "\\n");
@@ -141,9 +139,7 @@ fn a_cloned_child_ends_with_its_launcher_killed() {
 /// own).
 #[test]
 fn clones_share_their_parents_pids() {
-    let Some(w) = Warren::up() else {
-        panic!("warren run needs root and /dev/fuse")
-    };
+    let w = Warren::up();
     let probe = w.base.path().join("probe");
     let report = w.base.path().join("report");
     std::fs::create_dir(&probe).unwrap();
@@ -267,9 +263,7 @@ fn shell_calls(w: &Warren, spec: &std::path::Path, calls: &[&str]) -> std::proce
 /// (the old code: all 200) and cannot allocate 512 MiB (the old code: it did).
 #[test]
 fn a_shell_command_counts_against_its_namespaces_limits() {
-    let Some(w) = Warren::up() else {
-        panic!("warren run needs root and /dev/fuse")
-    };
+    let w = Warren::up();
     let _approver = approve_every_ask(&w);
     let dir = shared_root(
         &w,
@@ -334,9 +328,7 @@ fn a_shell_command_counts_against_its_namespaces_limits() {
 /// old code: EMFILE, both ran as the one worker uid).
 #[test]
 fn one_namespaces_inotify_instances_are_not_anothers() {
-    let Some(w) = Warren::up() else {
-        panic!("warren run needs root and /dev/fuse")
-    };
+    let w = Warren::up();
     let _approver = approve_every_ask(&w);
     let dir = shared_root(
         &w,
@@ -420,9 +412,7 @@ fn printf_spec(text: &str) -> String {
 /// `warren run` returns, and A and B end with it.
 #[test]
 fn a_clone_chain_ends_when_its_warren_run_returns() {
-    let Some(w) = Warren::up() else {
-        panic!("warren run needs root and /dev/fuse")
-    };
+    let w = Warren::up();
     let report = shared_root(&w, "report", &[]);
     let child = printf_spec(&format!(
         "{SYSTEM}bind -r /probe /probe\nbind -w /c /c\nmount ns /ns\n"
@@ -478,9 +468,7 @@ fn a_clone_chain_ends_when_its_warren_run_returns() {
 /// is killed, its ask leaves the pending list, and the call never runs.
 #[test]
 fn a_clones_open_ask_goes_with_its_killed_launcher() {
-    let Some(w) = Warren::up() else {
-        panic!("warren run needs root and /dev/fuse")
-    };
+    let w = Warren::up();
     let root = shared_root(&w, "root", &[]);
     let tool = format!("mount tool /tool shell\ntool shell -w {}\n", root.display());
     let child = printf_spec(&format!("{SYSTEM}bind -r /probe /probe\n{tool}"));

@@ -46,7 +46,7 @@ fn row<'a>(listing: &'a str, tool: &str) -> Vec<&'a str> {
 
 #[test]
 fn check_lists_a_confined_servers_tools_and_accept_pins_them() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let peers = repo().join("target/peers/mcp");
     let js = peers.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
     assert!(
@@ -98,7 +98,7 @@ fn check_lists_a_confined_servers_tools_and_accept_pins_them() {
 /// `check` says it is held; `accept` pins the new digest.
 #[test]
 fn a_changed_definition_is_held_until_accepted_again() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let venv = repo().join("target/peers/mcp-python");
     let server = repo().join("servers/mcpfs/tests/servers");
     assert!(

@@ -15,21 +15,21 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// `warren up` as root, and a throwaway operator who can reach its runtime dir; `None` (the
-/// reason printed) where the host cannot make them.
-fn up_with_operator() -> Option<(Warren, Operator)> {
+/// `warren up` as root, and a throwaway operator who can reach its runtime dir; fails, saying
+/// which program is missing, where the host cannot make them.
+fn up_with_operator() -> (Warren, Operator) {
     for program in ["useradd", "userdel", "setpriv"] {
         let found = Command::new(program).arg("--help").output();
-        if found.is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
-            eprintln!("skipped: {program} is missing (the test makes a throwaway operator user)");
-            return None;
-        }
+        assert!(
+            !found.is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound),
+            "{program} is missing (the test makes a throwaway operator user)"
+        );
     }
-    let w = Warren::up()?;
+    let w = Warren::up();
     // The operator must be able to pass the test's base dir to the 0750 runtime dir.
     std::fs::set_permissions(w.base.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
     let op = Operator::create();
-    Some((w, op))
+    (w, op)
 }
 
 /// A throwaway system user in the `warren` group (supplementary, as `usermod -aG warren` makes
@@ -143,9 +143,7 @@ impl Drop for Launcher {
 /// can do (the control).
 #[test]
 fn a_non_root_operator_runs_and_attaches_to_their_own_namespaces_only() {
-    let Some((w, op)) = up_with_operator() else {
-        return;
-    };
+    let (w, op) = up_with_operator();
 
     let out = op.output(&w, &["run", "--tool", "echo", "--", "cat", "/tool/tools"]);
     assert!(
@@ -217,9 +215,7 @@ fn a_non_root_operator_runs_and_attaches_to_their_own_namespaces_only() {
 /// reach.
 #[test]
 fn a_non_root_operator_cannot_bind_what_they_cannot_reach() {
-    let Some((w, op)) = up_with_operator() else {
-        return;
-    };
+    let (w, op) = up_with_operator();
     let private = w.base.path().join("private");
     let inner = private.join("inner");
     std::fs::create_dir_all(&inner).unwrap();

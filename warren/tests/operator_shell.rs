@@ -107,11 +107,11 @@ fn have_tmux() -> bool {
 
 #[test]
 fn the_operator_shell_answers_an_ask_by_writing_its_ctl_and_cannot_allow_always() {
-    if !have_tmux() {
-        eprintln!("skipped: tmux is not installed (scripts/install-test-deps installs it)");
-        return;
-    }
-    let Some(w) = Warren::up() else { return };
+    assert!(
+        have_tmux(),
+        "tmux is not installed (scripts/install-test-deps installs it)"
+    );
+    let w = Warren::up();
     // Two asks, as a namespace's exec calls would make them.
     let ask = |cmd: &str| -> i64 {
         let req = format!(

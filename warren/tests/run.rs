@@ -4,13 +4,13 @@
 
 mod common;
 
-use common::{Warren, fingerprint, next_ask, ns_ids, wait_until};
+use common::{Warren, envelopes, fingerprint, next_ask, ns_ids, wait_until};
 use std::time::{Duration, Instant};
 
 /// N1: only granted tools exist; ungranted names and host paths are ENOENT, never EACCES.
 #[test]
 fn only_granted_tools_exist_inside() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let (code, out, err) = w.sh(&["--tool", "fs_read", "--tool", "echo"], "cat /tool/tools");
     assert_eq!(code, 0, "{err}");
     let names: Vec<&str> = out.lines().map(|l| l.split('\t').next().unwrap()).collect();
@@ -39,7 +39,7 @@ fn only_granted_tools_exist_inside() {
 /// The call-file idioms through the kernel: bash/dash `exec 3<>` and Python's `r+b`.
 #[test]
 fn calls_work_through_fuse_from_inside() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let (code, out, err) = w.sh(
         &["--tool", "echo"],
         r#"exec 3<>/tool/echo/call; printf '{"text":"dash"}' >&3; cat <&3; echo;
@@ -68,7 +68,7 @@ fn calls_work_through_fuse_from_inside() {
 /// can, and only that root.
 #[test]
 fn a_tool_reads_with_its_own_authority_not_the_agents() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let repo = tempfile::Builder::new()
         .prefix("wrepo")
         .tempdir_in("/tmp")
@@ -128,7 +128,7 @@ fn a_tool_reads_with_its_own_authority_not_the_agents() {
 /// other calls on the same mount.
 #[test]
 fn a_blocked_call_does_not_block_the_mount() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let started = Instant::now();
     let (code, out, err) = w.sh(
         &["--tool", "echo"],
@@ -163,7 +163,7 @@ fn a_blocked_call_does_not_block_the_mount() {
 /// never runs. Every decision and effect is a receipt of the session.
 #[test]
 fn exec_calls_wait_for_the_operator_from_inside() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let work = tempfile::Builder::new()
         .prefix("wgate")
         .tempdir_in("/tmp")
@@ -265,7 +265,7 @@ fn ppid_of(pid: i32) -> Option<i32> {
 /// and killing the launcher (SIGKILL: no chance to clean up) tears the namespace down.
 #[test]
 fn nsd_builds_warren_runs_namespace_and_it_dies_with_the_launcher() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let mut launcher = w.spawn_sh(&["--asks", "operator", "--tool", "echo"], "sleep 600");
     let mut ids = Vec::new();
     wait_until("the namespace appears in /ns", || {
@@ -319,10 +319,14 @@ fn nsd_builds_warren_runs_namespace_and_it_dies_with_the_launcher() {
 /// runs the command through nsd, and leaves the daemons up.
 #[test]
 fn warren_run_starts_the_daemons_when_none_are_up() {
-    if !nix::unistd::geteuid().is_root() || !std::path::Path::new("/dev/fuse").exists() {
-        eprintln!("skipped: warren run needs root and /dev/fuse");
-        return;
-    }
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "warren run needs root: scripts/test runs as root"
+    );
+    assert!(
+        std::path::Path::new("/dev/fuse").exists(),
+        "this kernel has no FUSE (/dev/fuse is missing): scripts/test skips this test on such a host"
+    );
     let base = tempfile::Builder::new()
         .prefix("wrup")
         .tempdir_in("/tmp")
@@ -351,7 +355,7 @@ fn warren_run_starts_the_daemons_when_none_are_up() {
 fn an_operator_namespace_mounts_the_operator_sockets() {
     use std::os::fd::AsFd;
     use warren_ns::launch::client::{LaunchOptions, launch};
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let dirs = warren_daemon::Dirs {
         runtime: w.runtime(),
         data: w.base.path().join("data"),
@@ -415,7 +419,7 @@ fn an_operator_namespace_mounts_the_operator_sockets() {
 /// and `mount receipts` is refused there before anything runs.
 #[test]
 fn an_ordinary_namespace_gets_its_own_gate_view_and_no_receipts() {
-    let Some(w) = Warren::up() else { return };
+    let w = Warren::up();
     let spec = w.base.path().join("gate.ns");
     std::fs::write(&spec, "mount gate /n/gate\n").unwrap();
     let spec = spec.to_str().unwrap();
@@ -442,5 +446,49 @@ fn an_ordinary_namespace_gets_its_own_gate_view_and_no_receipts() {
     assert!(
         err.contains("only an operator namespace may mount it"),
         "{err}"
+    );
+}
+
+/// busybox (`cat` reads with sendfile, `dd` with read) gets the answer of a call file and of
+/// `/ns/clone` through `warren run`'s mounts, as coreutils does — never a silent empty read; and
+/// `cat /ns/clone` (opened read-only) makes no namespace.
+#[test]
+fn busybox_reads_call_and_rpc_files_and_a_read_only_clone_makes_nothing() {
+    let w = Warren::up();
+    let spec = w.base.path().join("bb.ns");
+    std::fs::write(&spec, "mount tool /tool echo\nmount ns /ns\n").unwrap();
+    let script = r#"
+        for reader in 'busybox cat' 'busybox dd bs=65536' 'cat'; do
+          exec 3<>/tool/echo/call; printf '{"text":"hi"}' >&3; $reader <&3 2>/dev/null; echo; exec 3<&-
+        done
+        exec 3<>/ns/clone; printf 'mount tool /tool echo\n' >&3; echo "child $(busybox cat <&3)"; exec 3<&-
+        cat /ns/clone >/dev/null 2>&1 && echo READ-ONLY-CLONE-READ
+        echo "listed $(ls /ns | tr '\n' ' ')"
+    "#;
+    let (code, out, err) = w.sh(&["--ns", spec.to_str().unwrap()], script);
+    assert_eq!(code, 0, "{err}");
+    let envelopes = envelopes(&out);
+    assert_eq!(envelopes.len(), 3, "one answer per reader:\n{out}");
+    for e in &envelopes {
+        assert_eq!(e["status"], "ok", "{out}");
+        assert_eq!(e["content"], r#"{"text":"hi"}"#, "{out}");
+    }
+    let child = out
+        .lines()
+        .find_map(|l| l.strip_prefix("child "))
+        .unwrap()
+        .trim();
+    assert!(
+        child.parse::<u64>().is_ok(),
+        "busybox cat of /ns/clone: {out}"
+    );
+    assert!(!out.contains("READ-ONLY-CLONE-READ"), "{out}");
+    let listed = out.lines().find_map(|l| l.strip_prefix("listed ")).unwrap();
+    let mut listed: Vec<&str> = listed.split_whitespace().collect();
+    listed.sort();
+    assert_eq!(
+        listed,
+        [child, "clone"],
+        "a read-only open of clone left a namespace: {out}"
     );
 }

@@ -29,7 +29,12 @@ impl Session {
         generation: u64,
     ) -> Result<Reply, Errno> {
         let (qid, stat) = fid.getattr().await?;
-        let attr = attr::fuse_attr(&qid, &stat, self.settings.owner);
+        let attr = attr::fuse_attr(
+            &qid,
+            &stat,
+            self.settings.owner,
+            self.settings.direct_io_all,
+        );
         let nodeid = self
             .nodes()
             .add_lookup(parent, name, fid, generation, stat.size);
@@ -50,7 +55,12 @@ impl Session {
     async fn attr_reply(&self, nodeid: u64, fid: &Fid) -> Result<Reply, Errno> {
         let (qid, stat) = fid.getattr().await?;
         self.nodes().set_size(nodeid, stat.size);
-        let attr = attr::fuse_attr(&qid, &stat, self.settings.owner);
+        let attr = attr::fuse_attr(
+            &qid,
+            &stat,
+            self.settings.owner,
+            self.settings.direct_io_all,
+        );
         Ok(Reply::plain(reply::body(&attr::attr_out(
             attr,
             self.settings.ttl,
@@ -112,15 +122,17 @@ impl Session {
         att.client.rpc(created).await?;
         let node = dir.walk(&[name]).await?;
         let mut entry = self.entry_reply(parent, name, node, att.generation).await?;
+        let open_flags = self.open_flags(0);
         let fh = self.add_file(OpenFile::new(
             opened,
             att.client.clone(),
             att.generation,
             false,
+            open_flags & abi::FOPEN_DIRECT_IO != 0,
         ));
         let open = abi::fuse_open_out {
             fh,
-            open_flags: self.open_flags(0),
+            open_flags,
             padding: 0,
         };
         entry.body.extend_from_slice(&reply::body(&open));
@@ -143,15 +155,17 @@ impl Session {
             .open(flags & (oflags::ACCMODE | libc::O_APPEND as u32 | oflags::TRUNC))
             .await?;
         let mut entry = self.entry_reply(parent, name, node, att.generation).await?;
+        let open_flags = self.open_flags(stat.size);
         let fh = self.add_file(OpenFile::new(
             opened,
             att.client.clone(),
             att.generation,
             false,
+            open_flags & abi::FOPEN_DIRECT_IO != 0,
         ));
         let open = abi::fuse_open_out {
             fh,
-            open_flags: self.open_flags(stat.size),
+            open_flags,
             padding: 0,
         };
         entry.body.extend_from_slice(&reply::body(&open));

@@ -34,17 +34,18 @@ impl Session {
         // read to carry its write, and must see its error at once.
         let defers_writes =
             self.settings.call_files && flags.is_some_and(|f| f & oflags::ACCMODE == oflags::RDWR);
-        let fh = self.add_file(OpenFile::new(
-            fid,
-            att.client.clone(),
-            att.generation,
-            defers_writes,
-        ));
         let open_flags = if flags.is_some() {
             self.open_flags(size)
         } else {
             0
         };
+        let fh = self.add_file(OpenFile::new(
+            fid,
+            att.client.clone(),
+            att.generation,
+            defers_writes,
+            open_flags & abi::FOPEN_DIRECT_IO != 0,
+        ));
         let out = abi::fuse_open_out {
             fh,
             open_flags,
@@ -77,9 +78,22 @@ impl Session {
     /// fid's requests in order, so the read sees it): one round trip for both. If the server
     /// refused the write, the read fails with the write's errno and its own answer is dropped
     /// (toolfs runs nothing on a call whose write was refused: specs/tool-tree.md §4).
-    pub(super) async fn read(&self, fh: u64, offset: u64, size: u32) -> Result<Reply, Errno> {
+    /// A page-cache read (`direct` false: splice, sendfile, mmap) of a direct-I/O file is refused
+    /// with EIO before anything reaches the server: it comes at a page-aligned offset, not the
+    /// descriptor's, so on a call or rpc file it would run the call at the wrong o₀ (or make
+    /// a namespace). sendfile then fails and busybox `cat` falls back to read(2).
+    pub(super) async fn read(
+        &self,
+        fh: u64,
+        offset: u64,
+        size: u32,
+        direct: bool,
+    ) -> Result<Reply, Errno> {
         let file = self.file(fh)?;
-        let mut data = match file.take_deferred() {
+        if file.direct_io && !direct {
+            return Err(Errno::EIO);
+        }
+        let mut data = match file.take_deferred_for_read() {
             Some(w) => {
                 let (sent, read) = tokio::join!(
                     file.fid.write(w.offset, &w.data),

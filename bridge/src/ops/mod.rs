@@ -47,7 +47,12 @@ impl Session {
             Op::Rmdir { name } => self.unlink(nodeid, name, libc::AT_REMOVEDIR as u32).await,
             Op::Open { flags } => self.open(nodeid, Some(*flags)).await,
             Op::Opendir => self.open(nodeid, None).await,
-            Op::Read { fh, offset, size } => self.read(*fh, *offset, *size).await,
+            Op::Read {
+                fh,
+                offset,
+                size,
+                direct,
+            } => self.read(*fh, *offset, *size, *direct).await,
             Op::Write { fh, offset, data } => self.write(*fh, *offset, data).await,
             Op::Readdir { fh, offset, size } => self.readdir(*fh, *offset, *size).await,
             Op::Release { fh } => self.release(*fh).await,

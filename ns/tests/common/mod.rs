@@ -16,14 +16,12 @@ pub const NSD: &str = env!("CARGO_BIN_EXE_warren-nsd");
 pub const PROBE: &str = env!("CARGO_BIN_EXE_warren-probe");
 pub const NOBODY: u32 = 65534;
 
-/// These tests build real namespaces; they need root. Says so by name when it is missing.
-pub fn need_root(test: &str) -> bool {
-    if nix::unistd::geteuid().is_root() {
-        true
-    } else {
-        eprintln!("SKIP {test}: needs root (CI runs the suite as root)");
-        false
-    }
+/// These tests build real namespaces; they need root, and fail saying so without it.
+pub fn need_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test builds real namespaces and needs root (scripts/test runs as root)"
+    );
 }
 
 /// A short temp dir under /tmp, world-accessible so a non-root payload can traverse it.

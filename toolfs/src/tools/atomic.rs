@@ -281,6 +281,17 @@ impl<'a> TempFile<'a> {
                     });
                 }
                 Err(Errno::EEXIST) => continue,
+                Err(Errno::EACCES) => {
+                    // Say who was refused: a file tool writes as its root's owner, or (a root
+                    // owned by root) as warren's worker uid, which such a directory keeps out.
+                    return Err(format!(
+                        "{shown}: cannot create a temp file beside it: {} (this tool writes as \
+                         uid {}; a directory root owns is written only where its mode lets \
+                         that uid in)",
+                        Errno::EACCES.desc(),
+                        nix::unistd::geteuid()
+                    ));
+                }
                 Err(e) => {
                     return Err(format!(
                         "{shown}: cannot create a temp file beside it: {}",

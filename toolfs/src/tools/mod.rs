@@ -209,7 +209,10 @@ beside it, fsync, rename): readers see the old or the new file, never part of on
 file keeps its owner and permission bits; its old content joins a ring of the last 5 versions
 under <root>/.warren-versions/. `create_dirs` (default false) creates missing parent
 directories. Content with an elision marker line (`// ...`, `# ... rest unchanged`, …) that the
-file did not already have is refused: write the whole file.",
+file did not already have is refused: write the whole file. It writes as the owner of the
+directory it was granted (uid and gid): a new file belongs to that user, and it can write wherever
+that user can. Never as root: in a directory root owns it writes as warren's worker uid, so only
+where the directory's mode lets that uid in (making it so is the operator's explicit choice).",
     path_doc!()
 );
 

@@ -15,22 +15,22 @@ pub struct Warren {
 }
 
 impl Warren {
-    /// `warren up` in a fresh temp dir, or `None` (with the reason printed) on a host that
-    /// cannot run namespaces.
-    pub fn up() -> Option<Warren> {
+    /// `warren up` in a fresh temp dir. Fails, saying why, on a host that cannot run namespaces:
+    /// scripts/test leaves these tests out (skipped) when the kernel has no FUSE.
+    pub fn up() -> Warren {
         Warren::up_with(&[])
     }
 
     /// As `up`, with `env` set for `warren up` (the supervisor and its daemons inherit it).
-    pub fn up_with(env: &[(&str, &str)]) -> Option<Warren> {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipped: warren run needs root (namespaces, FUSE mounts, uid changes)");
-            return None;
-        }
-        if !Path::new("/dev/fuse").exists() {
-            eprintln!("skipped: no /dev/fuse (the kernel's FUSE device) on this host");
-            return None;
-        }
+    pub fn up_with(env: &[(&str, &str)]) -> Warren {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "warren run needs root (namespaces, FUSE mounts, uid changes): scripts/test runs as root"
+        );
+        assert!(
+            Path::new("/dev/fuse").exists(),
+            "this kernel has no FUSE (/dev/fuse is missing): scripts/test skips this test on such a host"
+        );
         let bin = PathBuf::from(env!("CARGO_BIN_EXE_warren"));
         for b in ["warren-toolfs", "warren-bridge", "warren-tool-worker"] {
             assert!(
@@ -53,7 +53,7 @@ impl Warren {
             "warren up: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        Some(w)
+        w
     }
 
     pub fn runtime(&self) -> PathBuf {
