@@ -25,6 +25,7 @@ use warren_9p::Limits;
 use warren_daemon::accept::{next_peer, refusal, root_only};
 
 use crate::gate::Gate;
+use crate::lineage::Lineage;
 use crate::request::check_session;
 use crate::scope::Scope;
 use crate::tree::GateTree;
@@ -58,6 +59,9 @@ pub struct ControlRecord {
     pub confirmed_tty: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// A namespace record's lineage (itself first, its subtree's root last; nsd's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<Lineage>,
 }
 
 impl ControlRecord {
@@ -103,6 +107,9 @@ impl ControlRecord {
                 if self.descendants.contains(&session) {
                     return Err("a namespace cannot be its own descendant".into());
                 }
+                if let Some(l) = &self.lineage {
+                    l.check(&session, &namespace)?;
+                }
                 Ok(Scope::Namespace {
                     session,
                     namespace,
@@ -114,7 +121,8 @@ impl ControlRecord {
                     "operator",
                     self.session.is_none()
                         && self.namespace.is_none()
-                        && self.descendants.is_empty(),
+                        && self.descendants.is_empty()
+                        && self.lineage.is_none(),
                 )?;
                 // `name` says which front-door command answers (e.g. `warren run`); receipts
                 // show it as who answered.
@@ -136,6 +144,7 @@ impl ControlRecord {
                     self.session.is_none()
                         && self.namespace.is_none()
                         && self.descendants.is_empty()
+                        && self.lineage.is_none()
                         && !self.confirmed_tty,
                 )?;
                 let name = self.name.clone().ok_or("a daemon record needs its name")?;

@@ -25,6 +25,9 @@ pub struct Config {
     pub ask_ttl: Duration,
     /// Open asks per session; one more is denied (basis `ask_cap`).
     pub max_open_asks: usize,
+    /// Open asks per namespace subtree where no spec sets `limit asks=`; one more is denied
+    /// (basis `budget:asks`).
+    pub subtree_asks: u64,
     /// An ask whose caller's connection closed (or that survived a restart) is orphaned unless
     /// someone waits on it again within this.
     pub orphan_grace: Duration,
@@ -35,6 +38,7 @@ impl Default for Config {
         Config {
             ask_ttl: Duration::from_secs(600),
             max_open_asks: 16,
+            subtree_asks: crate::lineage::DEFAULT_SUBTREE_ASKS,
             orphan_grace: Duration::from_secs(30),
         }
     }
@@ -156,6 +160,13 @@ impl Gate {
         let now = now_ms();
         let context: Vec<&str> = req.context.iter().map(|c| c.as_str()).collect();
         let context_text = context.join(",");
+        let (lineage_text, chain) = match &req.lineage {
+            Some(l) => (
+                serde_json::to_string(l).unwrap_or_default(),
+                crate::store::chain_key(l.sessions()),
+            ),
+            None => (String::new(), crate::store::chain_key([req.session.as_str()].into_iter())),
+        };
         let decided = self.store().transaction(|s| {
             loop {
                 let found = s.candidates(&req.session, &req.fingerprint)?;
@@ -170,11 +181,18 @@ impl Gate {
                 if ev.verdict != Verdict::Ask {
                     return Ok((ev, None));
                 }
-                if s.open_asks(&req.session)? >= self.cfg.max_open_asks {
+                let over = if s.open_asks(&req.session)? >= self.cfg.max_open_asks {
+                    Some(Basis::AskCap)
+                } else if self.subtree_over_asks(s, req)? {
+                    Some(Basis::Budget("asks"))
+                } else {
+                    None
+                };
+                if let Some(basis) = over {
                     return Ok((
                         Evaluation {
                             verdict: Verdict::Deny,
-                            basis: Basis::AskCap,
+                            basis,
                             ..ev
                         },
                         None,
@@ -192,6 +210,8 @@ impl Gate {
                     context: &context_text,
                     created_ms: now,
                     expires_ms: now + self.cfg.ask_ttl.as_millis() as i64,
+                    lineage: &lineage_text,
+                    chain: &chain,
                 })?;
                 return Ok((ev, Some(id)));
             }
@@ -317,6 +337,21 @@ impl Gate {
             "decide"
         );
         answer
+    }
+
+    /// Whether one more ask would put the caller's subtree, or that of any namespace above it,
+    /// over its open-ask budget (the tightest `limit asks=` at or above each, else the default).
+    fn subtree_over_asks(&self, s: &Store, req: &DecideRequest) -> rusqlite::Result<bool> {
+        let caps = match &req.lineage {
+            Some(l) => l.ask_caps(self.cfg.subtree_asks),
+            None => vec![(req.session.as_str(), self.cfg.subtree_asks)],
+        };
+        for (session, cap) in caps {
+            if s.open_asks_in_subtree(session)? as u64 >= cap {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Waits until ask `id` is closed and returns the outcome for its caller. An ask answered

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use warren_daemon::Dirs;
 use warren_daemon::identity::Role;
+use warren_gate::lineage::{Budget, Lineage, Member};
 use warren_toolfs::{GrantRecord, RootGrant, ToolGrant};
 
 use crate::confine::fuse::MountServer;
@@ -52,6 +53,10 @@ pub struct ServedMounts {
     /// This namespace's own `/ns` (issue 4, narrowing), for `mount ns` outside an operator
     /// namespace.
     ns_view: Option<Arc<dyn NsView>>,
+    /// The command the namespace runs, and the namespaces that cloned it (parent first): the
+    /// lineage both grant records carry.
+    command: Vec<String>,
+    ancestors: Vec<Member>,
 }
 
 /// How a bridge presents its tree.
@@ -65,6 +70,33 @@ enum Presentation {
     /// A file server (diod, another host's export): page cache for sized files, and the
     /// mount's SPEC words as the attach name.
     FileServer,
+}
+
+/// A namespace as its lineage names it: session, id, command, and the budgets its spec sets.
+pub fn member(session: &str, namespace: &str, command: &[String], spec: &Spec) -> Member {
+    Member {
+        session: session.to_owned(),
+        namespace: namespace.to_owned(),
+        command: command
+            .iter()
+            .take(warren_gate::lineage::MAX_COMMAND_WORDS)
+            .map(|w| truncate_word(w))
+            .collect(),
+        budget: Budget {
+            receipts: spec.limits.receipts,
+            receipt_bytes: spec.limits.receipt_bytes,
+            asks: spec.limits.asks,
+        },
+    }
+}
+
+/// A command word cut to what a lineage keeps (on a char boundary): it is for display only.
+fn truncate_word(w: &str) -> String {
+    let mut end = w.len().min(warren_gate::lineage::MAX_WORD_BYTES);
+    while !w.is_char_boundary(end) {
+        end -= 1;
+    }
+    w[..end].to_owned()
 }
 
 /// A fresh 128-bit session id: 32 lowercase hex digits, from the kernel's CSPRNG.
@@ -99,7 +131,28 @@ impl ServedMounts {
             operator: false,
             file_server_uname: None,
             ns_view: None,
+            command: Vec::new(),
+            ancestors: Vec::new(),
         })
+    }
+
+    /// Who this namespace is: the command it runs and the namespaces that cloned it (parent
+    /// first, the subtree's root last; none for a namespace `warren run` started).
+    pub fn lineage(mut self, command: Vec<String>, ancestors: Vec<Member>) -> ServedMounts {
+        self.command = command;
+        self.ancestors = ancestors;
+        self
+    }
+
+    /// This namespace as a member of its clones' lineages.
+    pub fn member(&self) -> Member {
+        member(&self.session, &self.namespace, &self.command, &self.spec)
+    }
+
+    fn lineage_record(&self) -> Lineage {
+        let mut chain = vec![self.member()];
+        chain.extend(self.ancestors.iter().cloned());
+        Lineage(chain)
     }
 
     /// Mounts the launcher connected itself (`unix!`, `tcp!`, and an operator namespace's
@@ -173,6 +226,7 @@ impl ServedMounts {
             kind: warren_gate::control::RecordKind::Namespace,
             session: Some(self.session.clone()),
             namespace: Some(self.namespace.clone()),
+            lineage: Some(self.lineage_record()),
             ..Default::default()
         }
     }
@@ -225,6 +279,7 @@ impl ServedMounts {
             tools,
             worker_uid: worker,
             worker_gid: worker,
+            lineage: Some(self.lineage_record()),
         };
         Ok((record, fds))
     }

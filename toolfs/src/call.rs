@@ -271,7 +271,8 @@ impl CallOpen {
                 dispatcher.session(),
                 name,
                 &prepared.canonical,
-                &dispatcher.context().states(),
+                &dispatcher.context_states(),
+                dispatcher.grant().lineage.as_deref(),
             )
             .await;
         if answer.decision == Verdict::Ask {

@@ -334,7 +334,8 @@ fn start(
                 .ns_view(Arc::new(ScopedView {
                     nsd: nsd.for_operator(cred.uid),
                     id,
-                }));
+                }))
+                .lineage(request.argv.clone(), Vec::new());
             Some(Arc::new(served))
         };
         let session = match &served {
