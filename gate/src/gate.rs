@@ -165,7 +165,10 @@ impl Gate {
                 serde_json::to_string(l).unwrap_or_default(),
                 crate::store::chain_key(l.sessions()),
             ),
-            None => (String::new(), crate::store::chain_key([req.session.as_str()].into_iter())),
+            None => (
+                String::new(),
+                crate::store::chain_key([req.session.as_str()].into_iter()),
+            ),
         };
         let decided = self.store().transaction(|s| {
             loop {

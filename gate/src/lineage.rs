@@ -123,7 +123,13 @@ impl Lineage {
     pub fn chain_text(&self, escape: impl Fn(&str) -> String) -> String {
         self.0
             .iter()
-            .map(|m| format!("{} ({})", escape(&m.namespace), command_text(&m.command, &escape)))
+            .map(|m| {
+                format!(
+                    "{} ({})",
+                    escape(&m.namespace),
+                    command_text(&m.command, &escape)
+                )
+            })
             .collect::<Vec<_>>()
             .join(" <- ")
     }
@@ -134,7 +140,11 @@ pub fn command_text(words: &[String], escape: impl Fn(&str) -> String) -> String
     if words.is_empty() {
         return "-".into();
     }
-    words.iter().map(|w| escape(w)).collect::<Vec<_>>().join(" ")
+    words
+        .iter()
+        .map(|w| escape(w))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[cfg(test)]

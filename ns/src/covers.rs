@@ -440,7 +440,13 @@ mod tests {
     #[test]
     fn a_clone_budget_is_never_above_its_parents() {
         let parent = spec("limit receipts=100 asks=4 receipt-bytes=1M");
-        assert!(covers(&parent, &spec("limit receipts=50 asks=4 receipt-bytes=512K")).is_ok());
+        assert!(
+            covers(
+                &parent,
+                &spec("limit receipts=50 asks=4 receipt-bytes=512K")
+            )
+            .is_ok()
+        );
         let e = covers(&parent, &spec("limit receipts=200 asks=4 receipt-bytes=1M")).unwrap_err();
         assert_eq!(
             e.0,

@@ -67,7 +67,11 @@ impl Dispatcher {
             .collect();
         Dispatcher {
             context: services.context(&grant.session),
-            inherited: grant.ancestors.iter().map(|s| services.context(s)).collect(),
+            inherited: grant
+                .ancestors
+                .iter()
+                .map(|s| services.context(s))
+                .collect(),
             grant,
             workers,
             services,
