@@ -99,13 +99,12 @@ impl Dispatcher {
     /// The context states this connection's calls are decided with: its session's and every
     /// ancestor's, read at each call (so a parent tainted later taints its clones too).
     pub fn context_states(&self) -> Vec<warren_gate::ContextState> {
-        let mut states = self.context.states();
-        for c in &self.inherited {
-            states.extend(c.states());
-        }
-        states.sort();
-        states.dedup();
-        states
+        let up: Vec<Vec<warren_gate::ContextState>> =
+            self.inherited.iter().map(|c| c.states()).collect();
+        warren_gate::policy::context::with_ancestors(
+            &self.context.states(),
+            up.iter().map(Vec::as_slice),
+        )
     }
 
     /// Readies a call: waits for its turn on the tool's worker, finding (or spawning) the worker.

@@ -62,11 +62,21 @@ fn context_follows_the_subtree_and_asks_say_who_is_asking() {
         panic!("warren up needs root and /dev/fuse")
     };
     let rule = w.run(&["write", "/gate/rules", "allow fs_write"]);
-    assert!(rule.status.success(), "{}", String::from_utf8_lossy(&rule.stderr));
-    let work = tempfile::Builder::new().prefix("wsw").tempdir_in("/tmp").unwrap();
+    assert!(
+        rule.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rule.stderr)
+    );
+    let work = tempfile::Builder::new()
+        .prefix("wsw")
+        .tempdir_in("/tmp")
+        .unwrap();
     let worker = Role::Worker.uid();
     nix::unistd::chown(work.path(), Some(worker.into()), Some(worker.into())).unwrap();
-    let sync = tempfile::Builder::new().prefix("wss").tempdir_in("/tmp").unwrap();
+    let sync = tempfile::Builder::new()
+        .prefix("wss")
+        .tempdir_in("/tmp")
+        .unwrap();
     std::fs::set_permissions(sync.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     let (wd, s) = (work.path().to_str().unwrap(), sync.path().to_str().unwrap());
 
@@ -131,20 +141,31 @@ fn context_follows_the_subtree_and_asks_say_who_is_asking() {
             for id in 1..4 {
                 for f in ["status", "info"] {
                     let o = w.run(&["cat", &format!("/ns/{id}/{f}")]);
-                    out.push_str(&format!("/ns/{id}/{f}: {}\n", String::from_utf8_lossy(&o.stdout)));
+                    out.push_str(&format!(
+                        "/ns/{id}/{f}: {}\n",
+                        String::from_utf8_lossy(&o.stdout)
+                    ));
                 }
             }
             out
         };
         let Some((id, request)) = next_ask_within(&w, after, Duration::from_secs(30)) else {
-            panic!("ask {} of 3 did not appear; sync dir:\n{}", asks.len() + 1, dump())
+            panic!(
+                "ask {} of 3 did not appear; sync dir:\n{}",
+                asks.len() + 1,
+                dump()
+            )
         };
         after = id;
         assert_eq!(field(&request, "tool"), "fs_write", "{request}");
         assert_eq!(field(&request, "context"), "untrusted_context", "{request}");
         asks.push(request);
         let denied = w.run(&["write", &format!("/gate/pending/{id}/ctl"), "deny"]);
-        assert!(denied.status.success(), "{}", String::from_utf8_lossy(&denied.stderr));
+        assert!(
+            denied.status.success(),
+            "{}",
+            String::from_utf8_lossy(&denied.stderr)
+        );
     }
     let out = parent.wait_with_output().unwrap();
     assert!(
@@ -163,7 +184,10 @@ fn context_follows_the_subtree_and_asks_say_who_is_asking() {
     let parent_session = field(parent_ask, "session");
     let parent_ns = field(parent_ask, "namespace");
     assert_eq!(field(parent_ask, "subtree"), parent_session);
-    assert!(field(parent_ask, "command").contains("parent.sh"), "{parent_ask}");
+    assert!(
+        field(parent_ask, "command").contains("parent.sh"),
+        "{parent_ask}"
+    );
     let mut seen_children: Vec<&str> = Vec::new();
     for r in child_asks {
         assert_eq!(field(r, "subtree"), parent_session, "{r}");
@@ -174,7 +198,10 @@ fn context_follows_the_subtree_and_asks_say_who_is_asking() {
         );
         assert!(field(r, "parents").contains("parent.sh"), "{r}");
         assert!(field(r, "command").contains("child.sh"), "{r}");
-        assert!(field(r, "subtree_open_asks").parse::<u32>().unwrap() >= 1, "{r}");
+        assert!(
+            field(r, "subtree_open_asks").parse::<u32>().unwrap() >= 1,
+            "{r}"
+        );
         seen_children.push(field(r, "namespace"));
     }
     seen_children.sort();
@@ -188,8 +215,14 @@ fn context_follows_the_subtree_and_asks_say_who_is_asking() {
     });
     for child in ["a", "b"] {
         let env = std::fs::read_to_string(sync.path().join(format!("{child}.out"))).unwrap();
-        assert!(env.contains("\"status\":\"denied\""), "child {child}: {env}");
-        assert!(!work.path().join(child).exists(), "child {child}'s write ran");
+        assert!(
+            env.contains("\"status\":\"denied\""),
+            "child {child}: {env}"
+        );
+        assert!(
+            !work.path().join(child).exists(),
+            "child {child}'s write ran"
+        );
     }
     assert!(work.path().join("p1").exists());
     assert!(!work.path().join("p2").exists());
