@@ -60,6 +60,9 @@ pub struct Answer {
     pub receipt: Option<Ack>,
 }
 
+/// How long a call refused for its subtree's receipt budget waits for its answer.
+pub const BUDGET_BACKOFF: Duration = Duration::from_millis(200);
+
 /// How long a queued decision row may wait for a transaction to carry it.
 const FLUSH_AFTER: Duration = Duration::from_millis(5);
 
@@ -262,8 +265,13 @@ impl Gate {
             risk: risk.map(str::to_owned),
             receipt: None,
         };
-        let receipt = self.receipts.decision(&record).await;
+        let budgets = req
+            .lineage
+            .as_ref()
+            .and_then(|l| serde_json::to_value(l.budget_keys()).ok());
+        let receipt = self.receipts.decision_charged(&record, budgets).await;
         let receipted = Instant::now();
+        let mut over_budget = false;
         match receipt {
             Ok(ack) => {
                 answer.receipt = Some(ack);
@@ -286,21 +294,39 @@ impl Gate {
                 }
             }
             Err(e) => {
-                tracing::warn!(session = %req.session, tool = %req.tool, "decision not receipted ({e}); denying");
+                // A subtree over its receipt budget is denied with that basis (receiptd
+                // receipts the episode); anything else is receipts being unavailable.
+                let basis = match crate::receipts::budget_refusal(&e) {
+                    Some(b) => {
+                        over_budget = true;
+                        Basis::Budget(b)
+                    }
+                    None => {
+                        tracing::warn!(session = %req.session, tool = %req.tool, "decision not receipted ({e}); denying");
+                        Basis::ReceiptsUnavailable
+                    }
+                };
                 if let Some(id) = pending {
                     let _ = self.close(
                         id,
                         "orphaned",
                         Verdict::Deny,
-                        &Basis::ReceiptsUnavailable.to_string(),
+                        &basis.to_string(),
                         "",
                         "gate",
                     );
                 }
                 answer.decision = Verdict::Deny;
-                answer.basis = Basis::ReceiptsUnavailable.to_string();
+                answer.basis = basis.to_string();
                 answer.pending = None;
             }
+        }
+        if over_budget {
+            // No receipt and no audit row: receiptd's episode receipt is the record, and gate.db
+            // must not grow with a flood it refuses. The answer is held a while, so a caller
+            // looping on refusals spends its own time, not the host's.
+            tokio::time::sleep(BUDGET_BACKOFF).await;
+            return answer;
         }
         let receipt_text = answer
             .receipt

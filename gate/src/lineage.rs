@@ -135,6 +135,31 @@ impl Lineage {
     }
 }
 
+/// One namespace of a receipt's chain as receiptd charges it (receiptd's `budgets` field).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BudgetKey<'a> {
+    pub key: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub receipts: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub receipt_bytes: Option<u64>,
+}
+
+impl Lineage {
+    /// The keys a receipt of this namespace's calls is charged to: every namespace of the
+    /// chain, self first, the root last (whose unset caps are receiptd's defaults).
+    pub fn budget_keys(&self) -> Vec<BudgetKey<'_>> {
+        self.0
+            .iter()
+            .map(|m| BudgetKey {
+                key: &m.session,
+                receipts: m.budget.receipts,
+                receipt_bytes: m.budget.receipt_bytes,
+            })
+            .collect()
+    }
+}
+
 /// A command's words for display, each escaped; `-` when there is none.
 pub fn command_text(words: &[String], escape: impl Fn(&str) -> String) -> String {
     if words.is_empty() {

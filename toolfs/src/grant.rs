@@ -85,6 +85,9 @@ pub struct ConnGrant {
     /// The sessions of the namespaces that cloned this one, parent first: their context
     /// states bind this one's calls too.
     pub ancestors: Vec<String>,
+    /// The subtree keys the receipts of this connection's runs are charged to (receiptd's
+    /// `budgets`), from the lineage.
+    pub budgets: Option<serde_json::Value>,
 }
 
 impl ConnGrant {
@@ -113,6 +116,7 @@ impl ConnGrant {
             namespace: "operator".into(),
             lineage: None,
             ancestors: Vec::new(),
+            budgets: None,
         }
     }
 
@@ -146,13 +150,18 @@ impl ConnGrant {
         if record.worker_uid == 0 || record.worker_gid == 0 {
             return Err("workers never run as uid or gid 0".into());
         }
-        let (lineage, ancestors) = match &record.lineage {
+        let (lineage, ancestors, budgets) = match &record.lineage {
             Some(l) => {
                 l.check(&record.session, &record.namespace)?;
                 let raw = serde_json::value::to_raw_value(l).map_err(|e| e.to_string())?;
-                (Some(raw), l.sessions().skip(1).map(str::to_owned).collect())
+                let budgets = serde_json::to_value(l.budget_keys()).map_err(|e| e.to_string())?;
+                (
+                    Some(raw),
+                    l.sessions().skip(1).map(str::to_owned).collect(),
+                    Some(budgets),
+                )
             }
-            None => (None, Vec::new()),
+            None => (None, Vec::new(), None),
         };
         let unknown: Vec<&str> = record
             .tools
@@ -212,6 +221,7 @@ impl ConnGrant {
             namespace: record.namespace.clone(),
             lineage,
             ancestors,
+            budgets,
         })
     }
 }
