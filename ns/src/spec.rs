@@ -865,7 +865,7 @@ mod tests {
         assert_eq!(s.limits.receipts, Some(500));
         assert_eq!(s.limits.receipt_bytes, Some(64 << 20));
         assert_eq!(s.limits.asks, Some(8));
-        assert_eq!(parse("x", &s.text()).unwrap(), s);
+        assert_eq!(parse("x", &s.to_text()).unwrap(), s);
         for bad in ["limit receipts=0", "limit asks=many", "limit asks=1 asks=2"] {
             assert!(parse("x", bad).is_err(), "{bad}");
         }
@@ -1039,6 +1039,7 @@ mod tests {
                         pids: lim[1],
                         cpu: lim[2],
                         wall: lim[3],
+                        ..Limits::default()
                     },
                 }
             })
