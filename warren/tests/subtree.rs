@@ -227,3 +227,233 @@ fn context_follows_the_subtree_and_asks_say_who_is_asking() {
     assert!(work.path().join("p1").exists());
     assert!(!work.path().join("p2").exists());
 }
+
+/// The flood: `python3 flood.py SYNC NAME THREADS` calls echo from THREADS threads until
+/// SYNC/stop exists, marks SYNC/flooding-NAME at its first budget denial, and leaves its
+/// outcomes (`ok`, or `denied:<basis>`) counted in SYNC/NAME.json.
+const FLOOD_PY: &str = r#"
+import os, sys, threading, json, collections
+S, name, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+counts = collections.Counter()
+lock = threading.Lock()
+def call(i):
+    fd = os.open("/tool/echo/call", os.O_RDWR)
+    os.write(fd, b'{"i":%d}' % i)
+    out = b""
+    while True:
+        c = os.read(fd, 65536)
+        if not c:
+            break
+        out += c
+    os.close(fd)
+    e = json.loads(out)
+    return "ok" if e["status"] == "ok" else "%s:%s" % (e["status"], e["content"])
+def worker(k):
+    i = 0
+    while not os.path.exists(S + "/stop"):
+        r = call(k * 10**7 + i)
+        i += 1
+        with lock:
+            counts[r] += 1
+        if r.startswith("denied:budget:") and not os.path.exists(S + "/flooding-" + name):
+            open(S + "/flooding-" + name, "w").close()
+ts = [threading.Thread(target=worker, args=(k,)) for k in range(n)]
+for t in ts: t.start()
+for t in ts: t.join()
+with open(S + "/" + name + ".tmp", "w") as f:
+    json.dump(counts, f)
+os.rename(S + "/" + name + ".tmp", S + "/" + name + ".json")
+"#;
+
+/// The victim: N sequential echo calls; prints each envelope.
+const CALLS_PY: &str = r#"
+import os, sys
+for i in range(int(sys.argv[1])):
+    fd = os.open("/tool/echo/call", os.O_RDWR)
+    os.write(fd, b'{"i":%d}' % i)
+    out = b""
+    while True:
+        c = os.read(fd, 65536)
+        if not c:
+            break
+        out += c
+    os.close(fd)
+    print(out.decode(), flush=True)
+"#;
+
+/// Unmounts a tmpfs when dropped (after the warren on it is down).
+struct Tmpfs(std::path::PathBuf);
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+        let _ = std::fs::remove_dir(&self.0);
+        if let Some(base) = self.0.parent() {
+            let _ = std::fs::remove_dir_all(base);
+        }
+    }
+}
+
+/// One namespace floods — 8 callers, and two clones of it with 4 callers each — on a small
+/// tmpfs data dir, while a second namespace makes its calls: the second sees every call allowed
+/// and receipted; the first (clones included: they count against it) is denied with its budget
+/// basis; the data dir never reaches the free-space floor, and receiptd receipts the refusal.
+#[test]
+fn one_subtree_flooding_exhausts_only_its_own_budget() {
+    const DATA_MB: u64 = 48;
+    const FLOOR_MB: u64 = 8;
+    const VICTIM_CALLS: usize = 300;
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "needs root (namespaces, tmpfs)"
+    );
+    let base = tempfile::Builder::new()
+        .prefix("wfl")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let data = base.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    nix::mount::mount(
+        Some("tmpfs"),
+        &data,
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some(format!("size={DATA_MB}m,mode=0755").as_str()),
+    )
+    .unwrap();
+    let _umount = Tmpfs(data.clone());
+    let w = Warren { base };
+    let up = w
+        .cmd(&["up"])
+        .env("WARREN_RECEIPTS_MIN_FREE_MB", FLOOR_MB.to_string())
+        .env("WARREN_RECEIPTS_SUBTREE_MB", "4")
+        .output()
+        .unwrap();
+    assert!(
+        up.status.success(),
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+
+    let sync = tempfile::Builder::new()
+        .prefix("wfs")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(sync.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let s = sync.path().to_str().unwrap();
+    std::fs::write(sync.path().join("flood.py"), FLOOD_PY).unwrap();
+    std::fs::write(sync.path().join("calls.py"), CALLS_PY).unwrap();
+    let child_spec = format!("{SYSTEM}mount tool /tool echo\nbind -w {s} {s}\n");
+    std::fs::write(
+        sync.path().join("parent.sh"),
+        format!(
+            "{HELPERS}\nCHILD='{child_spec}'\n\
+             for c in c1 c2; do id=$(clone \"$CHILD\"); echo \"run /usr/bin/python3 {s}/flood.py {s} $c 4\" > /ns/$id/ctl; done\n\
+             python3 {s}/flood.py {s} parent 8\n\
+             while [ ! -e {s}/c1.json ] || [ ! -e {s}/c2.json ]; do sleep 0.05; done\n"
+        ),
+    )
+    .unwrap();
+    let spec = w.base.path().join("flood.ns");
+    std::fs::write(
+        &spec,
+        format!("{SYSTEM}mount tool /tool echo\nmount ns /ns\nbind -w {s} {s}\n"),
+    )
+    .unwrap();
+    let flood = w
+        .cmd(&[
+            "run",
+            "--asks",
+            "operator",
+            "--ns",
+            spec.to_str().unwrap(),
+            "--",
+            "/bin/sh",
+            &format!("{s}/parent.sh"),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until("the flood meets its budget", || {
+        ["parent", "c1", "c2"]
+            .iter()
+            .all(|n| sync.path().join(format!("flooding-{n}")).exists())
+    });
+
+    // The victim, while the flood goes on.
+    let (code, out, err) = w.sh(
+        &["--tool", "echo", "--rw", s],
+        &format!("python3 {s}/calls.py {VICTIM_CALLS}"),
+    );
+    std::fs::write(sync.path().join("stop"), "").unwrap();
+    assert_eq!(code, 0, "{err}");
+    let envelopes = common::envelopes(&out);
+    assert_eq!(envelopes.len(), VICTIM_CALLS, "{out}");
+    for e in &envelopes {
+        assert_eq!(e["status"], "ok", "the victim's call: {e}");
+    }
+    let scope = envelopes[0]["receipt"]["scope"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let kinds: Vec<String> = w
+        .receipts(&scope)
+        .iter()
+        .map(|b| b["kind"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "decision").count(),
+        VICTIM_CALLS,
+        "every call of the victim has its decision receipt"
+    );
+    wait_until("the victim's run receipts are written", || {
+        w.receipts(&scope)
+            .iter()
+            .filter(|b| b["kind"] == "query")
+            .count()
+            == VICTIM_CALLS
+    });
+
+    let flooded = flood.wait_with_output().unwrap();
+    assert!(
+        flooded.status.success(),
+        "{}",
+        String::from_utf8_lossy(&flooded.stderr)
+    );
+    for name in ["parent", "c1", "c2"] {
+        let counts: serde_json::Map<String, serde_json::Value> = serde_json::from_str(
+            &std::fs::read_to_string(sync.path().join(format!("{name}.json"))).unwrap(),
+        )
+        .unwrap();
+        let budget: u64 = counts
+            .iter()
+            .filter(|(k, _)| k.starts_with("denied:budget:receipt"))
+            .map(|(_, v)| v.as_u64().unwrap())
+            .sum();
+        assert!(
+            budget > 0,
+            "{name} was never denied for its budget: {counts:?}"
+        );
+        for k in counts.keys() {
+            assert!(
+                k == "ok" || k.starts_with("denied:budget:receipt"),
+                "{name}: an outcome other than ok or its budget: {counts:?}"
+            );
+        }
+    }
+    // The data dir never came near filling: above the floor, and no floor episode receipted.
+    let st = nix::sys::statvfs::statvfs(&data).unwrap();
+    let free = st.blocks_available() as u64 * st.fragment_size() as u64;
+    assert!(free > FLOOR_MB << 20, "{free} bytes free in the data dir");
+    let events: Vec<String> = w
+        .receipts("receiptd")
+        .iter()
+        .filter_map(|b| b["subject"]["event"].as_str().map(str::to_owned))
+        .collect();
+    assert!(events.iter().any(|e| e == "budget_refused"), "{events:?}");
+    assert!(
+        !events.iter().any(|e| e == "free_space_floor"),
+        "{events:?}"
+    );
+}
