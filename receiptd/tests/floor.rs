@@ -109,3 +109,62 @@ fn appends_stop_at_the_floor_and_the_refusal_is_receipted_once() {
     let out = verify(&export(dir.path(), "receiptd"), &registry(dir.path()));
     assert_eq!(out.code, EXIT_VERIFIED, "{}", out.message);
 }
+
+/// A decision of the gate with `verdict`, in `scope`.
+fn decision(scope: &str, verdict: &str, i: u64) -> AppendRequest {
+    AppendRequest::parse(
+        json!({"scope": scope, "kind": "decision", "subject": {"verdict": verdict, "i": i}})
+            .to_string()
+            .as_bytes(),
+    )
+    .unwrap()
+}
+
+/// Below the floor, the last reserve (its lower half) is kept for what keeps the host
+/// auditable: the gate's denials are still receipted while everything else is refused, and
+/// receiptd's own receipt of the episode is written.
+#[test]
+fn below_the_floor_the_reserve_keeps_the_gates_denials() {
+    let dir = tmp();
+    let Some(_mount) = tiny_tmpfs(&dir.path().join("data")) else {
+        panic!("needs root to mount a tmpfs");
+    };
+    let mut cfg = config(dir.path());
+    cfg.min_free_bytes = 1 << 20;
+    let mut log = Log::open(cfg).unwrap();
+    let mut i = 0;
+    while log.append(big("s", i), Role::Toolfs).is_ok() {
+        i += 1;
+        assert!(i < 200);
+    }
+    let allow = log
+        .append(decision("s", "allow", 0), Role::Gate)
+        .unwrap_err();
+    assert!(matches!(allow, AppendError::Floor(_)), "{allow}");
+    log.append(decision("s", "deny", 1), Role::Gate)
+        .expect("a denial is receipted from the reserve");
+    assert_eq!(events(&log), ["free_space_floor"]);
+}
+
+/// Only the gate and toolfs (which got the namespace's lineage from nsd) may charge a receipt to
+/// a subtree's budget: anyone else could spend another namespace's budget by naming it.
+#[test]
+fn only_the_gate_and_toolfs_name_budgets() {
+    let dir = tmp();
+    let mut log = Log::open(config(dir.path())).unwrap();
+    let charged = |kind: &str| {
+        AppendRequest::parse(
+            json!({"scope": "s", "kind": kind, "subject": {"verdict": "allow"},
+                   "budgets": [{"key": "victim"}]})
+            .to_string()
+            .as_bytes(),
+        )
+        .unwrap()
+    };
+    let err = log
+        .append(charged("query"), Role::Operator(1000))
+        .unwrap_err();
+    assert!(matches!(err, AppendError::Forbidden(_)), "{err}");
+    log.append(charged("decision"), Role::Gate).unwrap();
+    log.append(charged("query"), Role::Toolfs).unwrap();
+}
