@@ -21,8 +21,9 @@ use crate::receipt::check_scope;
 /// a few calls a second and a scripted one rarely a hundred; a flood of 8 echo callers makes
 /// ~15 000/s.
 pub const DEFAULT_SUBTREE_RATE: u64 = 2_000;
-/// The burst: this many seconds at the subtree's rate.
-pub const BURST_SECONDS: f64 = 5.0;
+/// The burst: this many seconds at the subtree's rate (4 000 receipts by default: an agent
+/// firing a hundred calls at once is far inside it; a flood spends it in well under a second).
+pub const BURST_SECONDS: f64 = 2.0;
 /// Default receipt bytes per subtree in total (a receipt is ~1 KiB): 256 MiB is ~250 000
 /// receipts, a day of an agent calling every second; the flood above reaches it in ~15 s.
 pub const DEFAULT_SUBTREE_BYTES: u64 = 256 << 20;
@@ -207,8 +208,8 @@ mod tests {
         let mut b = Budgets::new(2, 1000);
         let child = [key("child", None, None), key("root", None, None)];
         let other = [key("other", None, None)];
-        // Burst: 2/s x 5 s = 10 receipts for the whole subtree, the child's counting at the root.
-        for _ in 0..10 {
+        // Burst: 2/s x 2 s = 4 receipts for the whole subtree, the child's counting at the root.
+        for _ in 0..4 {
             b.admit(&child, "child").unwrap();
             b.charge(&child, 10);
         }
@@ -218,8 +219,8 @@ mod tests {
             b.admit(&other, "other").is_ok(),
             "another subtree is not touched"
         );
-        assert_eq!(b.bytes_used("root"), 100);
-        assert_eq!(b.bytes_used("child"), 100);
+        assert_eq!(b.bytes_used("root"), 40);
+        assert_eq!(b.bytes_used("child"), 40);
     }
 
     #[test]
@@ -227,14 +228,14 @@ mod tests {
         let mut b = Budgets::new(1_000, 50);
         let chain = [key("c", Some(1), None), key("r", None, None)];
         b.admit(&chain, "c").unwrap();
-        for _ in 0..5 {
+        for _ in 0..2 {
             b.charge(&chain, 1);
         }
         assert_eq!(b.admit(&chain, "c").unwrap_err().0, Over::Receipts);
         // The root's own calls are under its rate, but the subtree's bytes reach the default.
         let root = [key("r", None, None)];
         b.admit(&root, "r").unwrap();
-        b.charge(&root, 45);
+        b.charge(&root, 48);
         assert_eq!(b.admit(&root, "r").unwrap_err().0, Over::ReceiptBytes);
         assert!(check_keys(&chain).is_ok());
         assert!(check_keys(&[]).is_err());

@@ -49,7 +49,7 @@ struct Args {
     #[arg(long, env = "WARREN_RECEIPTS_MIN_FREE_MB", default_value_t = 64)]
     min_free_mb: u64,
     /// Receipts per second per namespace subtree where its root's spec sets no
-    /// `limit receipts=` (burst: 5 s of it).
+    /// `limit receipts=` (burst: 2 s of it).
     #[arg(long, env = "WARREN_RECEIPTS_SUBTREE_RATE", default_value_t = warren_receiptd::budget::DEFAULT_SUBTREE_RATE)]
     subtree_rate: u64,
     /// Receipt MiB in total per namespace subtree where its root's spec sets no
