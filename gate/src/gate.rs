@@ -163,16 +163,6 @@ impl Gate {
         let now = now_ms();
         let context: Vec<&str> = req.context.iter().map(|c| c.as_str()).collect();
         let context_text = context.join(",");
-        let (lineage_text, chain) = match &req.lineage {
-            Some(l) => (
-                serde_json::to_string(l).unwrap_or_default(),
-                crate::store::chain_key(l.sessions()),
-            ),
-            None => (
-                String::new(),
-                crate::store::chain_key([req.session.as_str()].into_iter()),
-            ),
-        };
         let decided = self.store().transaction(|s| {
             loop {
                 let found = s.candidates(&req.session, &req.fingerprint)?;
@@ -204,6 +194,17 @@ impl Gate {
                         None,
                     ));
                 }
+                // Who asks, as the ask keeps it (only an ask needs it).
+                let (lineage_text, chain) = match &req.lineage {
+                    Some(l) => (
+                        serde_json::to_string(l).unwrap_or_default(),
+                        crate::store::chain_key(l.sessions()),
+                    ),
+                    None => (
+                        String::new(),
+                        crate::store::chain_key([req.session.as_str()].into_iter()),
+                    ),
+                };
                 // The ask is in the database before anyone is shown it or told its id.
                 let id = s.insert_pending(&NewPending {
                     session: &req.session,
