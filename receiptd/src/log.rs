@@ -1,7 +1,7 @@
 //! The receipt log: validates, stamps, signs and commits appends; keeps each scope's chain head
 //! and Merkle frontier; signs checkpoints; rotates the key. One instance owns the database.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fs;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Component, Path, PathBuf};
@@ -119,6 +119,15 @@ struct ScopeState {
     uncovered_since: Option<Instant>,
 }
 
+/// A subtree's refusal episode: when it was last refused, and how often in all.
+struct Episode {
+    last: Instant,
+    refused: u64,
+}
+
+/// An episode ends once its subtree has gone this long without a refusal.
+const EPISODE_QUIET: Duration = Duration::from_secs(10);
+
 struct Bucket {
     tokens: f64,
     at: Instant,
@@ -146,7 +155,7 @@ pub struct Log {
     syncer: Arc<Syncer>,
     budgets: Budgets,
     /// Subtree keys whose refusal episode has been receipted (one system receipt per episode).
-    budget_refusing: HashSet<String>,
+    budget_refusing: HashMap<String, Episode>,
 }
 
 pub fn now_ms() -> u64 {
@@ -264,7 +273,7 @@ impl Log {
             buckets: HashMap::new(),
             floor_refusing: false,
             budgets: Budgets::new(subtree_rate, subtree_bytes),
-            budget_refusing: HashSet::new(),
+            budget_refusing: HashMap::new(),
             syncer,
         };
         log.signer = log.load_signer();
@@ -423,7 +432,9 @@ impl Log {
 
     /// Refuses a write with a decision receipt whose namespace subtree is over budget (the
     /// call it admits is then denied). Receipts the first refusal of each subtree's episode in
-    /// [`SYSTEM_SCOPE`], and the end of the episode with the next decision it takes.
+    /// [`SYSTEM_SCOPE`], and its end — the first decision taken after [`EPISODE_QUIET`] with no
+    /// refusal — with how many were refused: a flood at the edge of its rate is one episode, not
+    /// a receipt per refusal.
     fn admit_budgets(&mut self, requests: &[AppendRequest]) -> Result<(), AppendError> {
         for req in requests
             .iter()
@@ -436,19 +447,38 @@ impl Log {
                 .unwrap_or_default();
             match self.budgets.admit(&req.budgets, &req.scope) {
                 Ok(()) => {
-                    if self.budget_refusing.remove(&root) {
-                        let _ = self
-                            .append_system(json!({"event": "budget_recovered", "subtree": root}));
+                    let ended = self
+                        .budget_refusing
+                        .get(&root)
+                        .is_some_and(|e| e.last.elapsed() >= EPISODE_QUIET);
+                    if ended && let Some(e) = self.budget_refusing.remove(&root) {
+                        let _ = self.append_system(json!({
+                            "event": "budget_recovered", "subtree": root, "refused": e.refused,
+                        }));
                     }
                 }
                 Err((over, why)) => {
-                    if self.budget_refusing.insert(root.clone()) {
-                        let receipted = self.append_system(json!({
-                            "event": "budget_refused", "subtree": root, "budget": over.code(),
-                            "refused": {"scope": req.scope, "kind": req.kind.as_str()},
-                        }));
-                        if let Err(e) = receipted {
-                            tracing::error!(error = %e, "could not receipt a budget refusal");
+                    let now = Instant::now();
+                    match self.budget_refusing.get_mut(&root) {
+                        Some(e) => {
+                            e.last = now;
+                            e.refused += 1;
+                        }
+                        None => {
+                            self.budget_refusing.insert(
+                                root.clone(),
+                                Episode {
+                                    last: now,
+                                    refused: 1,
+                                },
+                            );
+                            let receipted = self.append_system(json!({
+                                "event": "budget_refused", "subtree": root, "budget": over.code(),
+                                "refused": {"scope": req.scope, "kind": req.kind.as_str()},
+                            }));
+                            if let Err(e) = receipted {
+                                tracing::error!(error = %e, "could not receipt a budget refusal");
+                            }
                         }
                     }
                     return Err(AppendError::Budget(over, why));

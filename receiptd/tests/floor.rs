@@ -168,3 +168,40 @@ fn only_the_gate_and_toolfs_name_budgets() {
     log.append(charged("decision"), Role::Gate).unwrap();
     log.append(charged("query"), Role::Toolfs).unwrap();
 }
+
+/// A subtree at the edge of its rate — refused, then a token refills and one decision is taken,
+/// then refused again — is one refusal episode: receipted once, not a pair of receipts per
+/// refusal (which would be the flood again, in receiptd's own scope).
+#[test]
+fn a_subtree_at_the_edge_of_its_rate_is_one_episode() {
+    let dir = tmp();
+    let mut cfg = config(dir.path());
+    cfg.subtree_rate = 100;
+    let mut log = Log::open(cfg).unwrap();
+    let decision = |i: u64| {
+        AppendRequest::parse(
+            json!({"scope": "s", "kind": "decision", "subject": {"verdict": "allow", "i": i},
+                   "budgets": [{"key": "s"}]})
+            .to_string()
+            .as_bytes(),
+        )
+        .unwrap()
+    };
+    let (mut taken, mut refused, mut i) = (0u64, 0u64, 0u64);
+    // Past the burst, until refusals and refills have alternated many times.
+    while taken < 260 {
+        match log.append(decision(i), Role::Gate) {
+            Ok(_) => taken += 1,
+            Err(AppendError::Budget(..)) => refused += 1,
+            Err(e) => panic!("{e}"),
+        }
+        i += 1;
+    }
+    assert!(refused > 0);
+    let events = events(&log);
+    assert_eq!(
+        events.iter().filter(|e| *e == "budget_refused").count(),
+        1,
+        "{events:?}"
+    );
+}

@@ -451,7 +451,12 @@ fn one_subtree_flooding_exhausts_only_its_own_budget() {
         .iter()
         .filter_map(|b| b["subject"]["event"].as_str().map(str::to_owned))
         .collect();
-    assert!(events.iter().any(|e| e == "budget_refused"), "{events:?}");
+    // One episode for the one flooding subtree, however often its calls were refused.
+    assert_eq!(
+        events.iter().filter(|e| *e == "budget_refused").count(),
+        1,
+        "{events:?}"
+    );
     assert!(
         !events.iter().any(|e| e == "free_space_floor"),
         "{events:?}"
