@@ -3,8 +3,10 @@
 //! is the connection's whole standing; nothing said on the connection later widens it.
 //!
 //! Records (JSON, `warren_daemon::handoff` framing, one fd: the connection):
-//! - `{"version":1,"kind":"namespace","session":…,"namespace":…,"descendants":[…]}` (nsd; `kind`
-//!   may be left out) — sees and answers its strict descendants' asks, `allow once`/`deny` only;
+//! - `{"version":1,"kind":"namespace","session":…,"namespace":…,"descendants":[…],"lineage":[…]}`
+//!   (nsd; `kind` may be left out) — sees and answers its listed strict descendants' asks,
+//!   `allow once`/`deny` only; `lineage` is the namespace's chain up to its subtree's root
+//!   (`crate::lineage`), checked and kept (it widens nothing it sees);
 //! - `{"version":1,"kind":"operator","confirmed_tty":true}` (the front door, for
 //!   `warren approvals` or `warren run` on a terminal) — the only kind of connection that may
 //!   answer `allow session` or `allow always`; an optional `"name"` (e.g. `"warren run"`) is
