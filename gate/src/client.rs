@@ -71,7 +71,21 @@ impl GateClient {
         canonical_args: &[u8],
         context: &[ContextState],
     ) -> Answer {
-        let body = match crate::request::encode(session, tool, canonical_args, context) {
+        self.decide_in(session, tool, canonical_args, context, None)
+            .await
+    }
+
+    /// [`GateClient::decide`] for a namespace whose lineage (nsd's, serialised once) comes along.
+    pub async fn decide_in(
+        &self,
+        session: &str,
+        tool: &str,
+        canonical_args: &[u8],
+        context: &[ContextState],
+        lineage: Option<&serde_json::value::RawValue>,
+    ) -> Answer {
+        let body = match crate::request::encode_in(session, tool, canonical_args, context, lineage)
+        {
             Ok(b) => b,
             Err(e) => return unavailable(e),
         };

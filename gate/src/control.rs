@@ -3,8 +3,10 @@
 //! is the connection's whole standing; nothing said on the connection later widens it.
 //!
 //! Records (JSON, `warren_daemon::handoff` framing, one fd: the connection):
-//! - `{"version":1,"kind":"namespace","session":…,"namespace":…,"descendants":[…]}` (nsd; `kind`
-//!   may be left out) — sees and answers its strict descendants' asks, `allow once`/`deny` only;
+//! - `{"version":1,"kind":"namespace","session":…,"namespace":…,"descendants":[…],"lineage":[…]}`
+//!   (nsd; `kind` may be left out) — sees and answers its listed strict descendants' asks,
+//!   `allow once`/`deny` only; `lineage` is the namespace's chain up to its subtree's root
+//!   (`crate::lineage`), checked and kept (it widens nothing it sees);
 //! - `{"version":1,"kind":"operator","confirmed_tty":true}` (the front door, for
 //!   `warren approvals` or `warren run` on a terminal) — the only kind of connection that may
 //!   answer `allow session` or `allow always`; an optional `"name"` (e.g. `"warren run"`) is
@@ -25,6 +27,7 @@ use warren_9p::Limits;
 use warren_daemon::accept::{next_peer, refusal, root_only};
 
 use crate::gate::Gate;
+use crate::lineage::Lineage;
 use crate::request::check_session;
 use crate::scope::Scope;
 use crate::tree::GateTree;
@@ -58,6 +61,9 @@ pub struct ControlRecord {
     pub confirmed_tty: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// A namespace record's lineage (itself first, its subtree's root last; nsd's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<Lineage>,
 }
 
 impl ControlRecord {
@@ -103,6 +109,9 @@ impl ControlRecord {
                 if self.descendants.contains(&session) {
                     return Err("a namespace cannot be its own descendant".into());
                 }
+                if let Some(l) = &self.lineage {
+                    l.check(&session, &namespace)?;
+                }
                 Ok(Scope::Namespace {
                     session,
                     namespace,
@@ -114,7 +123,8 @@ impl ControlRecord {
                     "operator",
                     self.session.is_none()
                         && self.namespace.is_none()
-                        && self.descendants.is_empty(),
+                        && self.descendants.is_empty()
+                        && self.lineage.is_none(),
                 )?;
                 // `name` says which front-door command answers (e.g. `warren run`); receipts
                 // show it as who answered.
@@ -136,6 +146,7 @@ impl ControlRecord {
                     self.session.is_none()
                         && self.namespace.is_none()
                         && self.descendants.is_empty()
+                        && self.lineage.is_none()
                         && !self.confirmed_tty,
                 )?;
                 let name = self.name.clone().ok_or("a daemon record needs its name")?;

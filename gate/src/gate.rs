@@ -25,6 +25,9 @@ pub struct Config {
     pub ask_ttl: Duration,
     /// Open asks per session; one more is denied (basis `ask_cap`).
     pub max_open_asks: usize,
+    /// Open asks per namespace subtree where no spec sets `limit asks=`; one more is denied
+    /// (basis `budget:asks`).
+    pub subtree_asks: u64,
     /// An ask whose caller's connection closed (or that survived a restart) is orphaned unless
     /// someone waits on it again within this.
     pub orphan_grace: Duration,
@@ -35,6 +38,7 @@ impl Default for Config {
         Config {
             ask_ttl: Duration::from_secs(600),
             max_open_asks: 16,
+            subtree_asks: crate::lineage::DEFAULT_SUBTREE_ASKS,
             orphan_grace: Duration::from_secs(30),
         }
     }
@@ -55,6 +59,9 @@ pub struct Answer {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub receipt: Option<Ack>,
 }
+
+/// How long a call refused for its subtree's receipt budget waits for its answer.
+pub const BUDGET_BACKOFF: Duration = Duration::from_millis(200);
 
 /// How long a queued decision row may wait for a transaction to carry it.
 const FLUSH_AFTER: Duration = Duration::from_millis(5);
@@ -170,16 +177,34 @@ impl Gate {
                 if ev.verdict != Verdict::Ask {
                     return Ok((ev, None));
                 }
-                if s.open_asks(&req.session)? >= self.cfg.max_open_asks {
+                let over = if s.open_asks(&req.session)? >= self.cfg.max_open_asks {
+                    Some(Basis::AskCap)
+                } else if self.subtree_over_asks(s, req)? {
+                    Some(Basis::Budget("asks"))
+                } else {
+                    None
+                };
+                if let Some(basis) = over {
                     return Ok((
                         Evaluation {
                             verdict: Verdict::Deny,
-                            basis: Basis::AskCap,
+                            basis,
                             ..ev
                         },
                         None,
                     ));
                 }
+                // Who asks, as the ask keeps it (only an ask needs it).
+                let (lineage_text, chain) = match &req.lineage {
+                    Some(l) => (
+                        serde_json::to_string(l).unwrap_or_default(),
+                        crate::store::chain_key(l.sessions()),
+                    ),
+                    None => (
+                        String::new(),
+                        crate::store::chain_key([req.session.as_str()].into_iter()),
+                    ),
+                };
                 // The ask is in the database before anyone is shown it or told its id.
                 let id = s.insert_pending(&NewPending {
                     session: &req.session,
@@ -192,6 +217,8 @@ impl Gate {
                     context: &context_text,
                     created_ms: now,
                     expires_ms: now + self.cfg.ask_ttl.as_millis() as i64,
+                    lineage: &lineage_text,
+                    chain: &chain,
                 })?;
                 return Ok((ev, Some(id)));
             }
@@ -239,8 +266,13 @@ impl Gate {
             risk: risk.map(str::to_owned),
             receipt: None,
         };
-        let receipt = self.receipts.decision(&record).await;
+        let budgets = req
+            .lineage
+            .as_ref()
+            .and_then(|l| serde_json::to_value(l.budget_keys()).ok());
+        let receipt = self.receipts.decision_charged(&record, budgets).await;
         let receipted = Instant::now();
+        let mut over_budget = false;
         match receipt {
             Ok(ack) => {
                 answer.receipt = Some(ack);
@@ -263,21 +295,39 @@ impl Gate {
                 }
             }
             Err(e) => {
-                tracing::warn!(session = %req.session, tool = %req.tool, "decision not receipted ({e}); denying");
+                // A subtree over its receipt budget is denied with that basis (receiptd
+                // receipts the episode); anything else is receipts being unavailable.
+                let basis = match crate::receipts::budget_refusal(&e) {
+                    Some(b) => {
+                        over_budget = true;
+                        Basis::Budget(b)
+                    }
+                    None => {
+                        tracing::warn!(session = %req.session, tool = %req.tool, "decision not receipted ({e}); denying");
+                        Basis::ReceiptsUnavailable
+                    }
+                };
                 if let Some(id) = pending {
                     let _ = self.close(
                         id,
                         "orphaned",
                         Verdict::Deny,
-                        &Basis::ReceiptsUnavailable.to_string(),
+                        &basis.to_string(),
                         "",
                         "gate",
                     );
                 }
                 answer.decision = Verdict::Deny;
-                answer.basis = Basis::ReceiptsUnavailable.to_string();
+                answer.basis = basis.to_string();
                 answer.pending = None;
             }
+        }
+        if over_budget {
+            // No receipt and no audit row: receiptd's episode receipt is the record, and gate.db
+            // must not grow with a flood it refuses. The answer is held a while, so a caller
+            // looping on refusals spends its own time, not the host's.
+            tokio::time::sleep(BUDGET_BACKOFF).await;
+            return answer;
         }
         let receipt_text = answer
             .receipt
@@ -318,6 +368,21 @@ impl Gate {
             "decide"
         );
         answer
+    }
+
+    /// Whether one more ask would put the caller's subtree, or that of any namespace above it,
+    /// over its open-ask budget (the tightest `limit asks=` at or above each, else the default).
+    fn subtree_over_asks(&self, s: &Store, req: &DecideRequest) -> rusqlite::Result<bool> {
+        let caps = match &req.lineage {
+            Some(l) => l.ask_caps(self.cfg.subtree_asks),
+            None => vec![(req.session.as_str(), self.cfg.subtree_asks)],
+        };
+        for (session, cap) in caps {
+            if s.open_asks_in_subtree(session)? as u64 >= cap {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Waits until ask `id` is closed and returns the outcome for its caller. An ask answered

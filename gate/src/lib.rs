@@ -8,6 +8,7 @@ pub mod control;
 pub mod escape;
 pub mod events;
 pub mod gate;
+pub mod lineage;
 pub mod policy;
 pub mod receipts;
 pub mod request;

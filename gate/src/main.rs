@@ -41,6 +41,10 @@ struct Args {
     /// Open asks per session; one more is denied (basis `ask_cap`).
     #[arg(long, default_value_t = 16)]
     max_open_asks: usize,
+    /// Open asks per namespace subtree (a clone's count against every namespace above it) where
+    /// no spec sets `limit asks=`; one more is denied (basis `budget:asks`).
+    #[arg(long, default_value_t = warren_gate::lineage::DEFAULT_SUBTREE_ASKS)]
+    subtree_asks: u64,
     /// An ask whose caller's connection closed is orphaned unless waited on again within this.
     #[arg(long, default_value_t = 30_000)]
     orphan_grace_ms: u64,
@@ -66,6 +70,7 @@ fn main() -> anyhow::Result<()> {
     let cfg = Config {
         ask_ttl: Duration::from_millis(args.ask_ttl_ms),
         max_open_asks: args.max_open_asks,
+        subtree_asks: args.subtree_asks,
         orphan_grace: Duration::from_millis(args.orphan_grace_ms),
     };
     // One thread: SQLite calls are short and the design budgets a current-thread runtime.

@@ -47,6 +47,14 @@ pub struct DecisionRecord<'a> {
     pub args_sha256: &'a str,
 }
 
+/// The budget a refused append was over (`receipts`, `receipt_bytes`), from receiptd's error
+/// code (`budget:…`) in the refusal's text.
+pub fn budget_refusal(error: &str) -> Option<&'static str> {
+    ["receipts", "receipt_bytes"]
+        .into_iter()
+        .find(|b| error.contains(&format!("\"code\":\"budget:{b}\"")))
+}
+
 /// The receipt sink: a lazily made connection and a pool of opened `append` fids (one per
 /// concurrent append; requests on one fid are served in order, so a pool keeps appends parallel).
 pub struct ReceiptSink {
@@ -69,12 +77,26 @@ impl ReceiptSink {
 
     /// Appends one decision receipt in the session's scope.
     pub async fn decision(&self, record: &DecisionRecord<'_>) -> Result<Ack, String> {
-        let body = json!({
+        self.decision_charged(record, None).await
+    }
+
+    /// Appends one decision receipt charged to a namespace subtree's budgets (the chain from
+    /// its lineage: `Lineage::budget_keys`). receiptd refuses it when the subtree is over
+    /// budget ([`budget_refusal`] reads which).
+    pub async fn decision_charged(
+        &self,
+        record: &DecisionRecord<'_>,
+        budgets: Option<Value>,
+    ) -> Result<Ack, String> {
+        let mut body = json!({
             "scope": record.session,
             "kind": "decision",
             "subject": record,
             "digests": { "fingerprint": record.fingerprint, "args": record.args_sha256 },
         });
+        if let Some(b) = budgets {
+            body["budgets"] = b;
+        }
         let bytes = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
         match tokio::time::timeout(APPEND_TIMEOUT, self.append(&bytes)).await {
             Ok(r) => r,

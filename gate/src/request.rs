@@ -11,6 +11,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
+use crate::lineage::Lineage;
 use crate::policy::ContextState;
 use crate::policy::tier::check_name;
 
@@ -30,6 +31,9 @@ struct Wire<'a> {
     args: &'a RawValue,
     #[serde(default)]
     context: Vec<ContextState>,
+    /// The calling namespace's lineage, as nsd gave it to toolfs with the connection.
+    #[serde(default)]
+    lineage: Option<Lineage>,
 }
 
 /// A well-formed decide request.
@@ -43,6 +47,9 @@ pub struct DecideRequest {
     /// Sorted, without duplicates.
     pub context: Vec<ContextState>,
     pub fingerprint: String,
+    /// Who is calling: the namespace, its command and its ancestors (nsd's record, relayed by
+    /// toolfs). `None` from a connection with no namespace behind it (the operator's).
+    pub lineage: Option<Lineage>,
 }
 
 /// A session id: nsd's 128-bit id as 32 lowercase hex digits.
@@ -76,6 +83,10 @@ pub fn parse(bytes: &[u8]) -> Result<DecideRequest, String> {
     let mut context = wire.context;
     context.sort();
     context.dedup();
+    if let Some(l) = &wire.lineage {
+        let namespace = l.0.first().map_or("", |m| m.namespace.as_str());
+        l.check(&wire.session, namespace)?;
+    }
     let fingerprint = fingerprint(&wire.tool, &args, &wire.session);
     Ok(DecideRequest {
         session: wire.session,
@@ -84,6 +95,7 @@ pub fn parse(bytes: &[u8]) -> Result<DecideRequest, String> {
         canonical_args,
         context,
         fingerprint,
+        lineage: wire.lineage,
     })
 }
 
@@ -138,12 +150,25 @@ pub fn encode(
     canonical_args: &[u8],
     context: &[ContextState],
 ) -> Result<Vec<u8>, String> {
+    encode_in(session, tool, canonical_args, context, None)
+}
+
+/// [`encode`] with the caller's lineage, serialised once per connection (see [`Lineage`]).
+pub fn encode_in(
+    session: &str,
+    tool: &str,
+    canonical_args: &[u8],
+    context: &[ContextState],
+    lineage: Option<&RawValue>,
+) -> Result<Vec<u8>, String> {
     #[derive(serde::Serialize)]
     struct Out<'a> {
         session: &'a str,
         tool: &'a str,
         args: &'a RawValue,
         context: &'a [ContextState],
+        #[serde(skip_serializing_if = "Option::is_none")]
+        lineage: Option<&'a RawValue>,
     }
     let args = std::str::from_utf8(canonical_args).map_err(|_| "args: not UTF-8".to_string())?;
     let raw = RawValue::from_string(args.to_owned()).map_err(|e| format!("args: {e}"))?;
@@ -152,6 +177,7 @@ pub fn encode(
         tool,
         args: &raw,
         context,
+        lineage,
     })
     .map_err(|e| e.to_string())
 }

@@ -31,7 +31,11 @@ CREATE TABLE IF NOT EXISTS pending (
     outcome_basis TEXT,
     answer TEXT,
     answered_by TEXT,
-    answered_ms INTEGER
+    answered_ms INTEGER,
+    -- Who asked: the caller's lineage as nsd gave it (JSON), and its sessions as `,s1,s2,…,`
+    -- (self first) so a subtree's open asks are counted in one statement.
+    lineage TEXT NOT NULL DEFAULT '',
+    chain TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS pending_open ON pending (state, session);
 -- Decisions are never deleted, so plain rowids are never reused either; AUTOINCREMENT would
@@ -93,6 +97,8 @@ pub struct PendingRow {
     pub answer: Option<String>,
     /// Whether the ask has been shown (its receipt was acknowledged).
     pub shown: bool,
+    /// The caller's lineage (JSON; empty when none came with the call).
+    pub lineage: String,
 }
 
 /// A new ask, before it has an id.
@@ -107,6 +113,9 @@ pub struct NewPending<'a> {
     pub context: &'a str,
     pub created_ms: i64,
     pub expires_ms: i64,
+    /// The caller's lineage as JSON, and its sessions as `,s1,s2,…,` (see [`chain_key`]).
+    pub lineage: &'a str,
+    pub chain: &'a str,
 }
 
 /// How an open ask was closed.
@@ -196,6 +205,7 @@ impl Store {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
+        add_columns(&conn)?;
         conn.execute_batch(SCHEMA)?;
         Ok(Store {
             conn,
@@ -346,11 +356,24 @@ impl Store {
 
     pub fn insert_pending(&self, p: &NewPending<'_>) -> Result<i64> {
         self.conn.execute(
-            "INSERT INTO pending (session, tool, args, fp, class, risk, basis, context, created_ms, expires_ms) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-            params![p.session, p.tool, p.args, p.fp, p.class, p.risk, p.basis, p.context, p.created_ms, p.expires_ms],
+            "INSERT INTO pending (session, tool, args, fp, class, risk, basis, context, created_ms, expires_ms, lineage, chain) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            params![p.session, p.tool, p.args, p.fp, p.class, p.risk, p.basis, p.context, p.created_ms, p.expires_ms, p.lineage, p.chain],
         )?;
         Ok(self.conn.last_insert_rowid())
+    }
+
+    /// Open asks of `session`'s subtree: its own, and those of every namespace it cloned (at
+    /// any depth).
+    pub fn open_asks_in_subtree(&self, session: &str) -> Result<usize> {
+        self.conn
+            .prepare_cached(
+                "SELECT COUNT(*) FROM pending WHERE state = 'open' AND (session = ?1 OR instr(chain, ?2) > 0)",
+            )?
+            .query_row(params![session, format!(",{session},")], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map(|n| n as usize)
     }
 
     pub fn open_asks(&self, session: &str) -> Result<usize> {
@@ -473,7 +496,40 @@ impl Store {
     }
 }
 
-const PENDING_COLS: &str = "id, session, tool, args, fp, class, risk, basis, context, created_ms, expires_ms, state, outcome, outcome_basis, answer, shown";
+const PENDING_COLS: &str = "id, session, tool, args, fp, class, risk, basis, context, created_ms, expires_ms, state, outcome, outcome_basis, answer, shown, lineage";
+
+/// A lineage's sessions as the `chain` column keeps them: `,s1,s2,…,`.
+pub fn chain_key<'a>(sessions: impl Iterator<Item = &'a str>) -> String {
+    let mut out = String::from(",");
+    for s in sessions {
+        out.push_str(s);
+        out.push(',');
+    }
+    out
+}
+
+/// Columns added since gate.db was first made: a database from before them gets them (empty).
+fn add_columns(conn: &Connection) -> Result<()> {
+    let has_pending: bool = conn
+        .prepare("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'pending'")?
+        .query_row([], |r| r.get::<_, i64>(0))?
+        > 0;
+    if !has_pending {
+        return Ok(());
+    }
+    let cols: Vec<String> = conn
+        .prepare("SELECT name FROM pragma_table_info('pending')")?
+        .query_map([], |r| r.get(0))?
+        .collect::<Result<_>>()?;
+    for col in ["lineage", "chain"] {
+        if !cols.iter().any(|c| c == col) {
+            conn.execute_batch(&format!(
+                "ALTER TABLE pending ADD COLUMN {col} TEXT NOT NULL DEFAULT ''"
+            ))?;
+        }
+    }
+    Ok(())
+}
 
 fn pending_row(r: &rusqlite::Row<'_>) -> Result<PendingRow> {
     Ok(PendingRow {
@@ -493,6 +549,7 @@ fn pending_row(r: &rusqlite::Row<'_>) -> Result<PendingRow> {
         outcome_basis: r.get(13)?,
         answer: r.get(14)?,
         shown: r.get(15)?,
+        lineage: r.get(16)?,
     })
 }
 
@@ -754,6 +811,8 @@ mod tests {
                 context: "",
                 created_ms: 0,
                 expires_ms: 10,
+                lineage: "",
+                chain: "",
             })
             .unwrap();
         assert_eq!(store.due(9).unwrap(), Vec::<i64>::new());

@@ -20,6 +20,7 @@ use warren_9p::{DirEntry, Errno, FileTree, GetAttrMask, QId, QIdType, Result, St
 use crate::escape::escape;
 use crate::events::Cursor;
 use crate::gate::{ConnId, Gate, now_ms};
+use crate::lineage::{Lineage, Member, command_text};
 use crate::policy::rules::RuleEdit;
 use crate::policy::tier::CORE_TOOLS;
 use crate::policy::{Tier, ToolClass, engine::default_for};
@@ -286,9 +287,32 @@ pub fn tiers_text() -> String {
     out
 }
 
+/// The lineage stored with an ask; a row from before lineages (or an operator's call) is its own
+/// root with nothing known but its session.
+pub fn row_lineage(row: &PendingRow) -> Lineage {
+    serde_json::from_str(&row.lineage).unwrap_or_else(|_| {
+        Lineage::root(Member {
+            session: row.session.clone(),
+            namespace: "-".into(),
+            ..Member::default()
+        })
+    })
+}
+
 /// The `request` file of an ask: what a person needs to decide, with every non-printing and bidi
-/// code point escaped, the argument bytes' length and a fingerprint prefix.
-pub fn request_text(row: &PendingRow, scope: &Scope) -> String {
+/// code point escaped, the argument bytes' length and a fingerprint prefix. Who asks comes first:
+/// the namespace, its command, the namespaces that cloned it (nsd's record, never the caller's
+/// word) and how many asks its subtree has open (`subtree_open`).
+pub fn request_text(row: &PendingRow, scope: &Scope, subtree_open: usize) -> String {
+    let lineage = row_lineage(row);
+    let me = lineage.0.first();
+    let namespace = me.map_or("-".to_owned(), |m| escape(&m.namespace));
+    let command = me.map_or("-".to_owned(), |m| command_text(&m.command, escape));
+    let parents = match lineage.0.get(1..) {
+        Some(up) if !up.is_empty() => Lineage(up.to_vec()).chain_text(escape),
+        _ => "-".to_owned(),
+    };
+    let subtree = lineage.root_session().unwrap_or(&row.session).to_owned();
     let tier = match &row.risk {
         Some(r) => format!(
             "{} (raised by the shell tripwire: {r}; a text pattern, not a boundary)",
@@ -306,7 +330,7 @@ pub fn request_text(row: &PendingRow, scope: &Scope) -> String {
         _ => "-".into(),
     };
     format!(
-        "ask {}\nsession {}\ntool {}\ntier {tier}\nbasis {}\ncontext {}\nfingerprint {fp}\nbytes {}\nargs {}\nstate {}\noutcome {outcome}\nexpires {}\nanswer {answers}\n",
+        "ask {}\nsession {}\nnamespace {namespace}\ncommand {command}\nparents {parents}\nsubtree {subtree}\nsubtree_open_asks {subtree_open}\ntool {}\ntier {tier}\nbasis {}\ncontext {}\nfingerprint {fp}\nbytes {}\nargs {}\nstate {}\noutcome {outcome}\nexpires {}\nanswer {answers}\n",
         row.id,
         row.session,
         escape(&row.tool),
@@ -407,7 +431,14 @@ impl FileTree for GateTree {
                     .gate
                     .visible_row(*id, &self.scope)
                     .map_err(|(e, _)| e)?;
-                fid.data = request_text(&row, &self.scope).into_bytes();
+                let lineage = row_lineage(&row);
+                let root = lineage.root_session().unwrap_or(&row.session).to_owned();
+                let open = self
+                    .gate
+                    .store()
+                    .open_asks_in_subtree(&root)
+                    .map_err(|_| Errno::EIO)?;
+                fid.data = request_text(&row, &self.scope, open).into_bytes();
             }
             Node::Rules => fid.data = self.rules_text()?,
             Node::Tiers => fid.data = tiers_text().into_bytes(),
@@ -528,6 +559,7 @@ mod tests {
             outcome_basis: None,
             answer: None,
             shown: true,
+            lineage: String::new(),
         }
     }
 
@@ -551,7 +583,7 @@ mod tests {
             confirmed_tty: false,
             label: "t".into(),
         };
-        let text = request_text(&row("open", now_ms() + 60_000), &operator);
+        let text = request_text(&row("open", now_ms() + 60_000), &operator, 1);
         assert!(!text.contains("expires_ms"), "{text}");
         let line = text.lines().find(|l| l.starts_with("expires ")).unwrap();
         assert!(

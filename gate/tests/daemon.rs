@@ -4,10 +4,11 @@
 mod common;
 
 use common::*;
-use serde_json::json;
+use serde_json::{Value, json};
 use warren_9p::Errno;
-use warren_gate::Verdict;
+use warren_9p::Fid;
 use warren_gate::control::{ControlRecord, RecordKind};
+use warren_gate::{Answer, Verdict};
 
 #[tokio::test]
 async fn default_tiers_and_every_decision_is_receipted() {
@@ -749,4 +750,80 @@ async fn the_toolfs_client_fails_closed() {
         gate.wait(ask.pending.unwrap()).await.decision,
         Verdict::Deny
     );
+}
+
+/// A decide from a namespace with `lineage` (what toolfs relays from nsd's grant record).
+async fn decide_as(root: &Fid, lineage: &Value, command: &str) -> Answer {
+    let f = decide_fid(root).await;
+    let session = lineage[0]["session"].as_str().unwrap();
+    let args = String::from_utf8(canon(&json!({ "command": command }))).unwrap();
+    let req =
+        format!(r#"{{"session":"{session}","tool":"shell","args":{args},"lineage":{lineage}}}"#);
+    f.write(0, req.as_bytes()).await.expect("write decide");
+    serde_json::from_slice(&f.read_to_end(0).await.unwrap()).unwrap()
+}
+
+/// Open asks are a budget of the whole subtree: a clone's count against every namespace above
+/// it (the root's default, `--subtree-asks`, and a clone's own `limit asks=`), so clones cannot
+/// multiply a namespace's asks; another subtree is not touched. The request says who asks.
+#[tokio::test]
+async fn open_asks_are_capped_per_subtree_and_the_request_says_who_asks() {
+    let env = Env::up(&["--subtree-asks", "4"]);
+    let op = env.operator().await;
+    const S4: &str = "44444444444444444444444444444444";
+    let member = |s: &str, ns: &str, asks: Option<u64>| {
+        let mut m = json!({"session": s, "namespace": ns, "command": ["agent", ns]});
+        if let Some(a) = asks {
+            m["budget"] = json!({ "asks": a });
+        }
+        m
+    };
+    let root = json!([member(S1, "1", None)]);
+    let child = json!([member(S2, "2", Some(2)), member(S1, "1", None)]);
+    let grandchild = json!([
+        member(S3, "3", None),
+        member(S2, "2", Some(2)),
+        member(S1, "1", None)
+    ]);
+    let verdict = |a: &Answer| (a.decision, a.basis.clone());
+    let ask = (Verdict::Ask, "default:exec".to_owned());
+    let over = (Verdict::Deny, "budget:asks".to_owned());
+    assert_eq!(verdict(&decide_as(&op, &grandchild, "g1").await), ask);
+    assert_eq!(verdict(&decide_as(&op, &child, "c1").await), ask);
+    // The clone's own `limit asks=2` binds its subtree (itself and the grandchild).
+    assert_eq!(verdict(&decide_as(&op, &grandchild, "g2").await), over);
+    assert_eq!(verdict(&decide_as(&op, &child, "c2").await), over);
+    // The root's default (4) binds the whole subtree.
+    assert_eq!(verdict(&decide_as(&op, &root, "r1").await), ask);
+    assert_eq!(verdict(&decide_as(&op, &root, "r2").await), ask);
+    assert_eq!(verdict(&decide_as(&op, &root, "r3").await), over);
+    // Nobody else notices.
+    let other = json!([member(S4, "4", None)]);
+    assert_eq!(verdict(&decide_as(&op, &other, "o1").await), ask);
+
+    // The grandchild's ask says who is asking: namespace, command, the chain that cloned it,
+    // its subtree and the subtree's open asks.
+    let first = *listed(&op).await.first().unwrap();
+    let req = read(&op, &format!("pending/{first}/request"))
+        .await
+        .unwrap();
+    let field = |name: &str| {
+        req.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name}: {req}"))
+            .to_owned()
+    };
+    assert_eq!(field("session"), S3);
+    assert_eq!(field("namespace"), "3");
+    assert_eq!(field("command"), "agent 3");
+    assert_eq!(field("parents"), "2 (agent 2) <- 1 (agent 1)");
+    assert_eq!(field("subtree"), S1);
+    assert_eq!(field("subtree_open_asks"), "4");
+
+    // A lineage that does not start with the caller is refused.
+    let f = decide_fid(&op).await;
+    let bad = format!(
+        r#"{{"session":"{S4}","tool":"shell","args":{{"command":"x"}},"lineage":{child}}}"#
+    );
+    assert!(f.write(0, bad.as_bytes()).await.is_err());
 }

@@ -298,6 +298,23 @@ pub fn covers(parent: &Spec, child: &Spec) -> Result<(), Widening> {
         });
     }
 
+    // The subtree budgets: a clone's are carved out of its parent's, never above them.
+    for (key, pl, cl) in [
+        ("receipts", p.receipts, c.receipts),
+        ("receipt-bytes", p.receipt_bytes, c.receipt_bytes),
+        ("asks", p.asks, c.asks),
+    ] {
+        if let Some(pv) = pl
+            && cl.is_none_or(|cv| cv > pv)
+        {
+            out.push(Widened::Limit {
+                key,
+                parent: pv,
+                child: cl,
+            });
+        }
+    }
+
     for e in &child.env {
         if !parent.env.contains(e) {
             out.push(Widened::Env { name: e.clone() });
@@ -425,6 +442,39 @@ mod tests {
                 child: None
             }]
         );
+    }
+
+    /// A clone's budgets are carved out of its parent's: above them, or dropped, is widening.
+    #[test]
+    fn a_clone_budget_is_never_above_its_parents() {
+        let parent = spec("limit receipts=100 asks=4 receipt-bytes=1M");
+        assert!(
+            covers(
+                &parent,
+                &spec("limit receipts=50 asks=4 receipt-bytes=512K")
+            )
+            .is_ok()
+        );
+        let e = covers(&parent, &spec("limit receipts=200 asks=4 receipt-bytes=1M")).unwrap_err();
+        assert_eq!(
+            e.0,
+            vec![Widened::Limit {
+                key: "receipts",
+                parent: 100,
+                child: Some(200)
+            }]
+        );
+        let e = covers(&parent, &spec("limit receipts=100 receipt-bytes=1M")).unwrap_err();
+        assert_eq!(
+            e.0,
+            vec![Widened::Limit {
+                key: "asks",
+                parent: 4,
+                child: None
+            }]
+        );
+        // A parent with no budget of its own leaves the clone free to set one.
+        assert!(covers(&spec(""), &spec("limit asks=2")).is_ok());
     }
 
     /// The comparison is by inode, not by string: a symlink that *names* a path under the

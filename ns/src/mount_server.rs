@@ -32,15 +32,18 @@ use std::time::{Duration, Instant};
 
 use warren_daemon::Dirs;
 use warren_daemon::identity::Role;
+use warren_gate::lineage::{Budget, Lineage, Member};
 use warren_toolfs::{GrantRecord, RootGrant, ToolGrant};
 
 use crate::confine::fuse::MountServer;
 use crate::handles::ToolRoot;
-use crate::spec::{Access, LocalServer, Mount, Server};
+use crate::spec::{Access, Limits, LocalServer, Mount, Server, Spec};
 
 /// Serves `mount tool …` lines through the running toolfs and a `warren-bridge` per mount.
 pub struct ServedMounts {
     dirs: Dirs,
+    /// The spec's limits: the budgets its lineage names.
+    limits: Limits,
     /// The tools' roots, held open since nsd took the spec in: a grant is built from these,
     /// never by opening a path again.
     tool_roots: Vec<ToolRoot>,
@@ -58,6 +61,10 @@ pub struct ServedMounts {
     /// This namespace's own `/ns` (issue 4, narrowing), for `mount ns` outside an operator
     /// namespace.
     ns_view: Option<Arc<dyn NsView>>,
+    /// The command the namespace runs, and the namespaces that cloned it (parent first): the
+    /// lineage both grant records carry.
+    command: Vec<String>,
+    ancestors: Vec<Member>,
 }
 
 /// How a bridge presents its tree.
@@ -71,6 +78,33 @@ enum Presentation {
     /// A file server (diod, another host's export): page cache for sized files, and the
     /// mount's SPEC words as the attach name.
     FileServer,
+}
+
+/// A namespace as its lineage names it: session, id, command, and the budgets its spec sets.
+pub fn member(session: &str, namespace: &str, command: &[String], limits: &Limits) -> Member {
+    Member {
+        session: session.to_owned(),
+        namespace: namespace.to_owned(),
+        command: command
+            .iter()
+            .take(warren_gate::lineage::MAX_COMMAND_WORDS)
+            .map(|w| truncate_word(w))
+            .collect(),
+        budget: Budget {
+            receipts: limits.receipts,
+            receipt_bytes: limits.receipt_bytes,
+            asks: limits.asks,
+        },
+    }
+}
+
+/// A command word cut to what a lineage keeps (on a char boundary): it is for display only.
+fn truncate_word(w: &str) -> String {
+    let mut end = w.len().min(warren_gate::lineage::MAX_WORD_BYTES);
+    while !w.is_char_boundary(end) {
+        end -= 1;
+    }
+    w[..end].to_owned()
 }
 
 /// A fresh 128-bit session id: 32 lowercase hex digits, from the kernel's CSPRNG.
@@ -87,16 +121,18 @@ pub trait NsView: Send + Sync {
 }
 
 impl ServedMounts {
-    /// `tool_roots`: the handles the namespace's tool authorities name (`crate::handles`);
-    /// `bridge_binary`: the `warren-bridge` executable.
+    /// `spec`: the build spec; `tool_roots`: the handles its tool authorities name
+    /// (`crate::handles`); `bridge_binary`: the `warren-bridge` executable.
     pub fn new(
         dirs: Dirs,
+        spec: &Spec,
         tool_roots: Vec<ToolRoot>,
         namespace: &str,
         bridge_binary: PathBuf,
     ) -> io::Result<ServedMounts> {
         Ok(ServedMounts {
             dirs,
+            limits: spec.limits,
             tool_roots,
             session: new_session_id()?,
             namespace: namespace.to_string(),
@@ -107,7 +143,28 @@ impl ServedMounts {
             operator: false,
             file_server_uname: None,
             ns_view: None,
+            command: Vec::new(),
+            ancestors: Vec::new(),
         })
+    }
+
+    /// Who this namespace is: the command it runs and the namespaces that cloned it (parent
+    /// first, the subtree's root last; none for a namespace `warren run` started).
+    pub fn lineage(mut self, command: Vec<String>, ancestors: Vec<Member>) -> ServedMounts {
+        self.command = command;
+        self.ancestors = ancestors;
+        self
+    }
+
+    /// This namespace as a member of its clones' lineages.
+    pub fn member(&self) -> Member {
+        member(&self.session, &self.namespace, &self.command, &self.limits)
+    }
+
+    fn lineage_record(&self) -> Lineage {
+        let mut chain = vec![self.member()];
+        chain.extend(self.ancestors.iter().cloned());
+        Lineage(chain)
     }
 
     /// Mounts the launcher connected itself (`unix!`, `tcp!`, and an operator namespace's
@@ -181,6 +238,7 @@ impl ServedMounts {
             kind: warren_gate::control::RecordKind::Namespace,
             session: Some(self.session.clone()),
             namespace: Some(self.namespace.clone()),
+            lineage: Some(self.lineage_record()),
             ..Default::default()
         }
     }
@@ -218,6 +276,7 @@ impl ServedMounts {
             tools,
             worker_uid: worker,
             worker_gid: worker,
+            lineage: Some(self.lineage_record()),
         };
         Ok((record, fds))
     }

@@ -649,7 +649,7 @@ impl Nsd {
                 space.status.send_replace(Status::Running { holder: 0 });
                 let argv = argv.to_vec();
                 let argv_shown = argv.clone();
-                let served = match self.served_mounts(id, &space) {
+                let served = match self.served_mounts(id, &space, &argv) {
                     Ok(s) => s,
                     Err(e) => {
                         space.status.send_replace(Status::Failed(e.to_string()));
@@ -747,7 +747,12 @@ impl Nsd {
 
     /// The mount server for a namespace cloned through `/ns`: toolfs and gate connections as
     /// for any namespace, and its own scoped `/ns` for `mount ns`.
-    fn served_mounts(&self, id: u64, space: &Space) -> std::io::Result<Option<Arc<ServedMounts>>> {
+    fn served_mounts(
+        &self,
+        id: u64,
+        space: &Space,
+        argv: &[String],
+    ) -> std::io::Result<Option<Arc<ServedMounts>>> {
         if space.build.mounts.is_empty() {
             return Ok(None);
         }
@@ -759,6 +764,7 @@ impl Nsd {
         })?;
         let served = ServedMounts::new(
             self.shared.opts.protected.clone(),
+            &space.build,
             space.handles.all_roots()?,
             &id.to_string(),
             bridge,
@@ -772,8 +778,32 @@ impl Nsd {
         .ns_view(Arc::new(ScopedView {
             nsd: self.for_operator(self.operator_uid),
             id,
-        }));
+        }))
+        .lineage(argv.to_vec(), self.ancestors(space.parent));
         Ok(Some(Arc::new(served)))
+    }
+
+    /// The namespaces above a clone, parent first, as its lineage names them (nsd's own
+    /// record of who cloned whom; a parent that never ran has no session and ends the chain).
+    pub(crate) fn ancestors(&self, mut parent: Option<u64>) -> Vec<warren_gate::lineage::Member> {
+        let spaces = self.shared.spaces.lock().unwrap().clone();
+        let mut out = Vec::new();
+        while let Some(p) = parent {
+            let Some(space) = spaces.get(&p) else { break };
+            let info = space.info().clone();
+            let Some(session) = &info.session else { break };
+            out.push(crate::mount_server::member(
+                session,
+                &p.to_string(),
+                &info.argv,
+                &space.spec.limits,
+            ));
+            parent = space.parent;
+            if out.len() >= warren_gate::lineage::MAX_DEPTH - 1 {
+                break;
+            }
+        }
+        out
     }
 }
 

@@ -113,6 +113,11 @@ pub struct Limits {
     pub wall: Option<u64>,
     /// live namespaces in this one's subtree (itself not counted), cloned through its `/ns`
     pub clones: Option<u64>,
+    /// Budgets of the namespace's subtree (its clones' use counts against it): receipts per
+    /// second, receipt bytes in total, open asks at once.
+    pub receipts: Option<u64>,
+    pub receipt_bytes: Option<u64>,
+    pub asks: Option<u64>,
 }
 
 /// Live clones a namespace's subtree may hold when its spec sets no `clones`: far more than an
@@ -737,11 +742,14 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                         "cpu" => (&mut spec.limits.cpu, parse_duration(v)),
                         "wall" => (&mut spec.limits.wall, parse_duration(v)),
                         "clones" => (&mut spec.limits.clones, parse_number(v)),
+                        "receipts" => (&mut spec.limits.receipts, parse_number(v)),
+                        "receipt-bytes" => (&mut spec.limits.receipt_bytes, parse_size(v)),
+                        "asks" => (&mut spec.limits.asks, parse_number(v)),
                         _ => {
                             return Err(ctx.err(
                                 w,
                                 format!(
-                                    "unknown limit `{k}`: expected mem, pids, cpu, wall or clones"
+                                    "unknown limit `{k}`: expected mem, pids, cpu, wall, clones, receipts, receipt-bytes or asks"
                                 ),
                             ));
                         }
@@ -750,7 +758,7 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                         return Err(ctx.err(
                             w,
                             format!(
-                                "bad value `{v}` for {k} (mem: 512M/1G/bytes; pids, clones: count; cpu, wall: 30s/5m/2h), must be > 0"
+                                "bad value `{v}` for {k} (mem, receipt-bytes: 512M/1G/bytes; pids, clones, receipts (per second), asks: count; cpu, wall: 30s/5m/2h), must be > 0"
                             ),
                         ));
                     };
@@ -892,6 +900,15 @@ impl Spec {
             if let Some(v) = l.clones {
                 out.push_str(&format!(" clones={v}"));
             }
+            if let Some(v) = l.receipts {
+                out.push_str(&format!(" receipts={v}"));
+            }
+            if let Some(v) = l.receipt_bytes {
+                out.push_str(&format!(" receipt-bytes={v}"));
+            }
+            if let Some(v) = l.asks {
+                out.push_str(&format!(" asks={v}"));
+            }
             out.push('\n');
         }
         out
@@ -974,6 +991,18 @@ mod tests {
         assert_eq!(s.limits.cpu, Some(120));
         assert_eq!(s.limits.wall, Some(30));
         assert_eq!(s.env, vec!["TERM", "_X1"]);
+    }
+
+    #[test]
+    fn subtree_budgets_parse_and_print_back() {
+        let s = parse("x", "limit receipts=500 receipt-bytes=64M asks=8").unwrap();
+        assert_eq!(s.limits.receipts, Some(500));
+        assert_eq!(s.limits.receipt_bytes, Some(64 << 20));
+        assert_eq!(s.limits.asks, Some(8));
+        assert_eq!(parse("x", &s.to_text()).unwrap(), s);
+        for bad in ["limit receipts=0", "limit asks=many", "limit asks=1 asks=2"] {
+            assert!(parse("x", bad).is_err(), "{bad}");
+        }
     }
 
     fn err(text: &str) -> SpecError {
@@ -1202,6 +1231,7 @@ mod tests {
                         cpu: lim[2],
                         wall: lim[3],
                         clones: lim[1].map(|n| n % 40 + 1),
+                        ..Limits::default()
                     },
                 }
             })

@@ -36,6 +36,19 @@ impl Role {
         }
     }
 
+    /// Whether this connection may charge a receipt to a namespace subtree's budgets: only the
+    /// daemons that got the namespace's lineage from nsd (anyone else could spend another
+    /// namespace's budget by naming it).
+    pub fn may_charge_budgets(self) -> Result<(), AppendError> {
+        match self {
+            Role::Gate | Role::Toolfs => Ok(()),
+            _ => Err(AppendError::Forbidden(format!(
+                "budgets are named only by the gate and toolfs; this connection is {}",
+                self.appender()
+            ))),
+        }
+    }
+
     pub fn may_append(self, kind: Kind) -> Result<(), AppendError> {
         let allowed = match kind {
             Kind::Decision => self == Role::Gate,
@@ -73,6 +86,9 @@ pub enum AppendError {
     Floor(String),
     #[error("rate limit: {0}")]
     RateLimited(String),
+    /// The namespace subtree the receipt is charged to is over one of its budgets.
+    #[error("{code}: {1}", code = .0.code())]
+    Budget(crate::budget::Over, String),
     #[error("storage: {0}")]
     Storage(String),
 }
@@ -86,6 +102,7 @@ impl AppendError {
             AppendError::NoSigner(_) => libc::EKEYREJECTED,
             AppendError::Floor(_) => libc::ENOSPC,
             AppendError::RateLimited(_) => libc::EAGAIN,
+            AppendError::Budget(..) => libc::EDQUOT,
             AppendError::Storage(_) => libc::EIO,
         }
     }
@@ -97,6 +114,7 @@ impl AppendError {
             AppendError::NoSigner(_) => "no_signer",
             AppendError::Floor(_) => "free_space_floor",
             AppendError::RateLimited(_) => "rate_limited",
+            AppendError::Budget(over, _) => over.code(),
             AppendError::Storage(_) => "storage",
         }
     }

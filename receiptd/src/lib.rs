@@ -11,6 +11,7 @@
 
 pub mod access;
 pub mod batch;
+pub mod budget;
 pub mod client;
 pub mod daemon;
 pub mod dsse;

@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::access::{AppendError, Role};
+use crate::budget::{BudgetKey, Budgets};
 use crate::dsse::{self, Envelope, RECEIPT_PAYLOAD_TYPE};
 use crate::keys::{self, KeyRow, Registry, Signer};
 use crate::merkle::{self, Frontier, Hash};
@@ -47,6 +48,10 @@ pub struct LogConfig {
     pub checkpoint_interval: Duration,
     /// Generate the signing key if the registry is empty (first start).
     pub generate_key: bool,
+    /// Per namespace subtree, where its root's spec sets none: receipts per second and receipt
+    /// bytes in total (`budget`).
+    pub subtree_rate: u64,
+    pub subtree_bytes: u64,
 }
 
 impl LogConfig {
@@ -61,6 +66,8 @@ impl LogConfig {
             checkpoint_rows: 100,
             checkpoint_interval: Duration::from_secs(5),
             generate_key: true,
+            subtree_rate: crate::budget::DEFAULT_SUBTREE_RATE,
+            subtree_bytes: crate::budget::DEFAULT_SUBTREE_BYTES,
         }
     }
 }
@@ -112,6 +119,15 @@ struct ScopeState {
     uncovered_since: Option<Instant>,
 }
 
+/// A subtree's refusal episode: when it was last refused, and how often in all.
+struct Episode {
+    last: Instant,
+    refused: u64,
+}
+
+/// An episode ends once its subtree has gone this long without a refusal.
+const EPISODE_QUIET: Duration = Duration::from_secs(10);
+
 struct Bucket {
     tokens: f64,
     at: Instant,
@@ -137,6 +153,9 @@ pub struct Log {
     buckets: HashMap<String, Bucket>,
     floor_refusing: bool,
     syncer: Arc<Syncer>,
+    budgets: Budgets,
+    /// Subtree keys whose refusal episode has been receipted (one system receipt per episode).
+    budget_refusing: HashMap<String, Episode>,
 }
 
 pub fn now_ms() -> u64 {
@@ -240,6 +259,7 @@ impl Log {
             }
         }
         let syncer = Syncer::start(&db_path, cfg.durability)?;
+        let (subtree_rate, subtree_bytes) = (cfg.subtree_rate, cfg.subtree_bytes);
         let mut log = Log {
             _lock: lock,
             conn,
@@ -250,6 +270,8 @@ impl Log {
             scopes,
             buckets: HashMap::new(),
             floor_refusing: false,
+            budgets: Budgets::new(subtree_rate, subtree_bytes),
+            budget_refusing: HashMap::new(),
             syncer,
         };
         log.signer = log.load_signer();
@@ -385,17 +407,83 @@ impl Log {
     /// Checks one write before it is staged: its kinds against the role, the signer, the
     /// scopes' rates (all of the write's tokens or none) and the free-space floor.
     fn admit(&mut self, write: &Write, free: &Result<u64, AppendError>) -> Result<(), AppendError> {
-        let Some(first) = write.requests.first() else {
+        if write.requests.is_empty() {
             return Err(AppendError::Invalid("a write with no request".into()));
-        };
+        }
         for req in &write.requests {
             write.role.may_append(req.kind)?;
+            if !req.budgets.is_empty() {
+                write.role.may_charge_budgets()?;
+            }
         }
         if let Err(e) = &self.signer {
             return Err(AppendError::NoSigner(e.clone()));
         }
+        self.admit_budgets(&write.requests)?;
         self.take_tokens(&write.requests)?;
-        self.check_floor(free.clone()?, first)
+        self.check_floor(free.clone()?, &write.requests)?;
+        for req in &write.requests {
+            self.budgets.charge_rate(&req.budgets);
+        }
+        Ok(())
+    }
+
+    /// Refuses a write with a decision receipt whose namespace subtree is over budget (the
+    /// call it admits is then denied). Receipts the first refusal of each subtree's episode in
+    /// [`SYSTEM_SCOPE`], and its end — the first decision taken after [`EPISODE_QUIET`] with no
+    /// refusal — with how many were refused: a flood at the edge of its rate is one episode, not
+    /// a receipt per refusal.
+    fn admit_budgets(&mut self, requests: &[AppendRequest]) -> Result<(), AppendError> {
+        for req in requests
+            .iter()
+            .filter(|r| r.kind == Kind::Decision && !r.budgets.is_empty())
+        {
+            let root = req
+                .budgets
+                .last()
+                .map(|k| k.key.clone())
+                .unwrap_or_default();
+            match self.budgets.admit(&req.budgets, &req.scope) {
+                Ok(()) => {
+                    let ended = self
+                        .budget_refusing
+                        .get(&root)
+                        .is_some_and(|e| e.last.elapsed() >= EPISODE_QUIET);
+                    if ended && let Some(e) = self.budget_refusing.remove(&root) {
+                        let _ = self.append_system(json!({
+                            "event": "budget_recovered", "subtree": root, "refused": e.refused,
+                        }));
+                    }
+                }
+                Err((over, why)) => {
+                    let now = Instant::now();
+                    match self.budget_refusing.get_mut(&root) {
+                        Some(e) => {
+                            e.last = now;
+                            e.refused += 1;
+                        }
+                        None => {
+                            self.budget_refusing.insert(
+                                root.clone(),
+                                Episode {
+                                    last: now,
+                                    refused: 1,
+                                },
+                            );
+                            let receipted = self.append_system(json!({
+                                "event": "budget_refused", "subtree": root, "budget": over.code(),
+                                "refused": {"scope": req.scope, "kind": req.kind.as_str()},
+                            }));
+                            if let Err(e) = receipted {
+                                tracing::error!(error = %e, "could not receipt a budget refusal");
+                            }
+                        }
+                    }
+                    return Err(AppendError::Budget(over, why));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// receiptd's own receipt (boot, rotation, floor) in [`SYSTEM_SCOPE`].
@@ -409,6 +497,7 @@ impl Log {
             subject,
             digests: Value::Null,
             policy_hash: None,
+            budgets: Vec::new(),
         };
         let mut acks = self.commit_entries(vec![NewEntry {
             req,
@@ -472,8 +561,10 @@ impl Log {
     }
 
     /// Refuses at the floor (not at ENOSPC), receipting the first refusal of each episode and the
-    /// recovery.
-    fn check_floor(&mut self, free: u64, req: &AppendRequest) -> Result<(), AppendError> {
+    /// recovery. Below the floor the last reserve (the floor's lower half) is kept for what keeps
+    /// the host auditable: receiptd's own receipts (which do not pass here) and the gate's
+    /// denials; below the reserve those are refused too.
+    fn check_floor(&mut self, free: u64, requests: &[AppendRequest]) -> Result<(), AppendError> {
         let floor = self.cfg.min_free_bytes;
         if free >= floor {
             if self.floor_refusing {
@@ -482,6 +573,13 @@ impl Log {
             }
             return Ok(());
         }
+        let denials_only = requests
+            .iter()
+            .all(|r| r.kind == Kind::Decision && r.subject["verdict"] == "deny");
+        if denials_only && free >= floor / 2 {
+            return Ok(());
+        }
+        let req = &requests[0];
         if !self.floor_refusing {
             self.floor_refusing = true;
             let receipted = self.append_system(json!({
@@ -513,7 +611,14 @@ impl Log {
         let mut hlc = self.hlc.clone();
         let mut rows = Vec::with_capacity(entries.len());
         let mut acks = Vec::with_capacity(entries.len());
-        for NewEntry { req: e, appender } in entries {
+        // Each receipt's bytes, charged to its subtree's keys once the commit succeeded.
+        let mut charges: Vec<(Vec<BudgetKey>, u64)> = Vec::new();
+        for NewEntry {
+            req: mut e,
+            appender,
+        } in entries
+        {
+            let budgets = std::mem::take(&mut e.budgets);
             let (head, frontier) = match moved.get_mut(&e.scope) {
                 Some(st) => st,
                 None => {
@@ -548,6 +653,9 @@ impl Log {
                 });
             }
             let bytes = env.canonical();
+            if !budgets.is_empty() {
+                charges.push((budgets, bytes.len() as u64));
+            }
             let hash = hex::encode(Sha256::digest(&bytes));
             let leaf = merkle::leaf_hash(&bytes);
             frontier.push(leaf);
@@ -596,6 +704,9 @@ impl Log {
         }
         tx.commit().map_err(storage)?;
 
+        for (keys, len) in charges {
+            self.budgets.charge_bytes(&keys, len);
+        }
         self.hlc = hlc;
         for (scope, (head, frontier)) in moved {
             let st = self.scopes.entry(scope).or_insert(ScopeState {

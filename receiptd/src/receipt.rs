@@ -3,6 +3,7 @@
 
 use std::fmt;
 
+use crate::budget::{BudgetKey, check_keys};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -127,6 +128,10 @@ pub struct AppendRequest {
     pub digests: Value,
     #[serde(default)]
     pub policy_hash: Option<String>,
+    /// The namespace chain the receipt is charged to (the gate's and toolfs's, from nsd's
+    /// lineage; see `budget`). Not part of the receipt.
+    #[serde(default)]
+    pub budgets: Vec<BudgetKey>,
 }
 
 impl AppendRequest {
@@ -204,6 +209,9 @@ impl AppendRequest {
             && (p.is_empty() || p.len() > 256)
         {
             return Err("policy_hash: must be 1 to 256 characters".into());
+        }
+        if !req.budgets.is_empty() {
+            check_keys(&req.budgets)?;
         }
         Ok(req)
     }

@@ -104,3 +104,97 @@ fn appends_stop_at_the_floor_and_the_refusal_is_receipted_once() {
     let out = verify(&export(dir.path(), "receiptd"), &registry(dir.path()));
     assert_eq!(out.code, EXIT_VERIFIED, "{}", out.message);
 }
+
+/// A decision of the gate with `verdict`, in `scope`.
+fn decision(scope: &str, verdict: &str, i: u64) -> AppendRequest {
+    AppendRequest::parse(
+        json!({"scope": scope, "kind": "decision", "subject": {"verdict": verdict, "i": i}})
+            .to_string()
+            .as_bytes(),
+    )
+    .unwrap()
+}
+
+/// Below the floor, the last reserve (its lower half) is kept for what keeps the host
+/// auditable: the gate's denials are still receipted while everything else is refused, and
+/// receiptd's own receipt of the episode is written.
+#[test]
+fn below_the_floor_the_reserve_keeps_the_gates_denials() {
+    let dir = tmp();
+    let _mount = tiny_tmpfs(&dir.path().join("data"));
+    let mut cfg = config(dir.path());
+    cfg.min_free_bytes = 1 << 20;
+    let mut log = Log::open(cfg).unwrap();
+    let mut i = 0;
+    while log.append(big("s", i), Role::Toolfs).is_ok() {
+        i += 1;
+        assert!(i < 200);
+    }
+    let allow = log
+        .append(decision("s", "allow", 0), Role::Gate)
+        .unwrap_err();
+    assert!(matches!(allow, AppendError::Floor(_)), "{allow}");
+    log.append(decision("s", "deny", 1), Role::Gate)
+        .expect("a denial is receipted from the reserve");
+    assert_eq!(events(&log), ["free_space_floor"]);
+}
+
+/// Only the gate and toolfs (which got the namespace's lineage from nsd) may charge a receipt to
+/// a subtree's budget: anyone else could spend another namespace's budget by naming it.
+#[test]
+fn only_the_gate_and_toolfs_name_budgets() {
+    let dir = tmp();
+    let mut log = Log::open(config(dir.path())).unwrap();
+    let charged = |kind: &str| {
+        AppendRequest::parse(
+            json!({"scope": "s", "kind": kind, "subject": {"verdict": "allow"},
+                   "budgets": [{"key": "victim"}]})
+            .to_string()
+            .as_bytes(),
+        )
+        .unwrap()
+    };
+    let err = log
+        .append(charged("query"), Role::Operator(1000))
+        .unwrap_err();
+    assert!(matches!(err, AppendError::Forbidden(_)), "{err}");
+    log.append(charged("decision"), Role::Gate).unwrap();
+    log.append(charged("query"), Role::Toolfs).unwrap();
+}
+
+/// A subtree at the edge of its rate — refused, then a token refills and one decision is taken,
+/// then refused again — is one refusal episode: receipted once, not a pair of receipts per
+/// refusal (which would be the flood again, in receiptd's own scope).
+#[test]
+fn a_subtree_at_the_edge_of_its_rate_is_one_episode() {
+    let dir = tmp();
+    let mut cfg = config(dir.path());
+    cfg.subtree_rate = 100;
+    let mut log = Log::open(cfg).unwrap();
+    let decision = |i: u64| {
+        AppendRequest::parse(
+            json!({"scope": "s", "kind": "decision", "subject": {"verdict": "allow", "i": i},
+                   "budgets": [{"key": "s"}]})
+            .to_string()
+            .as_bytes(),
+        )
+        .unwrap()
+    };
+    let (mut taken, mut refused, mut i) = (0u64, 0u64, 0u64);
+    // Past the burst, until refusals and refills have alternated many times.
+    while taken < 260 {
+        match log.append(decision(i), Role::Gate) {
+            Ok(_) => taken += 1,
+            Err(AppendError::Budget(..)) => refused += 1,
+            Err(e) => panic!("{e}"),
+        }
+        i += 1;
+    }
+    assert!(refused > 0);
+    let events = events(&log);
+    assert_eq!(
+        events.iter().filter(|e| *e == "budget_refused").count(),
+        1,
+        "{events:?}"
+    );
+}

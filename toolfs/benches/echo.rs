@@ -114,6 +114,7 @@ fn main() {
         }],
         worker_uid: 65534,
         worker_gid: 65534,
+        lineage: None,
     };
     let ours = daemon.hand_over(&record, &[]).unwrap();
 

@@ -285,7 +285,8 @@ impl CallOpen {
                 dispatcher.session(),
                 name,
                 &prepared.canonical,
-                &dispatcher.context().states(),
+                &dispatcher.context_states(),
+                dispatcher.grant().lineage.as_deref(),
             )
             .await;
         if answer.decision == Verdict::Ask {
@@ -362,11 +363,12 @@ async fn run_and_receipt(
         subject["decision"] = json!({"seq": ack.seq, "hash": ack.hash});
     }
     let kind = ran_kind(&answer.tier);
-    effect.send(
+    effect.send_charged(
         dispatcher.session(),
         kind,
         subject,
         json!({"args": content_digest(&args.canonical), "result": env.digest}),
+        dispatcher.grant().budgets.as_ref(),
     );
     services.hops.effect(started.elapsed());
     env.receipt = Some(ReceiptRef::ran(

@@ -44,6 +44,9 @@ pub struct Dispatcher {
     workers: HashMap<String, WorkerSlot>,
     services: Arc<Services>,
     context: Arc<SessionContext>,
+    /// The context of each namespace that cloned this one (parent first): a clone's calls are
+    /// decided at least as tightly as its parent's, now and whenever the parent's tightens.
+    inherited: Vec<Arc<SessionContext>>,
 }
 
 impl Dispatcher {
@@ -64,6 +67,11 @@ impl Dispatcher {
             .collect();
         Dispatcher {
             context: services.context(&grant.session),
+            inherited: grant
+                .ancestors
+                .iter()
+                .map(|s| services.context(s))
+                .collect(),
             grant,
             workers,
             services,
@@ -86,6 +94,17 @@ impl Dispatcher {
 
     pub fn context(&self) -> &SessionContext {
         &self.context
+    }
+
+    /// The context states this connection's calls are decided with: its session's and every
+    /// ancestor's, read at each call (so a parent tainted later taints its clones too).
+    pub fn context_states(&self) -> Vec<warren_gate::ContextState> {
+        let up: Vec<Vec<warren_gate::ContextState>> =
+            self.inherited.iter().map(|c| c.states()).collect();
+        warren_gate::policy::context::with_ancestors(
+            &self.context.states(),
+            up.iter().map(Vec::as_slice),
+        )
     }
 
     /// Readies a call: waits for its turn on the tool's worker, finding (or spawning) the worker.

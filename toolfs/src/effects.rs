@@ -115,7 +115,24 @@ pub struct ReceiptSlot {
 impl ReceiptSlot {
     /// Queues `{"scope","kind","subject","digests"}`.
     pub fn send(self, scope: &str, kind: &str, subject: Value, digests: Value) {
-        let request = json!({"scope": scope, "kind": kind, "subject": subject, "digests": digests});
+        self.send_charged(scope, kind, subject, digests, None);
+    }
+
+    /// As [`ReceiptSlot::send`], charged to a namespace subtree's budgets (the grant's
+    /// `budgets`): receiptd always takes it — the call ran — and counts it.
+    pub fn send_charged(
+        self,
+        scope: &str,
+        kind: &str,
+        subject: Value,
+        digests: Value,
+        budgets: Option<&Value>,
+    ) {
+        let mut request =
+            json!({"scope": scope, "kind": kind, "subject": subject, "digests": digests});
+        if let Some(b) = budgets {
+            request["budgets"] = b.clone();
+        }
         self.state.unwritten.fetch_add(1, Ordering::AcqRel);
         self.permit
             .send(serde_json::to_vec(&request).expect("json"));

@@ -92,6 +92,7 @@ impl GateLink {
         tool: &str,
         canonical_args: &[u8],
         context: &[ContextState],
+        lineage: Option<&serde_json::value::RawValue>,
     ) -> Answer {
         let Some(c) = &self.client else {
             return no_gate();
@@ -100,7 +101,7 @@ impl GateLink {
         // with its pending id; only `wait` blocks for a person.)
         tokio::time::timeout(
             DECIDE_TIMEOUT,
-            c.decide(session, tool, canonical_args, context),
+            c.decide_in(session, tool, canonical_args, context, lineage),
         )
         .await
         .unwrap_or_else(|_| {

@@ -12,6 +12,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use warren_gate::lineage::Lineage;
 
 use crate::catalog::{Catalog, Runner, ToolDef};
 use crate::worker::{Root, ToolAuthority};
@@ -35,6 +37,10 @@ pub struct GrantRecord {
     /// itself (never 0, which is still refused here).
     pub worker_uid: u32,
     pub worker_gid: u32,
+    /// Who the namespace is: itself first (its command, its budget), then the namespaces that
+    /// cloned it, up to its subtree's root. Context and budgets follow it (`warren_gate::lineage`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<Lineage>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,6 +80,14 @@ pub struct ConnGrant {
     pub tools: Vec<Arc<GrantedTool>>,
     /// The namespace id (the operator's connections: `operator`); nsd builds workers for it.
     pub namespace: String,
+    /// The namespace's lineage as the gate reads it with every decide (serialised once here).
+    pub lineage: Option<Box<RawValue>>,
+    /// The sessions of the namespaces that cloned this one, parent first: their context
+    /// states bind this one's calls too.
+    pub ancestors: Vec<String>,
+    /// The subtree keys the receipts of this connection's runs are charged to (receiptd's
+    /// `budgets`), from the lineage.
+    pub budgets: Option<serde_json::Value>,
 }
 
 impl ConnGrant {
@@ -100,6 +114,9 @@ impl ConnGrant {
             session,
             tools,
             namespace: "operator".into(),
+            lineage: None,
+            ancestors: Vec::new(),
+            budgets: None,
         }
     }
 
@@ -133,6 +150,19 @@ impl ConnGrant {
         if record.worker_uid == 0 || record.worker_gid == 0 {
             return Err("workers never run as uid or gid 0".into());
         }
+        let (lineage, ancestors, budgets) = match &record.lineage {
+            Some(l) => {
+                l.check(&record.session, &record.namespace)?;
+                let raw = serde_json::value::to_raw_value(l).map_err(|e| e.to_string())?;
+                let budgets = serde_json::to_value(l.budget_keys()).map_err(|e| e.to_string())?;
+                (
+                    Some(raw),
+                    l.sessions().skip(1).map(str::to_owned).collect(),
+                    Some(budgets),
+                )
+            }
+            None => (None, Vec::new(), None),
+        };
         let unknown: Vec<&str> = record
             .tools
             .iter()
@@ -189,6 +219,9 @@ impl ConnGrant {
             session: record.session.clone(),
             tools,
             namespace: record.namespace.clone(),
+            lineage,
+            ancestors,
+            budgets,
         })
     }
 }

@@ -175,6 +175,18 @@ async fn bad_grants_are_refused_whole() {
         .to_string();
     assert!(err.contains("takes no roots"), "{err}");
 
+    // A lineage must start with the record's own session and namespace.
+    let mut foreign = record(&["echo"]);
+    foreign.lineage = Some(warren_gate::lineage::Lineage(vec![
+        warren_gate::lineage::Member {
+            session: "f".repeat(32),
+            namespace: foreign.namespace.clone(),
+            ..Default::default()
+        },
+    ]));
+    let err = d.hand_over(&foreign, &[]).unwrap_err().to_string();
+    assert!(err.contains("lineage"), "{err}");
+
     // The daemon is still there and still grants.
     let (_c, root) = d.granted(&record(&["echo"]), &[]).await;
     assert_eq!(tools_file_names(&root).await, ["echo"]);

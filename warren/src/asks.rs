@@ -1,12 +1,14 @@
 //! `warren run` answers its own command's asks, sudo-style.
 //!
 //! While the command runs, a thread follows the gate's live event stream (blocking reads of
-//! `/gate/events`, never a poll) for this namespace's session only. On a terminal, each ask is
-//! shown as the gate's `request` file shows it (every non-printing and bidi code point escaped,
-//! the argument bytes' length, a fingerprint prefix) on a surface the namespace cannot draw on:
-//! its output held (`warren_ns::pty::hold_output`) and the alternate screen reset and cleared
-//! (`PromptScreen`). The terminal's input is taken from the namespace for the prompt
-//! (`warren_ns::pty::divert_input`), and the typed `once`, `session` or
+//! `/gate/events`, never a poll) for this namespace's session and its clones' (the subtree it is
+//! the root of). On a terminal, each ask is shown as the gate's `request` file shows it (who
+//! asks: namespace, command, the namespaces that cloned it and the subtree's open asks; every
+//! non-printing and bidi code point escaped, the argument bytes' length, a fingerprint prefix)
+//! on a surface the namespace cannot draw on: its output held (`warren_ns::pty::hold_output`)
+//! and the alternate screen reset and cleared (`PromptScreen`). The terminal's input is taken
+//! from the namespace for the prompt (`warren_ns::pty::divert_input`), and the typed `once`,
+//! `session` or
 //! `deny` is written to `/gate/pending/<id>/ctl` on a confirmed-tty operator connection. With no
 //! terminal nobody can answer, so each ask is denied at once and stderr says how to answer asks
 //! from `warren approvals` instead (`--asks operator`).
@@ -141,7 +143,11 @@ async fn answer_asks(
     let view = warren_gate::approvals::approvals(
         client,
         move |s| {
-            if request_field(&s.request, "session") == Some(session) {
+            // Its own asks and its clones' (their `subtree` is this session): the `warren run`
+            // that started a namespace answers for everything it cloned.
+            if request_field(&s.request, "session") == Some(session)
+                || request_field(&s.request, "subtree") == Some(session)
+            {
                 let _ = tx.send(Note::Shown(s.clone()));
             }
         },

@@ -109,10 +109,99 @@ pub fn tighten(
     out
 }
 
+/// The states a namespace's call is decided with: its own and those of every namespace that
+/// cloned it (parent first). A clone is never decided more loosely than any namespace above it,
+/// and as their states only rise, it tightens whenever theirs do. Sorted, without duplicates.
+pub fn with_ancestors<'a>(
+    own: &[ContextState],
+    ancestors: impl IntoIterator<Item = &'a [ContextState]>,
+) -> Vec<ContextState> {
+    let mut all = own.to_vec();
+    for a in ancestors {
+        all.extend_from_slice(a);
+    }
+    all.sort();
+    all.dedup();
+    all
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::tier::Tier;
     use super::*;
+
+    /// Every subset of the states, in `ALL` order.
+    fn subsets() -> Vec<Vec<ContextState>> {
+        (0u32..(1 << ContextState::ALL.len()))
+            .map(|mask| {
+                ContextState::ALL
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| mask & (1 << i) != 0)
+                    .map(|(_, s)| *s)
+                    .collect()
+            })
+            .collect()
+    }
+
+    type Inherit = fn(&[ContextState], &[&[ContextState]]) -> Vec<ContextState>;
+
+    /// Checks `inherit` over every verdict × class × the states of a clone, its parent and its
+    /// grandparent (every subset each), and every later rise of the parent's states: the clone's
+    /// call is never decided more loosely than the same call in any namespace above it, nor
+    /// than its own states alone; and when the parent's states rise, the clone's verdict never
+    /// falls. Returns how many cases were checked, or the first violation.
+    fn check_clones(inherit: Inherit) -> Result<usize, String> {
+        let all = subsets();
+        let mut checked = 0;
+        for verdict in [Verdict::Allow, Verdict::Ask, Verdict::Deny] {
+            for class in classes() {
+                let decide = |states: &[ContextState]| tighten(verdict, class, states).0;
+                for own in &all {
+                    for parent in &all {
+                        for grand in &all {
+                            let states = inherit(own, &[parent, grand]);
+                            let got = decide(&states);
+                            for (who, theirs) in
+                                [("own", own), ("parent", parent), ("grandparent", grand)]
+                            {
+                                if got < decide(theirs) {
+                                    return Err(format!(
+                                        "{verdict:?} {class:?}: clone {own:?} of {parent:?} of {grand:?} got {got:?}, looser than its {who}'s {:?}",
+                                        decide(theirs)
+                                    ));
+                                }
+                            }
+                            // The parent tightens later: every superset of its states.
+                            for later in all.iter().filter(|l| parent.iter().all(|s| l.contains(s)))
+                            {
+                                let after = decide(&inherit(own, &[later, grand]));
+                                if after < got {
+                                    return Err(format!(
+                                        "{verdict:?} {class:?}: parent rose {parent:?} -> {later:?}, clone {own:?} fell {got:?} -> {after:?}"
+                                    ));
+                                }
+                            }
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(checked)
+    }
+
+    #[test]
+    fn a_clone_is_decided_at_least_as_tightly_as_every_namespace_above_it() {
+        let inherit: Inherit = |own, up| with_ancestors(own, up.iter().copied());
+        assert_eq!(check_clones(inherit), Ok(3 * 7 * 16 * 16 * 16));
+        // The check can fail: a clone that keeps only its own states (what a fresh session per
+        // clone did), or only its parent's, is caught.
+        let own_only: Inherit = |own, _| own.to_vec();
+        let parent_only: Inherit = |own, up| with_ancestors(own, up.iter().take(1).copied());
+        assert!(check_clones(own_only).is_err());
+        assert!(check_clones(parent_only).is_err());
+    }
 
     /// Every permutation of `items`.
     fn permutations(items: &[ContextState]) -> Vec<Vec<ContextState>> {

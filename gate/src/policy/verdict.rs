@@ -65,6 +65,8 @@ pub enum Basis {
     ReceiptsUnavailable,
     /// The session has too many open asks.
     AskCap,
+    /// The caller's namespace subtree is over one of its budgets (`asks`, `receipts`).
+    Budget(&'static str),
     /// The ask's caller went away (or withdrew it).
     Orphaned,
     /// The ask was answered `allow once`, but an identical call spent the token first.
@@ -85,6 +87,7 @@ impl fmt::Display for Basis {
             Basis::Expiry => f.write_str("expiry"),
             Basis::ReceiptsUnavailable => f.write_str("receipts_unavailable"),
             Basis::AskCap => f.write_str("ask_cap"),
+            Basis::Budget(what) => write!(f, "budget:{what}"),
             Basis::Orphaned => f.write_str("orphaned"),
             Basis::OnceSpent => f.write_str("once_spent"),
             Basis::GateError => f.write_str("gate_error"),

@@ -332,6 +332,7 @@ fn start(
         } else {
             let served = ServedMounts::new(
                 opts.protected.clone(),
+                space.build(),
                 space.handles().all_roots()?,
                 &id.to_string(),
                 bridge,
@@ -348,7 +349,8 @@ fn start(
             .ns_view(Arc::new(ScopedView {
                 nsd: nsd.for_operator(cred.uid),
                 id,
-            }));
+            }))
+            .lineage(request.argv.clone(), Vec::new());
             Some(Arc::new(served))
         };
         let session = match &served {

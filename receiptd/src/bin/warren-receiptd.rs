@@ -44,9 +44,18 @@ struct Args {
     /// wal: acknowledge at WAL commit, fdatasync within 5 ms; fsync: acknowledge after it.
     #[arg(long, value_enum, default_value = "wal")]
     durable: Durability,
-    /// Refuse appends (and receipt the refusal) below this much free space in the data dir.
-    #[arg(long, default_value_t = 64)]
+    /// Refuse appends (and receipt the refusal) below this much free space in the data dir; its
+    /// lower half is the reserve kept for receiptd's own receipts and the gate's denials.
+    #[arg(long, env = "WARREN_RECEIPTS_MIN_FREE_MB", default_value_t = 64)]
     min_free_mb: u64,
+    /// Receipts per second per namespace subtree where its root's spec sets no
+    /// `limit receipts=` (burst: 2 s of it).
+    #[arg(long, env = "WARREN_RECEIPTS_SUBTREE_RATE", default_value_t = warren_receiptd::budget::DEFAULT_SUBTREE_RATE)]
+    subtree_rate: u64,
+    /// Receipt MiB in total per namespace subtree where its root's spec sets no
+    /// `limit receipt-bytes=`.
+    #[arg(long, env = "WARREN_RECEIPTS_SUBTREE_MB", default_value_t = warren_receiptd::budget::DEFAULT_SUBTREE_BYTES >> 20)]
+    subtree_mb: u64,
     /// Per-scope receipt rate (per second) and burst.
     #[arg(long, default_value_t = warren_receiptd::log::DEFAULT_RATE_PER_SEC)]
     rate: f64,
@@ -81,6 +90,8 @@ fn main() -> ExitCode {
     log.min_free_bytes = args.min_free_mb << 20;
     log.rate_per_sec = args.rate;
     log.rate_burst = args.burst;
+    log.subtree_rate = args.subtree_rate.max(1);
+    log.subtree_bytes = args.subtree_mb.max(1) << 20;
     log.checkpoint_rows = args.checkpoint_rows;
     log.checkpoint_interval = Duration::from_millis(args.checkpoint_ms);
     log.generate_key = !args.no_generate_key;

@@ -257,6 +257,7 @@ pub fn record(tools: &[&str]) -> GrantRecord {
             .collect(),
         worker_uid: WORKER_UID,
         worker_gid: WORKER_GID,
+        lineage: None,
     }
 }
 
