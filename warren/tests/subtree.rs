@@ -245,7 +245,7 @@ def call(i):
         out += c
     os.close(fd)
     e = json.loads(out)
-    return "ok" if e["status"] == "ok" else "%s:%s" % (e["status"], e["content"])
+    return "ok" if e["status"] == "ok" else "%s:%s" % (e["status"], e.get("basis") or e["content"])
 def worker(k):
     i = 0
     while not os.path.exists(S + "/stop"):
