@@ -199,6 +199,20 @@ pub fn open_own_file(path: &Path, create: bool) -> io::Result<File> {
     Ok(file)
 }
 
+/// A SQLite database of this daemon's, before SQLite opens it: the file made or checked with
+/// [`open_own_file`] (0600 from its first byte; SQLite gives its `-wal` and `-shm` the
+/// database's mode), and a `-wal` or `-shm` already there checked the same way. A database
+/// another uid planted, or could write to, is refused rather than adopted.
+pub fn check_own_database(path: &Path) -> io::Result<()> {
+    open_own_file(path, true)?;
+    for suffix in ["-wal", "-shm"] {
+        let mut side = path.as_os_str().to_owned();
+        side.push(suffix);
+        check_own_file_if_present(Path::new(&side))?;
+    }
+    Ok(())
+}
+
 /// Refuses `path` if it exists and is a symlink, not a regular file, not the caller's, or
 /// writable by group or others (SQLite's `-wal` and `-shm` beside a database).
 pub fn check_own_file_if_present(path: &Path) -> io::Result<()> {

@@ -182,15 +182,7 @@ impl Store {
     }
 
     fn open_with(path: &Path, exclusive: bool) -> anyhow::Result<Store> {
-        // Create the file ourselves so it is 0600 from its first byte; SQLite gives its -wal
-        // and -shm files the database file's mode. A database (or -wal, -shm) that is a
-        // symlink, another uid's, or writable by others is refused, never adopted.
-        warren_daemon::dirs::open_own_file(path, true)?;
-        for suffix in ["-wal", "-shm"] {
-            let mut side = path.as_os_str().to_owned();
-            side.push(suffix);
-            warren_daemon::dirs::check_own_file_if_present(Path::new(&side))?;
-        }
+        warren_daemon::dirs::check_own_database(path)?;
         let conn = Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE

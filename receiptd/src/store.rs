@@ -41,14 +41,7 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 /// (warren_daemon::dirs::open_own_file): a database another uid planted, or could write to, is
 /// refused rather than adopted.
 pub fn open_rw(path: &Path, synchronous: &str) -> Result<Connection, OpenError> {
-    // Create the file ourselves so it is 0600 from its first instant; SQLite gives the -wal
-    // and -shm files the database file's mode.
-    warren_daemon::dirs::open_own_file(path, true)?;
-    for suffix in ["-wal", "-shm"] {
-        let mut side = path.as_os_str().to_owned();
-        side.push(suffix);
-        warren_daemon::dirs::check_own_file_if_present(Path::new(&side))?;
-    }
+    warren_daemon::dirs::check_own_database(path)?;
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_WRITE
