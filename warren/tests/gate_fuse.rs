@@ -824,7 +824,11 @@ fn an_ask_taller_than_the_terminal_cannot_show_a_forged_request() {
     std::thread::sleep(Duration::from_millis(500));
     let screen = {
         let again = tmux.screen();
-        if again.contains("once, session or deny") { again } else { screen }
+        if again.contains("once, session or deny") {
+            again
+        } else {
+            screen
+        }
     };
     assert!(work.effects().is_empty(), "ran before it was answered");
     tmux.cmd(&["send-keys", "-t", "t", "deny", "Enter"])
