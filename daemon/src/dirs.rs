@@ -337,6 +337,27 @@ mod tests {
         assert_eq!(mode_of(&ours), 0o700);
     }
 
+    /// Attack: an ancestor that another user owns (0755: no write bit for group or others) is
+    /// writable by that user all the same, who can rename warren's dir away and put their own in
+    /// its place (sockets that answer root's `warren approvals`, a data dir of theirs) once `up`
+    /// has checked and made it. It must be refused like a world-writable one.
+    #[test]
+    fn an_ancestor_another_user_owns_is_refused() {
+        let parent = base(0o755);
+        let theirs = parent.path().join("theirs");
+        std::fs::create_dir(&theirs).unwrap();
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::chown(&theirs, Some(STRANGER), Some(STRANGER)).unwrap();
+        let run = theirs.join("run");
+        let made = make_dir(&run, 0, 0, 0o750);
+        assert!(
+            made.is_err(),
+            "{} was made and taken under {} (uid {STRANGER}'s), who can rename it away",
+            run.display(),
+            theirs.display()
+        );
+    }
+
     #[test]
     fn an_existing_dir_of_another_uid_or_writable_by_others_is_refused() {
         let parent = base(0o755);

@@ -223,3 +223,73 @@ EOF"#,
     );
     race_support::assert_untouched(&outside, &before);
 }
+
+/// Attack (write identity × narrowing): a namespace granted `fs_write -w R`, where R is
+/// root's (so its own worker writes as nsd's worker uid), clones a child with `fs_write -w
+/// R/victim`, a 0700 directory of another user. The child's worker takes the identity of the
+/// narrowed root's owner, so the child writes, as that user, where its parent's worker is refused
+/// (permission denied). A clone must never hold more authority than its parent: the child's
+/// write must be refused too (or made as the parent's identity).
+#[test]
+fn a_clone_never_writes_as_the_owner_of_a_directory_its_parent_cannot_write() {
+    const VICTIM: u32 = 4243;
+    let w = Warren::up();
+    allow_fs_write(&w);
+    let t = tempfile::Builder::new()
+        .prefix("wident")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let mode = |p: &std::path::Path, m: u32| {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(m)).unwrap()
+    };
+    let shared = t.path().join("shared");
+    let victim = shared.join("victim");
+    let out = t.path().join("out");
+    for d in [&victim, &out] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    mode(t.path(), 0o755);
+    mode(&shared, 0o755);
+    mode(&out, 0o777);
+    mode(&victim, 0o700);
+    nix::unistd::chown(victim.as_path(), Some(VICTIM.into()), Some(VICTIM.into())).unwrap();
+    let (r, v) = (shared.to_str().unwrap(), victim.to_str().unwrap());
+    let spec = w.base.path().join("parent.ns");
+    std::fs::write(
+        &spec,
+        format!(
+            "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n\
+             bind -w {} /out\nmount ns /ns\nmount tool /tool fs_write\ntool fs_write -w {r}\n",
+            out.display()
+        ),
+    )
+    .unwrap();
+    // The child makes the first call of the subtree (so it is allowed by the rule, not asked);
+    // then the parent tries the same directory itself (the control: permission denied).
+    let script = format!(
+        r#"cat > /out/child.sh <<'EOC'
+exec 3<>/tool/fs_write/call; printf '{{"path":"{v}/pwned","content":"as the victim"}}' >&3; cat <&3 > /out/child.out; exec 3<&-
+EOC
+exec 3<>/ns/clone
+printf 'bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\nbind -w /out /out\nmount tool /tool fs_write\ntool fs_write -w {v}\n' >&3
+id=$(cat <&3); exec 3<&-
+echo "run /bin/sh /out/child.sh" > /ns/$id/ctl
+cat /ns/$id/wait
+exec 3<>/tool/fs_write/call; printf '{{"path":"{v}/parent","content":"p"}}' >&3; cat <&3; echo; exec 3<&-"#
+    );
+    let (code, stdout, err) = w.sh(&["--ns", spec.to_str().unwrap()], &script);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        stdout.contains("permission denied"),
+        "the control: the parent's own worker cannot write {v}: {stdout}"
+    );
+    assert!(!victim.join("parent").exists());
+    let child = std::fs::read_to_string(out.join("child.out")).unwrap_or_default();
+    let written = victim.join("pwned");
+    let owner = std::fs::metadata(&written).ok().map(|m| m.uid());
+    assert!(
+        !written.exists(),
+        "the clone wrote into another user's 0700 directory its parent cannot write, as uid \
+         {owner:?}: {child}"
+    );
+}

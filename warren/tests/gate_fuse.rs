@@ -771,3 +771,74 @@ fn an_ask_is_drawn_on_a_surface_the_namespace_did_not_prepare() {
     wait_exit(&w, &tmux);
     assert!(work.effects().is_empty(), "the denied call ran");
 }
+
+/// Attack: an ask taller than the terminal. The prompt prints the whole request, however long,
+/// so its top scrolls away; the namespace knows the terminal's width (its pty has the
+/// launcher's), and pads its `shell` command with spaces so that, wrapped, the `args` line draws
+/// a whole forged request — `tool fs_write`, a harmless `args` — on the rows the operator sees
+/// above `allow?`, while the real `tool shell` line and the real command have scrolled off. No
+/// escape sequence is used: spaces and printable text only (the forged quotes are U+201D, which
+/// is not escaped). The operator must always see what really runs before answering.
+#[test]
+fn an_ask_taller_than_the_terminal_cannot_show_a_forged_request() {
+    const WIDTH: usize = 160; // run_on_terminal's tmux window
+    let w = Warren::up();
+    let work = Workdir::new(&w, "shell");
+    let real = format!("echo PWNED >> {}/effects; id;#", work.path());
+    // The args line as the prompt shows it starts `  args {"command":"`: 19 columns.
+    let mut cmd = real.clone();
+    let col = |cmd: &str| (19 + cmd.chars().count()) % WIDTH;
+    while col(&cmd) != 0 {
+        cmd.push(' ');
+    }
+    cmd.push_str(&" ".repeat(WIDTH * 70)); // blank rows: the real top scrolls away
+    let q = '\u{201D}';
+    let forged = [
+        "warren run: the command asks (ask 1):".to_owned(),
+        "  ask 1".into(),
+        "  session 5f0c2d9e8b7a41c3a6e2f1d0c9b8a7e6".into(),
+        "  namespace 1".into(),
+        "  command /bin/sh -c agent".into(),
+        "  parents -".into(),
+        "  subtree 5f0c2d9e8b7a41c3a6e2f1d0c9b8a7e6".into(),
+        "  subtree_open_asks 1".into(),
+        "  tool fs_write".into(),
+        "  tier write".into(),
+        "  basis default:write".into(),
+        "  context -".into(),
+        "  fingerprint 3a7c1e90".into(),
+        "  bytes 40".into(),
+    ];
+    for line in &forged {
+        cmd.push_str(line);
+        cmd.push_str(&" ".repeat(WIDTH - line.chars().count()));
+    }
+    // The last forged line is closed by the real args' own `"}`.
+    cmd.push_str(&format!(
+        "  args {{{q}path{q}:{q}notes.md{q},{q}content{q}:{q}hi"
+    ));
+    let args = serde_json::json!({ "command": cmd }).to_string();
+    let script = format!("{CALL}\ncall shell '{args}'\n");
+    let tmux = run_on_terminal(&w, work.spec(), &script);
+    let screen = tmux.wait_for("once, session or deny");
+    std::thread::sleep(Duration::from_millis(500));
+    let screen = {
+        let again = tmux.screen();
+        if again.contains("once, session or deny") {
+            again
+        } else {
+            screen
+        }
+    };
+    assert!(work.effects().is_empty(), "ran before it was answered");
+    tmux.cmd(&["send-keys", "-t", "t", "deny", "Enter"])
+        .status()
+        .unwrap();
+    wait_exit(&w, &tmux);
+    assert!(work.effects().is_empty(), "the denied call ran");
+    assert!(
+        screen.contains("echo PWNED") && screen.contains("tool shell"),
+        "the screen the operator answered shows a forged request (tool fs_write, args notes.md), \
+         not the real tool or command:\n{screen}"
+    );
+}

@@ -522,3 +522,65 @@ fn a_clones_open_ask_goes_with_its_killed_launcher() {
     });
     assert!(!root.join("ran").exists(), "the call ran");
 }
+
+/// Attack: SIGKILL of `warren run` ends its namespace, but not a `shell` call the namespace has
+/// in flight. The command (`sleep 6; echo alive > after`, asking for a 60 s timeout of the
+/// 600 s allowed) runs on as the subtree's uid after the holder is gone and writes into the
+/// shell tool's root: what a namespace started outlives it by up to the call's timeout. A
+/// subtree's end must end its calls' commands too.
+#[test]
+fn a_shell_command_in_flight_ends_with_its_launcher_killed() {
+    let w = Warren::up();
+    let rule = w.run(&["write", "/gate/rules", "allow shell"]);
+    assert!(
+        rule.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rule.stderr)
+    );
+    let root = w.base.path().join("shroot");
+    std::fs::create_dir(&root).unwrap();
+    common::open_to_shell_workers(&root);
+    let r = root.to_str().unwrap();
+    let spec = w.base.path().join("sh.ns");
+    std::fs::write(
+        &spec,
+        format!("{SYSTEM}mount tool /tool shell\ntool shell -w {r}\n"),
+    )
+    .unwrap();
+    let script = format!(
+        r#"exec 3<>/tool/shell/call; printf '{{"command":"echo started > started; sleep 6; echo alive > after","timeout_s":60,"cwd":"{r}"}}' >&3; cat <&3"#
+    );
+    let mut launcher = w
+        .cmd(&[
+            "run",
+            "--ns",
+            spec.to_str().unwrap(),
+            "--",
+            "/bin/sh",
+            "-c",
+            &script,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut id = String::new();
+    let mut holder = 0;
+    wait_until("the namespace runs", || {
+        id = ns_ids(&w).into_iter().next().unwrap_or_default();
+        holder = holder_of(&w, &id).unwrap_or(0);
+        holder != 0
+    });
+    wait_until("the shell command runs", || root.join("started").exists());
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    wait_until("the holder is gone", || {
+        !std::path::Path::new(&format!("/proc/{holder}")).exists()
+    });
+    std::thread::sleep(std::time::Duration::from_secs(10));
+    assert!(
+        !root.join("after").exists(),
+        "the namespace's shell command ran on after its `warren run` was killed and its holder \
+         was gone, and wrote {r}/after"
+    );
+}

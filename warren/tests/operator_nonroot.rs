@@ -250,3 +250,62 @@ fn a_non_root_operator_cannot_bind_what_they_cannot_reach() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "secret\n");
 }
+
+/// Attack (write identity for a non-root operator): `fs_write` writes as the owner of its
+/// writable root. A `warren` group member who can merely reach another user's 0755 home directory
+/// (as every 0755 home is) runs `warren run` with `tool fs_write -w THAT_HOME` and writes
+/// `.bashrc` there, created as that user: a group member becomes any non-root user. An operator
+/// must never write, through a tool, where they cannot write themselves.
+#[test]
+fn a_non_root_operator_never_writes_as_another_user_through_fs_write() {
+    const VICTIM: u32 = 4244;
+    let (w, op) = up_with_operator();
+    let home = w.base.path().join("home-of-4244");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755)).unwrap();
+    nix::unistd::chown(home.as_path(), Some(VICTIM.into()), Some(VICTIM.into())).unwrap();
+    let h = home.display().to_string();
+    let rule = w.run(&["write", "/gate/rules", "allow fs_write"]);
+    assert!(rule.status.success(), "{}", text(&rule.stderr));
+    let spec = w.base.path().join("op.ns");
+    std::fs::write(
+        &spec,
+        format!("mount tool /tool fs_write\ntool fs_write -w {h}\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&spec, std::fs::Permissions::from_mode(0o644)).unwrap();
+    // The control: the operator cannot write there themselves.
+    let own = op
+        .run_as(Command::new("sh").args(["-c", &format!("echo x > {h}/own")]))
+        .output()
+        .unwrap();
+    assert!(!own.status.success(), "the operator can write {h} itself");
+
+    let script = format!(
+        r#"exec 3<>/tool/fs_write/call; printf '{{"path":"{h}/.bashrc","content":"echo owned"}}' >&3; cat <&3"#
+    );
+    let out = op.output(
+        &w,
+        &[
+            "run",
+            "--ns",
+            spec.to_str().unwrap(),
+            "--",
+            "/bin/sh",
+            "-c",
+            &script,
+        ],
+    );
+    let rc = home.join(".bashrc");
+    let owner = std::fs::metadata(&rc).ok().map(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.uid()
+    });
+    assert!(
+        !rc.exists(),
+        "operator uid {} wrote {h}/.bashrc as uid {owner:?}: {} {}",
+        op.uid,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
