@@ -842,6 +842,10 @@ impl crate::worker::WorkerScopes for Nsd {
         Ok(Some(crate::worker::WorkerScope {
             uid: crate::worker::EXEC_WORKER_UID_BASE + holder,
             limits: space.build.limits,
+            writer: crate::worker::Writer {
+                operator_uid: space.info().operator_uid,
+                clone: space.parent.is_some(),
+            },
         }))
     }
 }

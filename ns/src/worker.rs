@@ -70,6 +70,29 @@ pub const EXEC_WORKER_UID_BASE: u32 = 5_000_000;
 pub struct WorkerScope {
     pub uid: u32,
     pub limits: Limits,
+    /// Who may write as whom: the operator who started the namespace's subtree, and whether
+    /// the namespace is a clone (see [`write_identity`]).
+    pub writer: Writer,
+}
+
+/// Whose files a namespace's file tools may write as another uid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Writer {
+    /// The operator who started the namespace (0: root).
+    pub operator_uid: u32,
+    /// A namespace cloned through `/ns`.
+    pub clone: bool,
+}
+
+impl Writer {
+    /// May a worker write as `owner` (a writable root's)? Only as the operator themselves, or
+    /// as anyone a root operator named in their own spec: never for a clone, whose roots are
+    /// narrowed beneath its parent's and may belong to someone the parent never wrote as, and
+    /// never for a non-root operator's grant of another user's directory (nsd checks that they
+    /// can reach a path, not that they may write as its owner).
+    pub fn may_write_as(self, owner: u32) -> bool {
+        !self.clone && (self.operator_uid == 0 || owner == self.operator_uid)
+    }
 }
 
 /// Who the namespaces are (nsd's `/ns`): the scope of a worker built for one of them.
@@ -141,15 +164,19 @@ impl WorkerFactory {
     /// instances, …) of what it runs count there and nowhere else; the file tools' workers,
     /// which run only warren's code and never fork, keep the one worker uid, so what they
     /// write keeps one owner across namespaces (docs/decisions.md, "A subtree is one uid").
-    fn identity(&self, request: &BuildRequest, execs: bool) -> Result<(u32, Limits), String> {
+    fn identity(
+        &self,
+        request: &BuildRequest,
+        execs: bool,
+    ) -> Result<(u32, Limits, Option<Writer>), String> {
         let scope = match &self.scopes {
             Some(s) => s.worker_scope(&request.namespace, &request.session)?,
             None => None,
         };
         Ok(match scope {
-            Some(scope) if execs => (scope.uid, scope.limits),
-            Some(scope) => (self.uid, scope.limits),
-            None => (self.uid, Limits::default()),
+            Some(scope) if execs => (scope.uid, scope.limits, Some(scope.writer)),
+            Some(scope) => (self.uid, scope.limits, Some(scope.writer)),
+            None => (self.uid, Limits::default(), None),
         })
     }
 
@@ -162,7 +189,7 @@ impl WorkerFactory {
     pub fn build(&self, request: &BuildRequest, root_fds: Vec<OwnedFd>) -> Result<Built, String> {
         check_request(request, root_fds.len())?;
         let execs = EXEC_TOOLS.contains(&request.tool.as_str());
-        let (uid, limits) = self.identity(request, execs)?;
+        let (uid, limits, writer) = self.identity(request, execs)?;
         let guard = Guard::new(&self.protected).map_err(|e| e.to_string())?;
         let mut prepared = Vec::new();
         for (root, fd) in request.roots.iter().zip(&root_fds) {
@@ -211,7 +238,9 @@ impl WorkerFactory {
             &guard,
         )?);
         // A file tool writes as its writable roots' owner; otherwise the identity above.
-        let (uid, gid) = write_identity(request, &root_fds, execs)?.unwrap_or((uid, uid));
+        let (uid, gid) = write_identity(request, &root_fds, execs)?
+            .filter(|&(owner, _)| writer.is_some_and(|w| w.may_write_as(owner)))
+            .unwrap_or((uid, uid));
         let (channel, worker_end) = UnixStream::pair().map_err(io("channel"))?;
         let (lifeline, holder_end) = UnixStream::pair().map_err(io("lifeline"))?;
         let (err_read, err_write) =
@@ -710,6 +739,10 @@ mod tests {
                     limits: crate::spec::parse("<t>", "limit pids=16 mem=64M")
                         .unwrap()
                         .limits,
+                    writer: Writer {
+                        operator_uid: 0,
+                        clone: false,
+                    },
                 })),
                 "8" => Err("namespace 8's subtree is not running".into()),
                 _ => Ok(None),
@@ -727,20 +760,35 @@ mod tests {
         let mut shell = request(&[]);
         shell.tool = "shell".into();
         shell.namespace = "7".into();
-        let (uid, limits) = factory.identity(&shell, true).unwrap();
+        let (uid, limits, _) = factory.identity(&shell, true).unwrap();
         assert_eq!(uid, EXEC_WORKER_UID_BASE + 42);
         assert_eq!((limits.pids, limits.mem), (Some(16), Some(64 << 20)));
         let mut read = request(&[]);
         read.namespace = "7".into();
-        let (uid, limits) = factory.identity(&read, false).unwrap();
+        let (uid, limits, _) = factory.identity(&read, false).unwrap();
         assert_eq!((uid, limits.pids), (Role::Worker.uid(), Some(16)));
         shell.namespace = "operator".into();
         assert_eq!(
             factory.identity(&shell, true).unwrap(),
-            (Role::Worker.uid(), Limits::default())
+            (Role::Worker.uid(), Limits::default(), None)
         );
         shell.namespace = "8".into();
         assert!(factory.identity(&shell, true).is_err());
+    }
+
+    /// A worker writes as a root's owner only for the operator themselves, or for a root
+    /// operator's own namespace; never for a clone.
+    #[test]
+    fn only_the_operator_or_roots_own_namespace_writes_as_a_roots_owner() {
+        let w = |operator_uid, clone| Writer {
+            operator_uid,
+            clone,
+        };
+        assert!(w(0, false).may_write_as(4242));
+        assert!(w(4242, false).may_write_as(4242));
+        assert!(!w(4242, false).may_write_as(4243));
+        assert!(!w(0, true).may_write_as(4242));
+        assert!(!w(4242, true).may_write_as(4242));
     }
 
     #[test]
