@@ -6,6 +6,7 @@
 //! and `deny` only. The view is the gate's `events` stream: blocking reads, never a poll.
 
 use std::io::IsTerminal;
+use std::os::fd::AsFd;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
@@ -100,11 +101,16 @@ pub fn verb(word: &str, request: Option<&str>) -> Result<String, String> {
 /// An open ask as `warren approvals` prints it: the gate's escaped `request` text, with anything
 /// the gate let through escaped here all the same (one rule: `warren_daemon::escape`).
 fn ask_shown(s: &Shown) -> String {
-    format!(
-        "\n── ask {} ──\n{}",
-        s.id,
-        escaped_lines(s.request.trim_end())
-    )
+    let text = escaped_lines(s.request.trim_end());
+    // On a terminal, fitted to it: no line wraps into what looks like another field, and
+    // nothing scrolls the ask's own lines away (the whole request: `warren cat`).
+    let text = match warren_ns::confine::sys::get_winsize(std::io::stdout().as_fd()) {
+        Ok([rows, cols, ..]) if std::io::stdout().is_terminal() => {
+            crate::asks::fit_to_screen(&text, (rows, cols)).join("\n")
+        }
+        _ => text,
+    };
+    format!("\n── ask {} ──\n{text}", s.id)
 }
 
 /// A closed ask's line, escaped the same way.

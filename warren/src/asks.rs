@@ -15,6 +15,7 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::io::{IsTerminal, Write};
+use std::os::fd::AsFd;
 
 use anyhow::{Context, Result};
 use nix::sys::signal::{SigSet, SigmaskHow};
@@ -358,6 +359,44 @@ impl Drop for PromptScreen {
     }
 }
 
+/// The request's lines as they fit a terminal of `(rows, cols)`: each indented and cut to the
+/// width with a marker (any character outside ASCII counted as two columns, so a wide one
+/// never wraps a line), at most as many as leave room for the heading and the question, and a
+/// last line saying how many were left out and where the whole request is read.
+pub(crate) fn fit_to_screen(request: &str, (rows, cols): (u16, u16)) -> Vec<String> {
+    let cols = usize::from(cols.max(20));
+    let room = usize::from(rows.max(8)) - 3;
+    let width = |c: &char| if c.is_ascii() { 1 } else { 2 };
+    let cut = |line: &str| -> String {
+        let mut out = String::from("  ");
+        if 2 + line.chars().map(|c| width(&c)).sum::<usize>() < cols {
+            out.push_str(line);
+            return out;
+        }
+        // Room for the marker " …" (its ellipsis counted as two columns).
+        let mut used = 2;
+        for c in line.chars() {
+            if used + width(&c) + 3 >= cols {
+                break;
+            }
+            out.push(c);
+            used += width(&c);
+        }
+        out.push_str(" …");
+        out
+    };
+    let lines: Vec<&str> = request.lines().collect();
+    if lines.len() <= room {
+        return lines.iter().map(|l| cut(l)).collect();
+    }
+    let mut out: Vec<String> = lines[..room - 1].iter().map(|l| cut(l)).collect();
+    out.push(cut(&format!(
+        "… {} more lines: read the whole request with `warren approvals`",
+        lines.len() - (room - 1)
+    )));
+    out
+}
+
 /// Shows the ask on the terminal and answers it with what the person types.
 async fn prompt(
     root: &Fid,
@@ -372,10 +411,15 @@ async fn prompt(
     });
     let mut screen = PromptScreen::open();
     let out = &mut screen.out;
-    // The gate escaped the request; whatever it let through is escaped here all the same.
-    let shown: String = escaped_lines(&ask.request)
-        .lines()
-        .map(|l| format!("  {l}\r\n"))
+    // The gate escaped the request; whatever it let through is escaped here all the same. Each
+    // line is cut to the terminal's width and the whole to its height, so no line wraps into
+    // what looks like another and nothing the gate wrote scrolls off the top.
+    let size = warren_ns::confine::sys::get_winsize(std::io::stdin().as_fd())
+        .map(|[rows, cols, ..]| (rows, cols))
+        .unwrap_or((24, 80));
+    let shown: String = fit_to_screen(&escaped_lines(&ask.request), size)
+        .iter()
+        .map(|l| format!("{l}\r\n"))
         .collect();
     let _ = write!(
         out,
@@ -435,6 +479,34 @@ async fn prompt(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A request taller or wider than the terminal never wraps or scrolls: every line fits
+    /// one row (a wide character counted as two), and the lines left out are said.
+    #[test]
+    fn a_request_is_fitted_to_the_terminal() {
+        let wide = format!(
+            "args {{\"command\":\"echo PWNED; id{}tool fs_write\"}}",
+            " ".repeat(300)
+        );
+        let request = format!("ask 1\ntool shell\n{wide}\n{}", "x\n".repeat(40));
+        let lines = fit_to_screen(&request, (24, 80));
+        assert_eq!(lines.len(), 21);
+        for l in &lines {
+            let cols: usize = l.chars().map(|c| if c.is_ascii() { 1 } else { 2 }).sum();
+            assert!(cols < 80, "{l:?}");
+        }
+        assert_eq!(lines[1], "  tool shell");
+        assert!(
+            lines[2].starts_with("  args {\"command\":\"echo PWNED; id")
+                && lines[2].ends_with(" …")
+        );
+        assert!(lines[20].contains("more lines"), "{:?}", lines[20]);
+        let cjk = "名".repeat(100);
+        for l in fit_to_screen(&cjk, (24, 40)) {
+            let cols: usize = l.chars().map(|c| if c.is_ascii() { 1 } else { 2 }).sum();
+            assert!(cols < 40, "{l:?}");
+        }
+    }
 
     fn typed(bytes: &[u8]) -> String {
         let (tx, mut rx) = mpsc::unbounded_channel();
