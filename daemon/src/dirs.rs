@@ -68,7 +68,8 @@ impl Dirs {
 /// O_DIRECTORY`, and the last one is given `uid`, `gid` and `mode` on its fd. Refused, before
 /// anything is changed: a component that is a symlink or not a directory; a component whose
 /// parent others may write to (write for others, or for a group other than root's), unless that
-/// parent is sticky and the component belongs to root or `uid`; and a last component that
+/// parent is sticky and the component belongs to root or `uid`; a component whose parent
+/// belongs to anyone but root or `uid` (its owner could rename it away); and a last component that
 /// existed but belongs to neither root nor `uid`, or that others may write to. Missing
 /// components above the last are made 0755 (root's, or the caller's). Returns the directory's fd.
 pub fn make_dir(path: &Path, uid: u32, gid: u32, mode: u32) -> io::Result<OwnedFd> {
@@ -94,6 +95,16 @@ pub fn make_dir(path: &Path, uid: u32, gid: u32, mode: u32) -> io::Result<OwnedF
         // those above need search permission only.
         let flags = search | if last { OFlag::O_RDONLY } else { OFlag::O_PATH };
         let parent = here.parent().unwrap_or(Path::new("/"));
+        // Its owner can rename what is in it, whatever the mode bits say.
+        if dir_stat.st_uid != 0 && dir_stat.st_uid != uid {
+            return Err(refuse(format!(
+                "{} belongs to uid {}, who could rename {} away and put another in its place: \
+                 choose a directory whose ancestors are root's",
+                parent.display(),
+                dir_stat.st_uid,
+                here.display()
+            )));
+        }
         let parent_shared = writable_by_others(&dir_stat);
         if parent_shared && dir_stat.st_mode & libc::S_ISVTX == 0 {
             return Err(refuse(format!(
