@@ -169,9 +169,17 @@ impl Space {
 
     /// Records its end, and ends its subtree with it.
     pub(crate) fn set_ended(&self, end: Status) {
-        *self.running.lock().unwrap() = None;
+        let holder = self.running.lock().unwrap().take().map(|r| r.holder_pid());
         self.status.send_replace(end);
         self.end_subtree();
+        // A subtree's root ended: what its `shell` workers still run ends with it (they and the
+        // commands they run are the subtree's own uid, and only its).
+        if let (None, Some(holder)) = (self.parent, holder) {
+            let uid = crate::worker::EXEC_WORKER_UID_BASE + holder;
+            if let Err(e) = crate::confine::sys::kill_every_process_of(uid) {
+                tracing::warn!("ending the shell workers of a subtree: {e}");
+            }
+        }
     }
 
     /// Kills every namespace cloned through its `/ns`; each one's waiter then records its end

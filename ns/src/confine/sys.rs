@@ -252,6 +252,43 @@ pub fn fork_process() -> io::Result<nix::unistd::ForkResult> {
     unsafe { nix::unistd::fork() }.map_err(io::Error::from)
 }
 
+/// SIGKILLs every process whose uid is `uid` (none of which is ours: it must not be 0), in any
+/// user or pid namespace: a child takes `uid` and calls `kill(-1)`, which reaches exactly the
+/// processes that uid may signal. Returns once that child is gone.
+pub fn kill_every_process_of(uid: u32) -> io::Result<()> {
+    if uid == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "refusing to kill every process of uid 0",
+        ));
+    }
+    match fork_process()? {
+        nix::unistd::ForkResult::Child => {
+            let id = nix::unistd::Uid::from_raw(uid);
+            let code = match nix::unistd::setresuid(id, id, id) {
+                Ok(()) => match nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(-1),
+                    nix::sys::signal::Signal::SIGKILL,
+                ) {
+                    // ESRCH: there was nothing of that uid to kill.
+                    Ok(()) | Err(nix::errno::Errno::ESRCH) => 0,
+                    Err(_) => 2,
+                },
+                Err(_) => 1,
+            };
+            exit_now(code)
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            match nix::sys::wait::waitpid(child, None).map_err(io::Error::from)? {
+                nix::sys::wait::WaitStatus::Exited(_, 0) => Ok(()),
+                other => Err(io::Error::other(format!(
+                    "killing the processes of uid {uid}: {other:?}"
+                ))),
+            }
+        }
+    }
+}
+
 /// `_exit` without running destructors or atexit handlers (they belong to the launcher).
 pub fn exit_now(code: i32) -> ! {
     // SAFETY: _exit is always safe to call; it never returns.
