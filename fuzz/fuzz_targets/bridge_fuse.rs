@@ -9,7 +9,8 @@
 //! FUSE_INIT (7.31) goes first. Mode bit 2 set: call-file semantics (`/tool`'s).
 //! Checks: no panic; the bridge stops when the "kernel" hangs up; every reply is a whole
 //! `fuse_out_header` + body whose `len` is its size, with an error in -511..=0 and no body on
-//! error; no request is answered more often than its `unique` was sent.
+//! error; no request is answered more often than its `unique` was sent; a READ or READDIR is
+//! answered with no more bytes than it asked for.
 #![no_main]
 
 use std::collections::HashMap;
@@ -112,10 +113,20 @@ fuzz_target!(|data: &[u8]| {
             [&(len as u32 + 4).to_le_bytes()[..], bytes].concat()
         });
     }
+    // Per unique: requests sent with it, and the largest READ/READDIR size when every one of
+    // them was a READ or READDIR (`None` once another operation used it).
     let mut sent: HashMap<u64, usize> = HashMap::new();
+    let mut read_size: HashMap<u64, Option<u32>> = HashMap::new();
     for msg in &messages {
-        if let Ok((header, _)) = abi::fuse_in_header::read_from_prefix(msg) {
+        if let Ok((header, args)) = abi::fuse_in_header::read_from_prefix(msg) {
             *sent.entry(header.unique).or_default() += 1;
+            let size = match header.opcode {
+                abi::FUSE_READ | abi::FUSE_READDIR => abi::fuse_read_in::read_from_prefix(args)
+                    .map_or(Some(0), |(read, _)| Some(read.size)),
+                _ => None,
+            };
+            let max = read_size.entry(header.unique).or_insert(Some(0));
+            *max = max.zip(size).map(|(a, b)| a.max(b));
         }
     }
 
@@ -176,6 +187,13 @@ fuzz_target!(|data: &[u8]| {
         );
         assert!(reply.len() >= OUT_HEADER);
         *answered.entry(header.unique).or_default() += 1;
+        if let Some(Some(size)) = read_size.get(&header.unique) {
+            assert!(
+                body.len() <= *size as usize,
+                "{} bytes read, {size} asked",
+                body.len()
+            );
+        }
     }
     for (unique, n) in answered {
         let asked = sent.get(&unique).copied().unwrap_or(0);

@@ -7,7 +7,8 @@
 //! first, so the fuzzer starts at the requests that reach the tree.
 //! Checks: no panic; the server ends when the client hangs up; every reply is a well-formed
 //! R-message no larger than the largest msize on offer; in framed mode, no tag is answered
-//! more often than it was sent.
+//! more often than it was sent, no Rread or Rreaddir carries more than the count asked, and no
+//! Rwalk more qids than the names asked (at most 16).
 #![no_main]
 
 use std::collections::HashMap;
@@ -17,7 +18,7 @@ use libfuzzer_sys::fuzz_target;
 use rs9p::{FCall, Msg};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use warren_9p::demo::DemoTree;
-use warren_9p::wire::{self, HEADER_LEN};
+use warren_9p::wire::{self, HEADER_LEN, RREAD_HEADER_LEN};
 
 const MAX_MSIZE: u32 = 64 * 1024;
 
@@ -48,8 +49,11 @@ fuzz_target!(|data: &[u8]| {
     };
     let raw = mode & 1 != 0;
     let mut stream = Vec::new();
-    // How many requests each tag was sent with (framed mode only).
+    // Per tag (framed mode only): requests sent with it, the largest Tread/Treaddir count
+    // and the most walk names among them.
     let mut sent: HashMap<u16, usize> = HashMap::new();
+    let mut read_count: HashMap<u16, u32> = HashMap::new();
+    let mut walk_names: HashMap<u16, usize> = HashMap::new();
     if mode & 2 == 0 {
         stream = handshake();
         *sent.entry(rs9p::NOTAG).or_default() += 1;
@@ -62,10 +66,23 @@ fuzz_target!(|data: &[u8]| {
         while let [a, b, tail @ ..] = rest {
             let len = (u16::from_le_bytes([*a, *b]) as usize).min(tail.len());
             let (body, next) = tail.split_at(len);
+            let at = stream.len();
             stream.extend_from_slice(&(len as u32 + 4).to_le_bytes());
             stream.extend_from_slice(body);
             if let [_, t0, t1, ..] = body {
-                *sent.entry(u16::from_le_bytes([*t0, *t1])).or_default() += 1;
+                let tag = u16::from_le_bytes([*t0, *t1]);
+                *sent.entry(tag).or_default() += 1;
+                match wire::decode_request(&stream[at..]).map(|m| m.body) {
+                    Ok(FCall::TRead { count, .. } | FCall::TReadDir { count, .. }) => {
+                        let max = read_count.entry(tag).or_default();
+                        *max = (*max).max(count);
+                    }
+                    Ok(FCall::TWalk { wnames, .. }) => {
+                        let max = walk_names.entry(tag).or_default();
+                        *max = (*max).max(wnames.len());
+                    }
+                    _ => {}
+                }
             }
             rest = next;
         }
@@ -113,6 +130,26 @@ fuzz_target!(|data: &[u8]| {
         let frame = &replies[at..at + size];
         let msg = wire::decode_reply(frame).expect("a well-formed reply");
         *answered.entry(msg.tag).or_default() += 1;
+        if !raw {
+            match &msg.body {
+                // Reads and readdirs are capped at the requested count.
+                FCall::RRead { .. } | FCall::RReadDir { .. } => {
+                    let payload = size - RREAD_HEADER_LEN as usize;
+                    let asked = read_count.get(&msg.tag).copied().unwrap_or(0) as usize;
+                    assert!(payload <= asked, "{payload} bytes read, {asked} asked");
+                }
+                // A walk answers at most one qid per name, and never more than 16 names.
+                FCall::RWalk { wqids } => {
+                    let asked = walk_names.get(&msg.tag).copied().unwrap_or(0);
+                    assert!(
+                        wqids.len() <= asked.min(wire::MAXWELEM),
+                        "{} qids for a walk of {asked} names",
+                        wqids.len()
+                    );
+                }
+                _ => {}
+            }
+        }
         at += size;
     }
     if !raw {
