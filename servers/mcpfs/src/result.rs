@@ -157,7 +157,7 @@ mod tests {
 
     #[test]
     fn text_stays_text_and_blobs_are_described_never_inlined() {
-        let png = base64::engine::general_purpose::STANDARD.encode(b"\x89PNG fake");
+        let png = base64::engine::general_purpose::STANDARD.encode(b"\x89PNG bytes");
         let result = json!({"content": [
             {"type": "text", "text": "first"},
             {"type": "image", "data": png, "mimeType": "image/png"},
@@ -168,13 +168,13 @@ mod tests {
         let o = Outcome::from_result(&result);
         assert!(!o.is_error);
         assert_eq!(o.attachments.len(), 2);
-        assert_eq!(o.attachments[0].bytes, b"\x89PNG fake");
+        assert_eq!(o.attachments[0].bytes, b"\x89PNG bytes");
         assert!(!o.text.contains(&png), "{}", o.text);
         let lines: Vec<&str> = o.text.lines().collect();
         assert_eq!(lines[0], "first");
         assert_eq!(
             lines[1],
-            format!("[image 0: image/png, 9 bytes, {}]", o.attachments[0].digest)
+            format!("[image 0: image/png, 10 bytes, {}]", o.attachments[0].digest)
         );
         assert!(lines[2].starts_with("[resource 1: file:///a, text/plain, 5 bytes, sha256:"));
         assert_eq!(lines[3], "[resource link: file:///b b]");
