@@ -174,7 +174,10 @@ mod tests {
         assert_eq!(lines[0], "first");
         assert_eq!(
             lines[1],
-            format!("[image 0: image/png, 10 bytes, {}]", o.attachments[0].digest)
+            format!(
+                "[image 0: image/png, 10 bytes, {}]",
+                o.attachments[0].digest
+            )
         );
         assert!(lines[2].starts_with("[resource 1: file:///a, text/plain, 5 bytes, sha256:"));
         assert_eq!(lines[3], "[resource link: file:///b b]");

@@ -436,7 +436,9 @@ impl Worker {
                 }
             }
             Some(Teardown::Child(mut child)) => {
-                if let Some((_, group)) = running {
+                // The group the worker named, never 0 or 1 (ours, or every process we may
+                // signal): a worker's word is not trusted that far.
+                if let Some((_, group)) = running.filter(|&(_, g)| g > 1) {
                     match killpg(Pid::from_raw(group), Signal::SIGKILL) {
                         Ok(()) | Err(Errno::ESRCH) => {}
                         Err(e) => tracing::warn!(tool = %self.tool, "killpg({group}): {e}"),
