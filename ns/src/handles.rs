@@ -120,6 +120,21 @@ impl Handles {
     }
 }
 
+/// The most paths (bind sources and tool roots) one namespace may hold handles for: each is a
+/// descriptor in nsd for as long as the namespace is listed.
+pub const MAX_HANDLES: usize = 256;
+
+/// Refuses a spec naming more than [`MAX_HANDLES`] bind sources and tool roots.
+pub fn check_count(spec: &Spec) -> Result<(), String> {
+    let n = spec.binds.len() + spec.tools.iter().map(|t| t.host_paths.len()).sum::<usize>();
+    if n > MAX_HANDLES {
+        return Err(format!(
+            "the spec names {n} bind sources and tool roots; a namespace may hold at most {MAX_HANDLES}"
+        ));
+    }
+    Ok(())
+}
+
 /// Why a spec's path could not be taken in.
 #[derive(Debug)]
 pub enum OpenError {
@@ -157,13 +172,7 @@ impl From<OpenError> for io::Error {
 /// Opens what `spec` names — each bind source and tool root, by the operator's own words, once —
 /// and checks each handle against warren's protected directories.
 pub fn open_spec(spec: &Spec, guard: &Guard) -> Result<Built, OpenError> {
-    let n = spec.binds.len() + spec.tools.iter().map(|t| t.host_paths.len()).sum::<usize>();
-    if n > crate::narrow::MAX_HANDLES {
-        return Err(OpenError::Refused(format!(
-            "the spec names {n} bind sources and tool roots; a namespace may hold at most {}",
-            crate::narrow::MAX_HANDLES
-        )));
-    }
+    check_count(spec).map_err(OpenError::Refused)?;
     let mut build = spec.clone();
     let mut handles = Handles::default();
     for b in &mut build.binds {

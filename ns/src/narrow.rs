@@ -97,8 +97,12 @@ pub fn narrow(parent: &Spec, parent_handles: &Handles, child: &Spec) -> Result<B
     let mut out = Vec::new();
     let mut handles = Handles::default();
     let mut build = child.clone();
-    if let Err(w) = check_count(child) {
-        return Err(Widening(vec![w]));
+    if let Err(error) = crate::handles::check_count(child) {
+        return Err(Widening(vec![Widened::Unresolvable {
+            what: "spec".into(),
+            host: "its paths".into(),
+            error,
+        }]));
     }
 
     // The parent's view: each bind target with the handle nsd built it from.
@@ -301,25 +305,6 @@ fn uncovered<'a>(
         }
     }
     None
-}
-
-/// The most paths one namespace may hold handles for: each is a descriptor in nsd for as long
-/// as the namespace is listed.
-pub const MAX_HANDLES: usize = 256;
-
-/// Refuses a spec naming more than [`MAX_HANDLES`] bind sources and tool roots.
-fn check_count(spec: &Spec) -> Result<(), Widened> {
-    let n = spec.binds.len() + spec.tools.iter().map(|t| t.host_paths.len()).sum::<usize>();
-    if n > MAX_HANDLES {
-        return Err(Widened::Unresolvable {
-            what: "spec".into(),
-            host: format!("{n} paths"),
-            error: format!(
-                "a namespace may name at most {MAX_HANDLES} bind sources and tool roots"
-            ),
-        });
-    }
-    Ok(())
 }
 
 fn beneath_error(e: &std::io::Error) -> String {

@@ -1363,17 +1363,22 @@ mod tests {
         .await
     }
 
-    /// Runs `/bin/sh -c SCRIPT` (no `'` in it) in namespace `id` through `view`; its end.
-    async fn run_sh(view: &Nsd, id: u64, script: &str) -> String {
+    /// What a clone needs to run `/bin/sh` (a clone gets only what its spec binds).
+    const SYSTEM: &str =
+        "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
+
+    /// Writes `line` to namespace `id`'s `ctl` through `view`.
+    async fn write_ctl(view: &Nsd, id: u64, line: &str) -> Result<()> {
+        let (_, root) = view.attach("", "", 0).await?;
+        let (_, ctl) = view.walk(&root, &[id.to_string(), "ctl".into()]).await?;
+        let mut ctl = ctl.ok_or(Errno::ENOENT)?;
+        view.open(&mut ctl, 1).await?;
+        view.write(&mut ctl, 0, line.as_bytes()).await.map(|_| ())
+    }
+
+    /// Namespace `id`'s end, as its `wait` file reads once it has ended.
+    async fn wait_end(view: &Nsd, id: u64) -> String {
         let (_, root) = view.attach("", "", 0).await.unwrap();
-        let (_, ctl) = view
-            .walk(&root, &[id.to_string(), "ctl".into()])
-            .await
-            .unwrap();
-        let mut ctl = ctl.unwrap();
-        view.open(&mut ctl, 1).await.unwrap();
-        let run = format!("run /bin/sh -c '{script}'");
-        view.write(&mut ctl, 0, run.as_bytes()).await.unwrap();
         let (_, wait) = view
             .walk(&root, &[id.to_string(), "wait".into()])
             .await
@@ -1381,6 +1386,14 @@ mod tests {
         let mut wait = wait.unwrap();
         view.open(&mut wait, 0).await.unwrap();
         String::from_utf8(view.read(&mut wait, 0, 64).await.unwrap()).unwrap()
+    }
+
+    /// Runs `/bin/sh -c SCRIPT` (no `'` in it) in namespace `id` through `view`; its end.
+    async fn run_sh(view: &Nsd, id: u64, script: &str) -> String {
+        write_ctl(view, id, &format!("run /bin/sh -c '{script}'"))
+            .await
+            .unwrap();
+        wait_end(view, id).await
     }
 
     /// Found by an attack (another operator's handles): root clones a namespace through its `/ns/clone`
@@ -1396,8 +1409,6 @@ mod tests {
         let fixture = crate::reach::Fixture::new();
         let inner = fixture.path("private/inner");
         std::fs::write(fixture.path("private/inner/secret"), "hidden").unwrap();
-        const SYSTEM: &str =
-            "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
         let nsd = Nsd::new(RunOptions::default()).unwrap();
         let text = format!("{SYSTEM}bind -r {inner} /p\n");
         let operator = nsd.for_operator(65534);
@@ -1405,30 +1416,9 @@ mod tests {
         let (first, why) = clone_twice(&operator, &text).await;
         assert_eq!(first, Err(Errno::EACCES), "{why}");
         let roots = clone_in(&nsd, &text).await.unwrap();
-        let (_, root) = operator.attach("", "", 0).await.unwrap();
-        let (_, ctl) = operator
-            .walk(&root, &[roots.to_string(), "ctl".into()])
-            .await
-            .unwrap();
-        let mut ctl = ctl.unwrap();
-        operator.open(&mut ctl, 1).await.unwrap();
-        let wrote = operator
-            .write(
-                &mut ctl,
-                0,
-                b"run /bin/sh -c 'test \"$(id -u):$(cat /p/secret)\" = 65534:hidden'",
-            )
-            .await;
-        let end = match wrote {
-            Ok(_) => {
-                let (_, wait) = operator
-                    .walk(&root, &[roots.to_string(), "wait".into()])
-                    .await
-                    .unwrap();
-                let mut wait = wait.unwrap();
-                operator.open(&mut wait, 0).await.unwrap();
-                String::from_utf8(operator.read(&mut wait, 0, 64).await.unwrap()).unwrap()
-            }
+        let run = "run /bin/sh -c 'test \"$(id -u):$(cat /p/secret)\" = 65534:hidden'";
+        let end = match write_ctl(&operator, roots, run).await {
+            Ok(()) => wait_end(&operator, roots).await,
             Err(e) => format!("refused: {e:?}"),
         };
         assert!(
@@ -1452,8 +1442,6 @@ mod tests {
         let fixture = crate::reach::Fixture::new();
         let inner = fixture.path("private/inner");
         std::fs::write(fixture.path("private/inner/secret"), "hidden").unwrap();
-        const SYSTEM: &str =
-            "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
         let nsd = Nsd::new(RunOptions::default()).unwrap();
         let operator = nsd.for_operator(65534);
         // The control: uid 65534 may not bind it by name.
@@ -1463,14 +1451,7 @@ mod tests {
         let roots = clone_in(&nsd, &format!("{SYSTEM}bind -r {inner} /p\n"))
             .await
             .unwrap();
-        let (_, root) = nsd.attach("", "", 0).await.unwrap();
-        let (_, ctl) = nsd
-            .walk(&root, &[roots.to_string(), "ctl".into()])
-            .await
-            .unwrap();
-        let mut ctl = ctl.unwrap();
-        nsd.open(&mut ctl, 1).await.unwrap();
-        nsd.write(&mut ctl, 0, b"run /bin/sleep 60").await.unwrap();
+        write_ctl(&nsd, roots, "run /bin/sleep 60").await.unwrap();
         let holder = match *nsd.find_space(roots).unwrap().status.borrow() {
             Status::Running { holder } => holder,
             ref other => panic!("{other:?}"),
@@ -1480,16 +1461,9 @@ mod tests {
         let end = match first {
             Ok(id) => {
                 let id: u64 = String::from_utf8_lossy(&id).trim().parse().unwrap();
-                let (_, root) = operator.attach("", "", 0).await.unwrap();
-                let (_, ctl) = operator
-                    .walk(&root, &[id.to_string(), "ctl".into()])
-                    .await
-                    .unwrap();
-                let mut ctl = ctl.unwrap();
-                operator.open(&mut ctl, 1).await.unwrap();
-                let run = b"run /bin/sh -c 'test \"$(id -u):$(cat /x/secret)\" = 65534:hidden'";
-                match operator.write(&mut ctl, 0, run).await {
-                    Ok(_) => {
+                let run = "run /bin/sh -c 'test \"$(id -u):$(cat /x/secret)\" = 65534:hidden'";
+                match write_ctl(&operator, id, run).await {
+                    Ok(()) => {
                         let mut rx = nsd.find_space(id).unwrap().status.subscribe();
                         rx.wait_for(Status::is_final).await.unwrap().line()
                     }
@@ -1544,9 +1518,7 @@ mod tests {
             }
         }
         // An operator's everyday spec (four binds).
-        let everyday =
-            "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
-        let operator = clone_twice(&nsd, everyday).await;
+        let operator = clone_twice(&nsd, SYSTEM).await;
         assert!(
             operator.0.is_ok(),
             "after the namespace made {made} clones holding {held} descriptors (up to {binds} each), root's /ns/clone failed: {operator:?}"
@@ -1568,8 +1540,6 @@ mod tests {
             std::fs::set_permissions(fixture.path(d), std::fs::Permissions::from_mode(0o777))
                 .unwrap();
         }
-        const SYSTEM: &str =
-            "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
         let nsd = Nsd::new(RunOptions::default()).unwrap();
         let parent_text = format!("{SYSTEM}bind -w {proj} /p\nbind -r {proj}/ro /p/ro\n");
         // The control: a namespace with that spec cannot write /p/ro, and can write /p.
@@ -1624,8 +1594,6 @@ mod tests {
         .await;
         assert_eq!(first, Err(Errno::EACCES), "{why}");
         // The operator's namespace binds what they can reach, and clones from inside.
-        const SYSTEM: &str =
-            "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
         let parent = clone_in(
             &operator,
             &format!(
