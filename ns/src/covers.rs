@@ -269,12 +269,17 @@ pub fn covers(parent: &Spec, child: &Spec) -> Result<(), Widening> {
         });
     }
 
+    // Every limit, the subtree budgets included: a clone's are carved out of its parent's,
+    // never above them, and one the parent sets may not be unset in the child.
     let (p, c) = (&parent.limits, &child.limits);
     for (key, pl, cl) in [
         ("mem", p.mem, c.mem),
         ("pids", p.pids, c.pids),
         ("cpu", p.cpu, c.cpu),
         ("wall", p.wall, c.wall),
+        ("receipts", p.receipts, c.receipts),
+        ("receipt-bytes", p.receipt_bytes, c.receipt_bytes),
+        ("asks", p.asks, c.asks),
     ] {
         if let Some(pv) = pl
             && cl.is_none_or(|cv| cv > pv)
@@ -296,23 +301,6 @@ pub fn covers(parent: &Spec, child: &Spec) -> Result<(), Widening> {
             parent: p.clones(),
             child: Some(cv),
         });
-    }
-
-    // The subtree budgets: a clone's are carved out of its parent's, never above them.
-    for (key, pl, cl) in [
-        ("receipts", p.receipts, c.receipts),
-        ("receipt-bytes", p.receipt_bytes, c.receipt_bytes),
-        ("asks", p.asks, c.asks),
-    ] {
-        if let Some(pv) = pl
-            && cl.is_none_or(|cv| cv > pv)
-        {
-            out.push(Widened::Limit {
-                key,
-                parent: pv,
-                child: cl,
-            });
-        }
     }
 
     for e in &child.env {

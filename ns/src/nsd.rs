@@ -658,7 +658,7 @@ impl Nsd {
                 let argv = argv.to_vec();
                 let argv_shown = argv.clone();
                 let served = match self.served_mounts(id, &space, &argv) {
-                    Ok(s) => s,
+                    Ok(s) => s.map(Arc::new),
                     Err(e) => {
                         space.status.send_replace(Status::Failed(e.to_string()));
                         return Err(Errno::from_io(&e));
@@ -693,13 +693,7 @@ impl Nsd {
                     }
                     space.set_running(&running);
                     if let Some(served) = &served {
-                        let running = Arc::downgrade(&running);
-                        served.on_bridge_death(move |why| {
-                            tracing::warn!("namespace {id}: {why}: ending it");
-                            if let Some(r) = running.upgrade() {
-                                let _ = r.kill();
-                            }
-                        });
+                        end_with_a_dead_bridge(served, &running, id);
                     }
                     let _ = started.send(Ok(()));
                     wait_space(&space, &running, served.as_deref());
@@ -753,14 +747,15 @@ impl Nsd {
         }))
     }
 
-    /// The mount server for a namespace cloned through `/ns`: toolfs and gate connections as
-    /// for any namespace, and its own scoped `/ns` for `mount ns`.
-    fn served_mounts(
+    /// The mount server of namespace `id` (run through the run socket or cloned through `/ns`):
+    /// toolfs and gate connections from its grant, its own scoped `/ns` for `mount ns`, its
+    /// lineage, and file servers attached as this view's operator. `None`: it mounts nothing.
+    pub(crate) fn served_mounts(
         &self,
         id: u64,
         space: &Space,
         argv: &[String],
-    ) -> std::io::Result<Option<Arc<ServedMounts>>> {
+    ) -> std::io::Result<Option<ServedMounts>> {
         if space.build.mounts.is_empty() {
             return Ok(None);
         }
@@ -788,7 +783,7 @@ impl Nsd {
             id,
         }))
         .lineage(argv.to_vec(), self.ancestors(space.parent));
-        Ok(Some(Arc::new(served)))
+        Ok(Some(served))
     }
 
     /// The namespaces above a clone, parent first, as its lineage names them (nsd's own
@@ -913,6 +908,17 @@ fn descends_from(spaces: &BTreeMap<u64, Arc<Space>>, id: u64, ancestor: u64) -> 
         at = spaces.get(&p).and_then(|s| s.parent);
     }
     false
+}
+
+/// Ends namespace `id` when one of its bridges dies (its mounts could never answer again).
+pub(crate) fn end_with_a_dead_bridge(served: &ServedMounts, running: &Arc<Running>, id: u64) {
+    let running = Arc::downgrade(running);
+    served.on_bridge_death(move |why| {
+        tracing::warn!("namespace {id}: {why}: ending it");
+        if let Some(r) = running.upgrade() {
+            let _ = r.kill();
+        }
+    });
 }
 
 /// On a blocking thread: wait for the command and record its end (a dead bridge's, if one

@@ -18,7 +18,7 @@ use super::attach::{AttachPlan, Attached, attach};
 use super::{AttachRequest, Control, FORWARDED, Opening, Reply, Request, VERSION, recv, send};
 use crate::confine::guard::Guard;
 use crate::mount_server::{ServedMounts, new_session_id};
-use crate::nsd::{Info, Nsd, ScopedView, Status, now_secs};
+use crate::nsd::{Info, Nsd, Status, now_secs};
 use crate::run::{PayloadStdio, Running, spawn};
 use crate::spec::{self, Server, Spec};
 
@@ -45,10 +45,7 @@ pub async fn accept_loop(
             }
         };
         let nsd = nsd.clone();
-        let bridge = bridge.clone();
-        std::thread::spawn(move || {
-            serve_launcher(&sock, cred, &nsd.for_operator(cred.uid), bridge)
-        });
+        std::thread::spawn(move || serve_launcher(&sock, cred, &nsd.for_operator(cred.uid)));
     }
 }
 
@@ -92,7 +89,7 @@ impl Job for Attached {
     }
 }
 
-fn serve_launcher(sock: &UnixStream, cred: PeerCred, nsd: &Nsd, bridge: PathBuf) {
+fn serve_launcher(sock: &UnixStream, cred: PeerCred, nsd: &Nsd) {
     let opening = match recv::<Opening>(sock) {
         Ok(o) => o,
         // A connect-and-close (`warren run` checking that nsd is up) is no request.
@@ -100,7 +97,7 @@ fn serve_launcher(sock: &UnixStream, cred: PeerCred, nsd: &Nsd, bridge: PathBuf)
         Err(e) => return refuse(sock, cred, &e),
     };
     match opening {
-        (Opening::Run(request), fds) => match start(nsd, cred, bridge, request, fds) {
+        (Opening::Run(request), fds) => match start(nsd, cred, request, fds) {
             Ok((started, pty_master)) => {
                 let session = started.space.info().session.clone().unwrap_or_default();
                 let (space, served) = (started.space.clone(), started.served.clone());
@@ -290,7 +287,6 @@ fn invalid(message: String) -> io::Error {
 fn start(
     nsd: &Nsd,
     cred: PeerCred,
-    bridge: PathBuf,
     request: Request,
     mut fds: Vec<OwnedFd>,
 ) -> io::Result<(Started, Option<OwnedFd>)> {
@@ -327,32 +323,9 @@ fn start(
         },
     )?;
     let built = (|| {
-        let served = if spec.mounts.is_empty() {
-            None
-        } else {
-            let served = ServedMounts::new(
-                opts.protected.clone(),
-                space.build(),
-                space.handles().all_roots()?,
-                &id.to_string(),
-                bridge,
-            )?
-            .with_connections(connections)
-            .operator(request.operator)
-            .attach_as(
-                nix::unistd::User::from_uid(cred.uid.into())
-                    .ok()
-                    .flatten()
-                    .map(|u| u.name),
-            )
-            // `mount ns` outside an operator namespace: its own view, narrowing.
-            .ns_view(Arc::new(ScopedView {
-                nsd: nsd.for_operator(cred.uid),
-                id,
-            }))
-            .lineage(request.argv.clone(), Vec::new());
-            Some(Arc::new(served))
-        };
+        let served = nsd
+            .served_mounts(id, &space, &request.argv)?
+            .map(|s| Arc::new(s.with_connections(connections).operator(request.operator)));
         let session = match &served {
             Some(s) => s.session().to_string(),
             None => new_session_id()?,
@@ -378,13 +351,7 @@ fn start(
     }
     space.set_running(&running);
     if let Some(served) = &served {
-        let running = Arc::downgrade(&running);
-        served.on_bridge_death(move |why| {
-            tracing::warn!("namespace {id}: {why}: ending it");
-            if let Some(r) = running.upgrade() {
-                let _ = r.kill();
-            }
-        });
+        crate::nsd::end_with_a_dead_bridge(served, &running, id);
     }
     tracing::info!(
         "namespace {id} started for pid {} uid {}: holder {}",
