@@ -161,22 +161,16 @@ fn a_swapped_tool_root_never_moves_a_cloned_childs_authority() {
     let spec_path = w.base.path().join("parent.ns");
     std::fs::write(&spec_path, &spec).unwrap();
 
-    let mut agent = w
-        .cmd(&[
-            "run",
-            "--asks",
-            "operator",
-            "--ns",
-            spec_path.to_str().unwrap(),
-            "--",
-            "/bin/sh",
-            "-c",
-            &script,
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut agent = w.spawn_run(&[
+        "--asks",
+        "operator",
+        "--ns",
+        spec_path.to_str().unwrap(),
+        "--",
+        "/bin/sh",
+        "-c",
+        &script,
+    ]);
     // The operator allows every ask (fs_write and shell are asked); the test is about what an
     // allowed call can reach.
     let deadline = Instant::now() + Duration::from_secs(240);

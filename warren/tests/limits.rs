@@ -98,20 +98,14 @@ fn a_cloned_child_ends_with_its_launcher_killed() {
         "exec 3<>/ns/clone; printf '{child_spec}' >&3; id=$(cat <&3); exec 3<&-; \
          echo 'run /bin/sleep 600' > /ns/$id/ctl; echo child $id; exec sleep 600"
     );
-    let mut launcher = w
-        .cmd(&[
-            "run",
-            "--ns",
-            spec.to_str().unwrap(),
-            "--",
-            "/bin/sh",
-            "-c",
-            &script,
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut launcher = w.spawn_run(&[
+        "--ns",
+        spec.to_str().unwrap(),
+        "--",
+        "/bin/sh",
+        "-c",
+        &script,
+    ]);
     let mut parent = String::new();
     wait_until("the parent runs", || {
         parent = ns_ids(&w).into_iter().next().unwrap_or_default();
@@ -179,19 +173,13 @@ time.sleep(600)
         ),
     )
     .unwrap();
-    let mut launcher = w
-        .cmd(&[
-            "run",
-            "--ns",
-            spec.to_str().unwrap(),
-            "--",
-            "/usr/bin/python3",
-            "/probe/fan.py",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut launcher = w.spawn_run(&[
+        "--ns",
+        spec.to_str().unwrap(),
+        "--",
+        "/usr/bin/python3",
+        "/probe/fan.py",
+    ]);
     let mut parent = String::new();
     wait_until("the parent runs", || {
         parent = ns_ids(&w).into_iter().next().unwrap_or_default();
@@ -440,7 +428,7 @@ fn a_clone_chain_ends_when_its_warren_run_returns() {
         ),
     )
     .unwrap();
-    let out = w.run(&[
+    w.run_ok(&[
         "run",
         "--ns",
         spec.to_str().unwrap(),
@@ -448,11 +436,6 @@ fn a_clone_chain_ends_when_its_warren_run_returns() {
         "/bin/sh",
         "/probe/parent.sh",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(report.join("b").exists(), "the grandchild never ran");
     let ids = clone_ids(&w);
     assert_eq!(ids.len(), 2, "the two clones are listed: {ids:?}");
@@ -493,21 +476,15 @@ fn a_clones_open_ask_goes_with_its_killed_launcher() {
         ),
     )
     .unwrap();
-    let mut launcher = w
-        .cmd(&[
-            "run",
-            "--asks",
-            "operator",
-            "--ns",
-            spec.to_str().unwrap(),
-            "--",
-            "/bin/sh",
-            "/probe/parent.sh",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut launcher = w.spawn_run(&[
+        "--asks",
+        "operator",
+        "--ns",
+        spec.to_str().unwrap(),
+        "--",
+        "/bin/sh",
+        "/probe/parent.sh",
+    ]);
     let (ask, request) = common::next_ask(&w, 0);
     assert!(request.contains("tool shell"), "{request}");
     let clone = clone_ids(&w).pop().expect("the clone is listed");
@@ -531,12 +508,7 @@ fn a_clones_open_ask_goes_with_its_killed_launcher() {
 #[test]
 fn a_shell_command_in_flight_ends_with_its_launcher_killed() {
     let w = Warren::up();
-    let rule = w.run(&["write", "/gate/rules", "allow shell"]);
-    assert!(
-        rule.status.success(),
-        "{}",
-        String::from_utf8_lossy(&rule.stderr)
-    );
+    w.run_ok(&["write", "/gate/rules", "allow shell"]);
     let root = w.base.path().join("shroot");
     std::fs::create_dir(&root).unwrap();
     common::open_to_shell_workers(&root);
@@ -550,20 +522,14 @@ fn a_shell_command_in_flight_ends_with_its_launcher_killed() {
     let script = format!(
         r#"exec 3<>/tool/shell/call; printf '{{"command":"echo started > started; sleep 6; echo alive > after","timeout_s":60,"cwd":"{r}"}}' >&3; cat <&3"#
     );
-    let mut launcher = w
-        .cmd(&[
-            "run",
-            "--ns",
-            spec.to_str().unwrap(),
-            "--",
-            "/bin/sh",
-            "-c",
-            &script,
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut launcher = w.spawn_run(&[
+        "--ns",
+        spec.to_str().unwrap(),
+        "--",
+        "/bin/sh",
+        "-c",
+        &script,
+    ]);
     let mut id = String::new();
     let mut holder = 0;
     wait_until("the namespace runs", || {

@@ -324,23 +324,13 @@ fn log_prints_receipts_in_words_and_follows_new_ones() {
 /// Starts `/bin/sleep 600` in a namespace made through nsd's `/ns/clone`; returns its id.
 fn start_namespace(w: &Warren) -> u64 {
     let spec = "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
-    let out = w.run(&["write", "/ns/clone", spec]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = w.run_ok(&["write", "/ns/clone", spec]);
     let id: u64 = String::from_utf8(out.stdout)
         .unwrap()
         .trim()
         .parse()
         .unwrap();
-    let out = w.run(&["write", &format!("/ns/{id}/ctl"), "run /bin/sleep 600"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    w.run_ok(&["write", &format!("/ns/{id}/ctl"), "run /bin/sleep 600"]);
     id
 }
 
@@ -352,12 +342,7 @@ fn start_namespace(w: &Warren) -> u64 {
 fn warren_ps_shows_a_namespaces_hostile_words_escaped() {
     let w = Warren::up();
     let spec = "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
-    let out = w.run(&["write", "/ns/clone", spec]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = w.run_ok(&["write", "/ns/clone", spec]);
     let id: u64 = String::from_utf8(out.stdout)
         .unwrap()
         .trim()
@@ -366,12 +351,7 @@ fn warren_ps_shows_a_namespaces_hostile_words_escaped() {
     let forged =
         "\x1b[2K\x1b[1A\r99    running 1s      /tool            echo                 /bin/true";
     let words = format!("run /bin/sh -c 'exec sleep 600' '{forged}' 'a\nb' '\u{202E}txt.exe'");
-    let out = w.run(&["write", &format!("/ns/{id}/ctl"), &words]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    w.run_ok(&["write", &format!("/ns/{id}/ctl"), &words]);
     let row = wait_for_row(&w, |v| {
         v["id"] == id && v["status"].as_str().unwrap().starts_with("running")
     });
@@ -507,12 +487,7 @@ fn down_refuses_to_strand_live_namespaces_until_forced() {
         ns_status(&w, id)
     );
 
-    let forced = w.run(&["down", "--force"]);
-    assert!(
-        forced.status.success(),
-        "{}",
-        String::from_utf8_lossy(&forced.stderr)
-    );
+    let forced = w.run_ok(&["down", "--force"]);
     let said = String::from_utf8_lossy(&forced.stdout);
     assert!(said.contains(&format!("killed namespace {id} ")), "{said}");
     assert!(

@@ -181,22 +181,16 @@ fn exec_calls_wait_for_the_operator_from_inside() {
            call '{{"command":"echo ran >> {dir}/log","cwd":"{dir}"}}'
            call '{{"command":"echo ran >> {dir}/log","cwd":"{dir}"}}'"#
     );
-    let agent = w
-        .cmd(&[
-            "run",
-            "--asks",
-            "operator",
-            "--ns",
-            spec.to_str().unwrap(),
-            "--",
-            "/bin/sh",
-            "-c",
-            &script,
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let agent = w.spawn_run(&[
+        "--asks",
+        "operator",
+        "--ns",
+        spec.to_str().unwrap(),
+        "--",
+        "/bin/sh",
+        "-c",
+        &script,
+    ]);
     // First ask: nothing has run while it waits; allow it once.
     let (first, request) = next_ask(&w, 0);
     assert!(
@@ -208,16 +202,11 @@ fn exec_calls_wait_for_the_operator_from_inside() {
         "the call ran before it was answered"
     );
     let fp = fingerprint(&request).to_string();
-    let out = w.run(&[
+    w.run_ok(&[
         "write",
         &format!("/gate/pending/{first}/ctl"),
         &format!("allow once {fp}"),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     // The identical second call asks again; deny it.
     let (second, request2) = next_ask(&w, first);
     assert_eq!(
@@ -225,12 +214,7 @@ fn exec_calls_wait_for_the_operator_from_inside() {
         fp,
         "the identical call has another fingerprint"
     );
-    let out = w.run(&["write", &format!("/gate/pending/{second}/ctl"), "deny"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    w.run_ok(&["write", &format!("/gate/pending/{second}/ctl"), "deny"]);
     let out = agent.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(

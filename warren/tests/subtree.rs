@@ -59,12 +59,7 @@ fn wait_until(what: &str, done: impl Fn() -> bool) {
 #[test]
 fn context_follows_the_subtree_and_asks_say_who_is_asking() {
     let w = Warren::up();
-    let rule = w.run(&["write", "/gate/rules", "allow fs_write"]);
-    assert!(
-        rule.status.success(),
-        "{}",
-        String::from_utf8_lossy(&rule.stderr)
-    );
+    w.run_ok(&["write", "/gate/rules", "allow fs_write"]);
     let work = tempfile::Builder::new()
         .prefix("wsw")
         .tempdir_in("/tmp")
@@ -110,21 +105,15 @@ fn context_follows_the_subtree_and_asks_say_who_is_asking() {
         ),
     )
     .unwrap();
-    let parent = w
-        .cmd(&[
-            "run",
-            "--asks",
-            "operator",
-            "--ns",
-            spec.to_str().unwrap(),
-            "--",
-            "/bin/sh",
-            &format!("{s}/parent.sh"),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let parent = w.spawn_run(&[
+        "--asks",
+        "operator",
+        "--ns",
+        spec.to_str().unwrap(),
+        "--",
+        "/bin/sh",
+        &format!("{s}/parent.sh"),
+    ]);
 
     // Three asks: the parent's second write, and one write from each child. Each is denied.
     let mut asks = Vec::new();
@@ -158,12 +147,7 @@ fn context_follows_the_subtree_and_asks_say_who_is_asking() {
         assert_eq!(field(&request, "tool"), "fs_write", "{request}");
         assert_eq!(field(&request, "context"), "untrusted_context", "{request}");
         asks.push(request);
-        let denied = w.run(&["write", &format!("/gate/pending/{id}/ctl"), "deny"]);
-        assert!(
-            denied.status.success(),
-            "{}",
-            String::from_utf8_lossy(&denied.stderr)
-        );
+        w.run_ok(&["write", &format!("/gate/pending/{id}/ctl"), "deny"]);
     }
     let out = parent.wait_with_output().unwrap();
     assert!(
@@ -358,21 +342,15 @@ fn one_subtree_flooding_exhausts_only_its_own_budget() {
         format!("{SYSTEM}mount tool /tool echo\nmount ns /ns\nbind -w {s} {s}\n"),
     )
     .unwrap();
-    let flood = w
-        .cmd(&[
-            "run",
-            "--asks",
-            "operator",
-            "--ns",
-            spec.to_str().unwrap(),
-            "--",
-            "/bin/sh",
-            &format!("{s}/parent.sh"),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let flood = w.spawn_run(&[
+        "--asks",
+        "operator",
+        "--ns",
+        spec.to_str().unwrap(),
+        "--",
+        "/bin/sh",
+        &format!("{s}/parent.sh"),
+    ]);
     wait_until("the flood meets its budget", || {
         ["parent", "c1", "c2"]
             .iter()

@@ -301,12 +301,7 @@ fn check_chain(w: &Warren, scope: &str) -> Vec<Value> {
             .status
             .success()
     );
-    let export = w.run(&["receipts", "export", scope]);
-    assert!(
-        export.status.success(),
-        "{}",
-        String::from_utf8_lossy(&export.stderr)
-    );
+    let export = w.run_ok(&["receipts", "export", scope]);
     let keys = w.run(&["receipts", "keys"]);
     let dir = tempfile::tempdir().unwrap();
     let (e, k) = (dir.path().join("export"), dir.path().join("keys"));
@@ -507,12 +502,7 @@ fn a_restarted_daemon_stops_on_sigterm() {
         r#"exec 3<>/tool/echo/call; printf '{"text":"last"}' >&3; cat <&3"#,
     );
     assert_eq!(code, 0, "{out} {err}");
-    let down = w.run(&["down"]);
-    assert!(
-        down.status.success(),
-        "{}",
-        String::from_utf8_lossy(&down.stderr)
-    );
+    w.run_ok(&["down"]);
     let log = std::fs::read_to_string(w.runtime().join("warren.log")).unwrap();
     let after_restart = &log[log.rfind("toolfs died").expect("toolfs was restarted")..];
     assert!(
@@ -607,20 +597,14 @@ fn a_daemon_that_keeps_dying_is_down_for_a_while_and_then_back() {
 #[test]
 fn a_killed_bridge_ends_its_namespace_and_says_why() {
     let w = Warren::up();
-    let mut run = w
-        .cmd(&[
-            "run",
-            "--tool",
-            "echo",
-            "--",
-            "/bin/sh",
-            "-c",
-            "cat /tool/tools >/dev/null && echo served && exec sleep 1000",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut run = w.spawn_run(&[
+        "--tool",
+        "echo",
+        "--",
+        "/bin/sh",
+        "-c",
+        "cat /tool/tools >/dev/null && echo served && exec sleep 1000",
+    ]);
     let mut stdout = std::io::BufReader::new(run.stdout.take().unwrap());
     let mut line = String::new();
     stdout.read_line(&mut line).unwrap();

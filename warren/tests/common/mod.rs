@@ -74,6 +74,18 @@ impl Warren {
         self.cmd(args).output().unwrap()
     }
 
+    /// `warren ARGS…`, which must succeed (else the test fails with its stderr).
+    pub fn run_ok(&self, args: &[&str]) -> Output {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "warren {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
     /// `warren run FLAGS -- sh -c SCRIPT`, returning (status, stdout, stderr).
     pub fn sh(&self, flags: &[&str], script: &str) -> (i32, String, String) {
         let out = self.run(&sh_args(flags, script));
@@ -86,7 +98,14 @@ impl Warren {
 
     /// `warren run FLAGS -- sh -c SCRIPT` started in the background, stdout and stderr piped.
     pub fn spawn_sh(&self, flags: &[&str], script: &str) -> std::process::Child {
-        self.cmd(&sh_args(flags, script))
+        self.spawn_run(&sh_args(flags, script)[1..])
+    }
+
+    /// `warren run ARGS…` started in the background, stdout and stderr piped.
+    pub fn spawn_run(&self, args: &[&str]) -> std::process::Child {
+        let mut all = vec!["run"];
+        all.extend_from_slice(args);
+        self.cmd(&all)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
