@@ -14,6 +14,9 @@ pub enum Role {
     Worker,
     /// The bridges, once they hold their FUSE fd.
     Bridge,
+    /// mcpfs: the client of every MCP server (never the servers themselves: each runs in a
+    /// namespace of its own).
+    Mcpfs,
 }
 
 pub const DEFAULT_UID_BASE: u32 = 61000;
@@ -25,6 +28,7 @@ impl Role {
             Role::Receiptd => 2,
             Role::Gate => 3,
             Role::Bridge => 4,
+            Role::Mcpfs => 5,
             Role::Worker => 10,
         }
     }

@@ -11,7 +11,8 @@
 //!   `warren approvals` or `warren run` on a terminal) — the only kind of connection that may
 //!   answer `allow session` or `allow always`; an optional `"name"` (e.g. `"warren run"`) is
 //!   shown as who answered;
-//! - `{"version":1,"kind":"daemon","name":"toolfs"}` (the supervisor) — `decide`, `wait`, `withdraw`.
+//! - `{"version":1,"kind":"daemon","name":"toolfs"}` or `"mcpfs"` (the supervisor) — `decide`,
+//!   `wait`, `withdraw`.
 //!
 //! Each record is answered with one framed record (same framing): `ok` or `error: <why>`.
 
@@ -150,14 +151,22 @@ impl ControlRecord {
                         && !self.confirmed_tty,
                 )?;
                 let name = self.name.clone().ok_or("a daemon record needs its name")?;
-                if name != "toolfs" {
-                    return Err(format!("daemon {name:?}: only toolfs asks the gate"));
+                // The daemons whose call files the gate decides: warren's own tools, and the
+                // MCP servers' tools (`mcp:<server>:<tool>`, never a core tool's name).
+                if !DECIDING_DAEMONS.contains(&name.as_str()) {
+                    return Err(format!(
+                        "daemon {name:?}: only {} ask the gate",
+                        DECIDING_DAEMONS.join(" and ")
+                    ));
                 }
                 Ok(Scope::Daemon { name })
             }
         }
     }
 }
+
+/// The daemons that may hand the gate calls to decide.
+pub const DECIDING_DAEMONS: [&str; 2] = ["toolfs", "mcpfs"];
 
 /// The most bytes an operator record's `name` may have.
 pub const MAX_NAME: usize = 64;

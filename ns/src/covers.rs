@@ -206,6 +206,13 @@ fn grants_of<'a>(items: impl Iterator<Item = (&'a str, Access, bool)>) -> Vec<Gr
         .collect()
 }
 
+/// `mount mcp:NAME PATH` with no tool names grants every tool the operator allowed on NAME, so
+/// it covers any child mount of NAME, named tools or none. (An empty `mount tool` grants
+/// nothing and is refused by the parser.)
+fn every_tool_of_mcp_server(parent: &crate::spec::Mount) -> bool {
+    matches!(parent.server, crate::spec::Server::Mcp(_)) && parent.spec.is_empty()
+}
+
 /// `Ok(())` when `child` asks for nothing `parent` lacks; otherwise every widening, by name.
 pub fn covers(parent: &Spec, child: &Spec) -> Result<(), Widening> {
     let mut out = Vec::new();
@@ -252,7 +259,9 @@ pub fn covers(parent: &Spec, child: &Spec) -> Result<(), Widening> {
         let found = parent.mounts.iter().any(|p| {
             // As written: a child names its parent's own server and key, and nothing is
             // resolved on its behalf (a path would be opened by name, as nsd).
-            p.server == m.server && p.key == m.key && m.spec.iter().all(|s| p.spec.contains(s))
+            p.server == m.server
+                && p.key == m.key
+                && (m.spec.iter().all(|s| p.spec.contains(s)) || every_tool_of_mcp_server(p))
         });
         if !found {
             out.push(Widened::MountNotInParent {
@@ -430,6 +439,30 @@ mod tests {
                 child: None
             }]
         );
+    }
+
+    /// A child never gets an MCP server or a tool of one its parent lacks; a parent's mount of
+    /// a server with no names (every tool the operator allowed) covers any mount of it.
+    #[test]
+    fn an_mcp_mount_narrows_like_a_tool_mount() {
+        let every = spec("mount mcp:e /m");
+        let echo = spec("mount mcp:e /m echo");
+        assert!(covers(&every, &echo).is_ok());
+        assert!(covers(&every, &every).is_ok());
+        assert!(covers(&echo, &echo).is_ok());
+        assert!(covers(&spec("mount mcp:e /m echo add"), &echo).is_ok());
+        for (parent, child) in [
+            (&echo, &every),
+            (&echo, &spec("mount mcp:e /m add")),
+            (&every, &spec("mount mcp:other /m")),
+            (&spec(""), &echo),
+        ] {
+            let e = covers(parent, child).unwrap_err();
+            assert!(
+                matches!(&e.0[0], Widened::MountNotInParent { server, .. } if server.starts_with("mcp:")),
+                "{e}"
+            );
+        }
     }
 
     /// A clone's budgets are carved out of its parent's: above them, or dropped, is widening.

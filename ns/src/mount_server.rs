@@ -208,7 +208,7 @@ impl ServedMounts {
     pub fn launcher_connects(mount: &Mount, operator: bool) -> bool {
         match mount.server {
             Server::Unix(_) | Server::Tcp { .. } => true,
-            Server::Local(LocalServer::Tool) => false,
+            Server::Local(LocalServer::Tool) | Server::Mcp(_) => false,
             Server::Local(LocalServer::Gate) => operator,
             Server::Local(LocalServer::Receipts | LocalServer::Ns) => operator,
         }
@@ -277,8 +277,34 @@ impl ServedMounts {
             worker_uid: worker,
             worker_gid: worker,
             lineage: Some(self.lineage_record()),
+            server: None,
         };
         Ok((record, fds))
+    }
+
+    /// The grant for `mount mcp:NAME PATH [TOOLS…]`: the server and the tool names as written
+    /// (none: every tool the operator accepted). MCP tools hold no host roots: a server's own
+    /// authority is its own namespace, built from the operator's definition of it.
+    fn mcp_grant(&self, server: &str, mount: &Mount) -> GrantRecord {
+        let worker = Role::Worker.uid();
+        GrantRecord {
+            version: 1,
+            session: self.session.clone(),
+            namespace: self.namespace.clone(),
+            tools: mount
+                .spec
+                .iter()
+                .map(|name| ToolGrant {
+                    name: name.clone(),
+                    roots: Vec::new(),
+                    network: false,
+                })
+                .collect(),
+            worker_uid: worker,
+            worker_gid: worker,
+            lineage: Some(self.lineage_record()),
+            server: Some(server.to_owned()),
+        }
     }
 
     fn spawn_bridge(
@@ -461,7 +487,7 @@ impl ServedMounts {
         let conn = remake.connect(&self.dirs)?;
         let (ours, bridges) = UnixStream::pair()?;
         let presentation = match remake {
-            Remake::Tool { .. } => Presentation::CallFiles,
+            Remake::Tool { .. } | Remake::Mcp { .. } => Presentation::CallFiles,
             _ => Presentation::Synthetic,
         };
         self.spawn_bridge(
@@ -485,6 +511,9 @@ enum Remake {
     Gate {
         record: warren_gate::control::ControlRecord,
     },
+    Mcp {
+        record: GrantRecord,
+    },
 }
 
 impl Remake {
@@ -500,6 +529,18 @@ impl Remake {
                         io::Error::new(
                             e.kind(),
                             format!("hand the /tool connection to toolfs: {e}"),
+                        )
+                    })?
+            }
+            Remake::Mcp { record } => {
+                warren_toolfs::hand_over(&dirs.control("mcpfs"), record, theirs.as_fd(), &[])
+                    .map_err(|e| {
+                        io::Error::new(
+                            e.kind(),
+                            format!(
+                                "hand the mcp:{} connection to mcpfs: {e}",
+                                record.server.as_deref().unwrap_or_default()
+                            ),
                         )
                     })?
             }
@@ -572,6 +613,10 @@ impl MountServer for ServedMounts {
             Server::Local(LocalServer::Tool) => {
                 let (record, roots) = self.tool_grant(mount)?;
                 self.spawn_remade(fuse, mount, Remake::Tool { record, roots })
+            }
+            Server::Mcp(server) => {
+                let record = self.mcp_grant(server, mount);
+                self.spawn_remade(fuse, mount, Remake::Mcp { record })
             }
             _ if mount.key.is_some() => Err(io::Error::new(
                 io::ErrorKind::Unsupported,

@@ -43,6 +43,8 @@ pub enum Server {
     Unix(String),
     /// `tcp!host!port`
     Tcp { host: String, port: u16 },
+    /// `mcp:NAME`: the operator's MCP server NAME, served by mcpfs (`docs/mcp.md`).
+    Mcp(String),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,6 +72,7 @@ impl fmt::Display for Server {
             Server::Local(l) => f.write_str(l.name()),
             Server::Unix(p) => write!(f, "unix!{p}"),
             Server::Tcp { host, port } => write!(f, "tcp!{host}!{port}"),
+            Server::Mcp(name) => write!(f, "mcp:{name}"),
         }
     }
 }
@@ -385,6 +388,14 @@ fn is_tool_name(s: &str) -> bool {
         && s != ".."
 }
 
+/// The name of an operator's MCP server: its config file's stem and a gate-name component.
+fn is_mcp_server_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
 fn is_env_name(s: &str) -> bool {
     let mut cs = s.chars();
     matches!(cs.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
@@ -399,6 +410,17 @@ fn parse_server(ctx: &LineCtx<'_>, w: &Word) -> Result<Server, SpecError> {
         "receipts" => return Ok(Server::Local(LocalServer::Receipts)),
         "ns" => return Ok(Server::Local(LocalServer::Ns)),
         _ => {}
+    }
+    if let Some(name) = t.strip_prefix("mcp:") {
+        if !is_mcp_server_name(name) {
+            return Err(ctx.err(
+                w,
+                format!(
+                    "`{name}` is not an MCP server name (letters, digits, `-` and `_`, at most 64)"
+                ),
+            ));
+        }
+        return Ok(Server::Mcp(name.to_string()));
     }
     if let Some(path) = t.strip_prefix("unix!") {
         let pw = Word {
@@ -435,7 +457,7 @@ fn parse_server(ctx: &LineCtx<'_>, w: &Word) -> Result<Server, SpecError> {
     Err(ctx.err(
         w,
         format!(
-            "unknown server `{t}`: expected tool, gate, receipts, ns, unix!/path or tcp!host!port"
+            "unknown server `{t}`: expected tool, gate, receipts, ns, mcp:NAME, unix!/path or tcp!host!port"
         ),
     ))
 }
@@ -619,7 +641,9 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                 let mut names: Vec<String> = Vec::new();
                 for w in spec_words {
                     check_shown(&ctx, w, "a mount word")?;
-                    if server == Server::Local(LocalServer::Tool) {
+                    if server == Server::Local(LocalServer::Tool)
+                        || matches!(server, Server::Mcp(_))
+                    {
                         if !is_tool_name(&w.text) {
                             return Err(ctx.err(w, format!("`{}` is not a tool name", w.text)));
                         }
@@ -1025,6 +1049,24 @@ mod tests {
     }
 
     #[test]
+    fn an_mcp_mount_names_its_server_and_optionally_its_tools() {
+        let spec = parse(
+            "t",
+            "mount mcp:everything /mnt/mcp/everything echo add\nmount mcp:fs /mnt/fs",
+        )
+        .unwrap();
+        assert_eq!(spec.mounts[0].server, Server::Mcp("everything".into()));
+        assert_eq!(spec.mounts[0].spec, ["echo", "add"]);
+        assert!(
+            spec.mounts[1].spec.is_empty(),
+            "no names: every tool the operator allowed"
+        );
+        assert_eq!(parse("t", &spec.to_text()).unwrap(), spec);
+        // Not `/tool` grants: a `tool` line cannot give an MCP tool a root.
+        assert!(spec.tool_grants().is_empty());
+    }
+
+    #[test]
     fn rejects_bad_input_clearly() {
         for (text, needle) in [
             ("bind -r -w /a /b", "one of -r or -w"),
@@ -1038,6 +1080,10 @@ mod tests {
             ("mount tool /tool a a", "granted twice"),
             ("mount tool /tool 'a b'", "not a tool name"),
             ("mount ftp!x /m", "unknown server"),
+            ("mount mcp: /m", "not an MCP server name"),
+            ("mount mcp:a/b /m", "not an MCP server name"),
+            ("mount mcp:e /m echo echo", "granted twice"),
+            ("mount mcp:e /m 'a b'", "not a tool name"),
             ("mount tcp!h /m", "missing port"),
             ("mount tcp!h!0 /m", "bad port"),
             ("mount tcp!h!70000 /m", "bad port"),

@@ -449,7 +449,14 @@ fn write_identity(
             _ => owner = Some((this.0, this.1, &root.path)),
         }
     }
-    let daemons = [Role::Toolfs, Role::Receiptd, Role::Gate, Role::Bridge].map(Role::uid);
+    let daemons = [
+        Role::Toolfs,
+        Role::Receiptd,
+        Role::Gate,
+        Role::Bridge,
+        Role::Mcpfs,
+    ]
+    .map(Role::uid);
     Ok(owner
         .filter(|&(u, g, _)| u != 0 && g != 0 && !daemons.contains(&u))
         .map(|(u, g, _)| (u, g)))

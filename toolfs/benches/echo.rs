@@ -115,6 +115,7 @@ fn main() {
         worker_uid: 65534,
         worker_gid: 65534,
         lineage: None,
+        server: None,
     };
     let ours = daemon.hand_over(&record, &[]).unwrap();
 

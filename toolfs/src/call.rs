@@ -167,9 +167,9 @@ impl CallOpen {
                     let result = match handle.await {
                         Ok(bytes) => bytes,
                         Err(e) => {
-                            tracing::error!(tool = %self.tool.def.name, "call task failed: {e}");
+                            tracing::error!(tool = %self.tool.def.gate_name, "call task failed: {e}");
                             let env = Envelope::new(
-                                &self.tool.def.name,
+                                &self.tool.def.gate_name,
                                 Status::Error,
                                 Taint::Trusted,
                                 "the call failed inside toolfs".into(),
@@ -195,7 +195,7 @@ impl CallOpen {
     /// Parses the call, has the gate decide it (waiting for an ask's answer), readies it and, if
     /// all that succeeds, starts it in a task of its own.
     async fn start(&self, dispatcher: &Arc<Dispatcher>) -> Phase {
-        let name = self.tool.def.name.as_str();
+        let name = self.tool.def.gate_name.as_str();
         let parsed = match &self.refused {
             Some(why) => Err(why.clone()),
             None => args::prepare(&self.args, &self.tool.def.validator).map_err(|e| e.to_string()),
@@ -277,7 +277,7 @@ impl CallOpen {
         prepared: &Arguments,
         withdrawal: &mut Withdrawal,
     ) -> Answer {
-        let name = self.tool.def.name.as_str();
+        let name = self.tool.def.gate_name.as_str();
         let gate = &dispatcher.services().gate;
         let started = Instant::now();
         let mut answer = gate
@@ -318,17 +318,17 @@ impl CallOpen {
             Phase::Writing if self.args.is_empty() => {}
             Phase::Writing => {
                 let args_digest = content_digest(&self.args);
-                tracing::info!(conn, tool = %self.tool.def.name, args = %args_digest, "call withdrawn: closed before its first read");
+                tracing::info!(conn, tool = %self.tool.def.gate_name, args = %args_digest, "call withdrawn: closed before its first read");
                 withdraw(
                     dispatcher.clone(),
-                    self.tool.def.name.clone(),
+                    self.tool.def.gate_name.clone(),
                     args_digest,
                     None,
                     "closed before its first read",
                 );
             }
             Phase::Running(_) => {
-                tracing::debug!(conn, tool = %self.tool.def.name, "closed while running; the call runs to its end")
+                tracing::debug!(conn, tool = %self.tool.def.gate_name, "closed while running; the call runs to its end")
             }
             Phase::Preparing | Phase::Withdrawn | Phase::Done(_) => {}
         }

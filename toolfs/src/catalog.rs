@@ -9,16 +9,42 @@ use serde_json::Value;
 use crate::echo;
 
 /// Where a tool's calls run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone)]
 pub enum Runner {
     /// Inside toolfs (only `echo`).
     Echo,
     /// In a worker process holding the tool's authority.
     Worker,
+    /// Elsewhere, through a client the serving daemon holds (mcpfs: an MCP server's session).
+    /// The call has been parsed, schema-checked, decided by the gate and given its effect
+    /// receipt's place before it gets here, exactly as for the other runners.
+    External(Arc<dyn ExternalTool>),
+}
+
+impl Runner {
+    pub fn is_worker(&self) -> bool {
+        matches!(self, Runner::Worker)
+    }
+    pub fn is_echo(&self) -> bool {
+        matches!(self, Runner::Echo)
+    }
+}
+
+/// A tool whose calls a client outside toolfs's own runners makes (an MCP server's tool).
+#[async_trait::async_trait]
+pub trait ExternalTool: Send + Sync {
+    /// Runs one allowed call with its canonical arguments (`value` is the same, parsed) and
+    /// returns what the call file answers: status, content in words, always untrusted when it
+    /// came from the tool.
+    async fn call(&self, canonical: &[u8], value: &Value) -> crate::envelope::Envelope;
 }
 
 pub struct ToolDef {
+    /// The tool's file name in the tree.
     pub name: String,
+    /// The name the gate decides and receipts name it by: `name` for warren's own tools,
+    /// `mcp:<server>:<tool>` for an MCP server's (never a core tool's name).
+    pub gate_name: String,
     pub tier: String,
     pub description: String,
     pub doc: String,
@@ -30,7 +56,7 @@ pub struct ToolDef {
 }
 
 impl ToolDef {
-    fn new(
+    pub fn new(
         name: String,
         tier: String,
         description: String,
@@ -46,7 +72,9 @@ impl ToolDef {
         if !doc.ends_with('\n') {
             doc.push('\n');
         }
+        check_file_name(&name)?;
         Ok(ToolDef {
+            gate_name: name.clone(),
             name,
             tier,
             description,
@@ -56,6 +84,28 @@ impl ToolDef {
             validator,
             runner,
         })
+    }
+}
+
+/// A tool's name is a file name in its tree, beside `tools`.
+fn check_file_name(name: &str) -> Result<(), String> {
+    if name.is_empty()
+        || name.len() > 128
+        || name == "tools"
+        || name == "."
+        || name == ".."
+        || name.chars().any(|c| c == '/' || c.is_control())
+    {
+        return Err(format!("tool name {name:?} cannot be a file name here"));
+    }
+    Ok(())
+}
+
+impl ToolDef {
+    /// Names the tool to the gate and the receipts as `gate_name` (see the field).
+    pub fn gated_as(mut self, gate_name: String) -> ToolDef {
+        self.gate_name = gate_name;
+        self
     }
 }
 
@@ -86,14 +136,20 @@ impl Catalog {
                 spec.schema.clone(),
                 Runner::Worker,
             )?;
-            if def.name.contains(['/', '\t', '\n']) || def.name.is_empty() || def.name == "tools" {
-                return Err(format!(
-                    "tool name {:?} cannot be a file name here",
-                    def.name
-                ));
-            }
             if tools.insert(def.name.clone(), Arc::new(def)).is_some() {
                 return Err(format!("tool {} is defined twice", spec.name));
+            }
+        }
+        Ok(Catalog { tools })
+    }
+
+    /// A catalog of other tools (an MCP server's), each named once.
+    pub fn from_defs(defs: Vec<ToolDef>) -> Result<Catalog, String> {
+        let mut tools = BTreeMap::new();
+        for def in defs {
+            let name = def.name.clone();
+            if tools.insert(name.clone(), Arc::new(def)).is_some() {
+                return Err(format!("tool {name} is defined twice"));
             }
         }
         Ok(Catalog { tools })

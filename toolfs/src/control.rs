@@ -19,9 +19,42 @@ use crate::grant::{ConnGrant, GrantRecord, write_reply};
 use crate::services::Services;
 use crate::tree::{ToolTree, TreeLimits};
 
+/// Where the tools of a handed-over grant come from.
+pub trait CatalogSource: Send + Sync {
+    /// The catalog `record`'s tool names are checked against and served from. It may rewrite
+    /// the record's tool list to what will be served (mcpfs: no names means every accepted
+    /// tool); it runs on a blocking thread, so it may wait (`runtime.block_on`) for a server.
+    fn for_grant(
+        &self,
+        record: &mut GrantRecord,
+        runtime: &tokio::runtime::Handle,
+    ) -> Result<Arc<Catalog>, String>;
+}
+
+/// toolfs's own tools: a record naming an MCP server is not for it.
+pub struct Builtin(pub Arc<Catalog>);
+
+impl CatalogSource for Builtin {
+    fn for_grant(
+        &self,
+        record: &mut GrantRecord,
+        _runtime: &tokio::runtime::Handle,
+    ) -> Result<Arc<Catalog>, String> {
+        match &record.server {
+            Some(server) => Err(format!(
+                "the grant names MCP server {server}: mcpfs serves it, not toolfs"
+            )),
+            None => Ok(self.0.clone()),
+        }
+    }
+}
+
 /// What every connection's tree is built with.
 pub struct Server {
-    pub catalog: Catalog,
+    /// What the operator socket serves (toolfs's own tools).
+    pub catalog: Arc<Catalog>,
+    /// What a handed-over grant is served from.
+    pub source: Arc<dyn CatalogSource>,
     pub tree_limits: TreeLimits,
     pub p9_limits: Limits,
     pub services: Arc<Services>,
@@ -37,8 +70,27 @@ impl Server {
         p9_limits: Limits,
         services: Services,
     ) -> Server {
+        let catalog = Arc::new(catalog);
+        Server::with_source(
+            catalog.clone(),
+            Arc::new(Builtin(catalog)),
+            tree_limits,
+            p9_limits,
+            services,
+        )
+    }
+
+    /// A server whose granted connections are served from `source` (mcpfs).
+    pub fn with_source(
+        catalog: Arc<Catalog>,
+        source: Arc<dyn CatalogSource>,
+        tree_limits: TreeLimits,
+        p9_limits: Limits,
+        services: Services,
+    ) -> Server {
         Server {
             catalog,
+            source,
             tree_limits,
             p9_limits,
             services: Arc::new(services),
@@ -133,13 +185,14 @@ impl Server {
     ) -> Result<(), String> {
         let mut fds = fds.into_iter();
         let conn = fds.next().ok_or("no connection fd came with the grant")?;
-        let record: GrantRecord =
+        let mut record: GrantRecord =
             serde_json::from_slice(record).map_err(|e| format!("bad grant record: {e}"))?;
         let st = nix::sys::stat::fstat(&conn).map_err(|e| format!("connection fd: {e}"))?;
         if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
             return Err("the first fd is not a socket".into());
         }
-        let grant = ConnGrant::from_record(&record, fds.collect(), &self.catalog)?;
+        let catalog = self.source.for_grant(&mut record, runtime)?;
+        let grant = ConnGrant::from_record(&record, fds.collect(), &catalog)?;
         let tree = self.tree(grant);
         let stream = UnixStream::from(conn);
         stream.set_nonblocking(true).map_err(|e| e.to_string())?;

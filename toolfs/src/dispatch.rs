@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::args::Arguments;
-use crate::catalog::Runner;
+use crate::catalog::{ExternalTool, Runner};
 use crate::echo;
 use crate::envelope::{Envelope, Status, Taint};
 use crate::grant::{ConnGrant, GrantedTool};
@@ -28,6 +28,7 @@ pub fn call_timeout(tool: &str) -> Duration {
 /// What a call needs before it starts: nothing (echo), or its worker and its turn on it.
 pub enum Runnable {
     Echo,
+    External(Arc<dyn ExternalTool>),
     Worker(Arc<Worker>, OwnedSemaphorePermit),
 }
 
@@ -54,7 +55,7 @@ impl Dispatcher {
         let workers = grant
             .tools
             .iter()
-            .filter(|t| t.def.runner == Runner::Worker)
+            .filter(|t| t.def.runner.is_worker())
             .map(|t| {
                 (
                     t.def.name.clone(),
@@ -112,8 +113,10 @@ impl Dispatcher {
     /// finishes withdraws the call.
     pub async fn prepare(&self, tool: &Arc<GrantedTool>) -> Result<Runnable, Envelope> {
         let name = tool.def.name.as_str();
-        if tool.def.runner == Runner::Echo {
-            return Ok(Runnable::Echo);
+        match &tool.def.runner {
+            Runner::Echo => return Ok(Runnable::Echo),
+            Runner::External(external) => return Ok(Runnable::External(external.clone())),
+            Runner::Worker => {}
         }
         if tool.authority.roots.is_empty() {
             return Err(Envelope::new(
@@ -188,6 +191,7 @@ impl Dispatcher {
                 let content = echo::run(&args.value, &args.canonical, &self.services.journal).await;
                 Envelope::new(name, Status::Ok, Taint::Untrusted, content)
             }
+            Runnable::External(external) => external.call(&args.canonical, &args.value).await,
             Runnable::Worker(worker, _turn) => {
                 match worker.call(&args.canonical, call_timeout(name)).await {
                     Ok(out) => {

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use warren_gate::lineage::Lineage;
 
-use crate::catalog::{Catalog, Runner, ToolDef};
+use crate::catalog::{Catalog, ToolDef};
 use crate::worker::{Root, ToolAuthority};
 
 /// The only record version this toolfs understands.
@@ -41,6 +41,11 @@ pub struct GrantRecord {
     /// cloned it, up to its subtree's root. Context and budgets follow it (`warren_gate::lineage`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lineage: Option<Lineage>,
+    /// The operator's MCP server whose tools `tools` names (`mount mcp:NAME`): such a record
+    /// goes to mcpfs, and toolfs refuses it. No names then means every tool the operator
+    /// accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -186,9 +191,9 @@ impl ConnGrant {
             if tools.iter().any(|g| g.def.name == t.name) {
                 return Err(format!("tool {} is granted twice", t.name));
             }
-            if def.runner == Runner::Echo && (!t.roots.is_empty() || t.network) {
+            if !def.runner.is_worker() && (!t.roots.is_empty() || t.network) {
                 return Err(format!(
-                    "{} runs inside toolfs and takes no roots or network",
+                    "{} runs in no worker and takes no roots or network",
                     t.name
                 ));
             }
@@ -252,6 +257,8 @@ fn check_root(tool: &str, root: &RootGrant, dir: &OwnedFd) -> Result<(), String>
 pub struct ControlClient {
     sock: UnixStream,
     replies: BufReader<UnixStream>,
+    /// The daemon, as errors name it: the socket's stem (`toolfs`, `mcpfs`).
+    daemon: String,
 }
 
 impl ControlClient {
@@ -261,7 +268,14 @@ impl ControlClient {
         sock.set_read_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
         sock.set_write_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
         let replies = BufReader::new(sock.try_clone()?);
-        Ok(ControlClient { sock, replies })
+        let daemon = ctl_path
+            .file_stem()
+            .map_or_else(|| "the server".into(), |s| s.to_string_lossy().into_owned());
+        Ok(ControlClient {
+            sock,
+            replies,
+            daemon,
+        })
     }
 
     /// Hands over `conn` (the server end of a socketpair) with its grant and root fds (one per
@@ -282,15 +296,18 @@ impl ControlClient {
         if self.replies.read_line(&mut line)? == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
-                "toolfs closed the control connection",
+                format!("{} closed the control connection", self.daemon),
             ));
         }
         match line.trim_end().strip_prefix("error: ") {
             None if line.trim_end() == "ok" => Ok(()),
-            None => Err(io::Error::other(format!("toolfs answered {line:?}"))),
+            None => Err(io::Error::other(format!(
+                "{} answered {line:?}",
+                self.daemon
+            ))),
             Some(msg) => Err(io::Error::new(
                 io::ErrorKind::PermissionDenied,
-                format!("toolfs refused the grant: {msg}"),
+                format!("{} refused the grant: {msg}", self.daemon),
             )),
         }
     }

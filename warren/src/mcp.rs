@@ -8,7 +8,6 @@
 
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -21,17 +20,7 @@ use warren_ns::launch::client::{LaunchOptions, launch};
 /// How long a server has to answer the handshake and its listing.
 const DEADLINE: Duration = Duration::from_secs(30);
 
-/// `$WARREN_CONFIG_DIR/mcp`.
-pub fn config_dir() -> PathBuf {
-    std::env::var_os("WARREN_CONFIG_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/etc/warren"))
-        .join("mcp")
-}
-
-fn pins_path(dir: &Path, name: &str) -> PathBuf {
-    dir.join(format!("{name}.pins"))
-}
+use warren_mcpfs::config::{config_dir, pins_path};
 
 /// `warren mcp list`: each defined server, how it is reached, and how many tools are pinned.
 pub fn list() -> Result<ExitCode> {

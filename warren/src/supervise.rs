@@ -76,7 +76,8 @@ const DAEMONS: &[Daemon] = &[
         role: None,
         // ns.run: `warren run`'s launchers (warren_ns::launch; not 9P, so not `*.sock`).
         // nsd-workers.ctl: toolfs asks for its tool workers there (root and toolfs's group).
-        sockets: &["ns.sock", "ns.run", "nsd-workers.ctl"],
+        // nsd-mcp.ctl: mcpfs has its MCP servers started there (root and mcpfs's group).
+        sockets: &["ns.sock", "ns.run", "nsd-workers.ctl", "nsd-mcp.ctl"],
         caps: &[],
         gate_client: false,
     },
@@ -87,6 +88,16 @@ const DAEMONS: &[Daemon] = &[
         role: Some(Role::Toolfs),
         sockets: &["tool.sock", "toolfs.ctl"],
         // None: nsd builds every tool worker (on nsd-workers.ctl); toolfs never starts one.
+        caps: &[],
+        gate_client: true,
+    },
+    Daemon {
+        binary: "warren-mcpfs",
+        args: &[],
+        name: "mcpfs",
+        role: Some(Role::Mcpfs),
+        sockets: &["mcpfs.ctl"],
+        // None: nsd starts every MCP server (on nsd-mcp.ctl); mcpfs only speaks to them.
         caps: &[],
         gate_client: true,
     },
@@ -441,6 +452,8 @@ fn bind_sockets(dirs: &Dirs, d: &Daemon) -> Result<Vec<Bound>> {
         let (mode, gid) = if name == "nsd-workers.ctl" {
             // Its peer is toolfs (its own uid and gid; nsd checks the peer's uid too).
             (0o660, Role::Toolfs.uid())
+        } else if name == "nsd-mcp.ctl" {
+            (0o660, Role::Mcpfs.uid())
         } else if name.ends_with(".ctl") {
             (0o600, 0)
         } else {

@@ -139,3 +139,89 @@ fn a_changed_definition_is_held_until_accepted_again() {
     let (_, out, _) = mcp(&w, &config, &["check", "notes"], &pulled);
     assert_eq!(row(&out, "search")[2], "accepted", "{out}");
 }
+
+/// `server-everything` defined with `echo` at the read tier, in a config dir the daemons can
+/// read (mcpfs runs under its own uid).
+fn everything_config() -> tempfile::TempDir {
+    let peers = repo().join("target/peers/mcp");
+    let js = peers.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(
+        js.exists(),
+        "{}: run scripts/install-test-deps",
+        js.display()
+    );
+    let config = tempfile::Builder::new()
+        .prefix("wmcp")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        config.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::create_dir_all(config.path().join("mcp")).unwrap();
+    std::fs::write(
+        config.path().join("mcp/everything.toml"),
+        format!(
+            "command = [\"/usr/bin/node\", \"{js}\", \"stdio\"]\nspec = \"\"\"\n{SYSTEM}bind -r {p} {p}\nnet none\n\"\"\"\n[tiers]\necho = \"read\"\n",
+            js = js.display(),
+            p = peers.display()
+        ),
+    )
+    .unwrap();
+    config
+}
+
+/// mcpfs: `mount mcp:everything PATH TOOLS…` shows exactly the granted tools the operator
+/// accepted; an ungranted tool and a held (never accepted) one do not exist; a call crosses the
+/// gate as `mcp:everything:echo`, returns what the server answered as untrusted data, and is
+/// receipted.
+#[test]
+fn a_mounted_mcp_server_serves_exactly_its_accepted_grant_through_the_gate() {
+    let config = everything_config();
+    let w = Warren::up_with(&[("WARREN_CONFIG_DIR", config.path().to_str().unwrap())]);
+    let (ok, _, err) = mcp(
+        &w,
+        config.path(),
+        &["accept", "everything", "echo", "get-sum"],
+        &[],
+    );
+    assert!(ok, "{err}");
+    let spec = w.base.path().join("agent.ns");
+    std::fs::write(
+        &spec,
+        "mount mcp:everything /mnt/mcp/everything echo get-sum get-tiny-image\n",
+    )
+    .unwrap();
+    let _approver = approve_every_ask(&w);
+    let (code, out, err) = w.sh(
+        &["--ns", spec.to_str().unwrap()],
+        r#"cat /mnt/mcp/everything/tools; echo ---
+           test -e /mnt/mcp/everything/get-tiny-image || echo HELD-ABSENT
+           test -e /mnt/mcp/everything/get-env || echo UNGRANTED-ABSENT
+           cat /mnt/mcp/everything/echo/schema | grep -q message && echo SCHEMA-OK
+           exec 3<>/mnt/mcp/everything/echo/call; printf '{"message":"hello mcp"}' >&3; cat <&3; echo"#,
+    );
+    assert_eq!(code, 0, "{err}");
+    let (tools, rest) = out.split_once("---\n").unwrap();
+    let names: Vec<&str> = tools
+        .lines()
+        .map(|l| l.split('\t').next().unwrap())
+        .collect();
+    assert_eq!(names, ["echo", "get-sum"], "{out}");
+    assert!(tools.starts_with("echo\tread\t"), "{tools}");
+    for mark in ["HELD-ABSENT", "UNGRANTED-ABSENT", "SCHEMA-OK"] {
+        assert!(rest.contains(mark), "{mark}: {out}\n{err}");
+    }
+    let reply = rest.lines().last().unwrap();
+    let env: serde_json::Value =
+        serde_json::from_str(reply).unwrap_or_else(|e| panic!("{e}: {reply}"));
+    assert_eq!(env["status"], "ok", "{reply}");
+    assert_eq!(env["tool"], "mcp:everything:echo", "{reply}");
+    assert_eq!(env["taint"], "untrusted", "{reply}");
+    assert!(
+        env["content"].as_str().unwrap().contains("hello mcp"),
+        "{reply}"
+    );
+    assert!(env["receipt"].is_object(), "the call is receipted: {reply}");
+}

@@ -99,6 +99,22 @@ fn serve(weaker_landlock: bool) -> ExitCode {
             path.display(),
             run_path.display()
         );
+        // mcpfs's MCP servers: each started from the operator's definition, in its own namespace.
+        let mcp_path = dirs.control(warren_ns::launch::MCP_CONTROL);
+        match warren_daemon::operator::listen(&mcp_path) {
+            Ok(l) => {
+                tokio::spawn(warren_ns::launch::mcp::accept_loop(
+                    l,
+                    nsd.for_operator(0),
+                    warren_mcpfs::config::config_dir(),
+                    dirs.secrets.clone(),
+                ));
+            }
+            Err(e) => {
+                eprintln!("warren-nsd: listen {}: {e}", mcp_path.display());
+                return ExitCode::from(1);
+            }
+        }
         tokio::spawn(warren_ns::launch::server::accept_loop(
             run_listener,
             warren_daemon::operator::OperatorPolicy::from_host(),

@@ -9,7 +9,8 @@ use std::path::Path;
 
 use warren_daemon::Dirs;
 
-use super::{AttachRequest, Control, Reply, Request, VERSION, recv, send, socket_path};
+pub use super::Launched;
+use super::{AttachRequest, Request, VERSION, open_at, socket_path};
 use crate::confine::guard::Guard;
 use crate::inode::open_path;
 use crate::mount_server::ServedMounts;
@@ -25,40 +26,6 @@ pub struct LaunchOptions {
     pub bare: bool,
     /// An operator namespace (see `Request::operator`).
     pub operator: bool,
-}
-
-/// A command nsd has started for us.
-pub struct Launched {
-    sock: UnixStream,
-    /// The namespace's id in nsd's `/ns` tree.
-    pub id: u64,
-    /// The namespace's session id.
-    pub session: String,
-    /// The pty's master (with `LaunchOptions::pty`), for the launcher to relay.
-    pub pty_master: Option<OwnedFd>,
-}
-
-impl Launched {
-    /// Forwards `signal` (SIGINT, SIGTERM, SIGHUP or SIGQUIT) to the command.
-    pub fn signal(&self, signal: i32) -> io::Result<()> {
-        send(&self.sock, &Control::Signal { number: signal }, &[])
-    }
-
-    /// Waits for the command's exit status (128+N for signal N). Call once.
-    pub fn wait(&self) -> io::Result<i32> {
-        let reply = recv::<Reply>(&self.sock).map_err(|e| match e.kind() {
-            io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => io::Error::new(
-                e.kind(),
-                "nsd ended (see `warren status`); the namespace ended with it",
-            ),
-            _ => e,
-        })?;
-        match reply {
-            (Reply::Exited { code }, _) => Ok(code),
-            (Reply::Failed { message }, _) => Err(io::Error::other(message)),
-            (other, _) => Err(io::Error::other(format!("nsd said {other:?}"))),
-        }
-    }
 }
 
 /// Values for TERM, LANG and the spec's `env` names, from this process's environment.
@@ -114,6 +81,14 @@ fn connect(mount: &Mount, dirs: &Dirs, guard: &Guard) -> io::Result<OwnedFd> {
         Server::Local(local) => Ok(UnixStream::connect(dirs.socket(local.name()))
             .map_err(fail)?
             .into()),
+        // nsd makes it, with the grant, on mcpfs's control socket.
+        Server::Mcp(_) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "mount of {} at {}: nsd makes its connection",
+                mount.server, mount.path
+            ),
+        )),
     }
 }
 
@@ -193,57 +168,5 @@ fn open<T: serde::Serialize>(
     fds: &[BorrowedFd<'_>],
     pty: bool,
 ) -> io::Result<Launched> {
-    let path = socket_path(dirs);
-    let sock = UnixStream::connect(&path).map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("nsd's run socket {}: {e}", path.display()),
-        )
-    })?;
-    // nsd drops a peer that is no operator without a word: a closed or reset connection.
-    let refused = |e: io::Error| match e.kind() {
-        io::ErrorKind::UnexpectedEof
-        | io::ErrorKind::ConnectionReset
-        | io::ErrorKind::BrokenPipe => io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!(
-                "nsd closed the connection without an answer ({e}): only an operator may use \
-                 it (root or the warren group, in nsd's pid namespace)"
-            ),
-        ),
-        _ => e,
-    };
-    send(&sock, opening, fds).map_err(refused)?;
-    // Bounded: nsd gives a namespace's setup SETUP_DEADLINE, then answers either way.
-    sock.set_read_timeout(Some(STARTED_PATIENCE))?;
-    let (reply, mut got) = recv::<Reply>(&sock).map_err(|e| match e.kind() {
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
-            io::ErrorKind::TimedOut,
-            format!(
-                "nsd did not answer within {} s (see `warren status`)",
-                STARTED_PATIENCE.as_secs()
-            ),
-        ),
-        _ => refused(e),
-    })?;
-    sock.set_read_timeout(None)?;
-    match reply {
-        Reply::Started { id, session } => {
-            let pty_master = match (pty, got.len()) {
-                (false, 0) => None,
-                (true, 1) => got.pop(),
-                _ => return Err(io::Error::other("nsd's reply carried the wrong fds")),
-            };
-            Ok(Launched {
-                sock,
-                id,
-                session,
-                pty_master,
-            })
-        }
-        Reply::Failed { message } => Err(io::Error::other(message)),
-        Reply::Exited { code } => Err(io::Error::other(format!(
-            "nsd said the command exited ({code}) before it started"
-        ))),
-    }
+    open_at(&socket_path(dirs), opening, fds, pty, STARTED_PATIENCE)
 }

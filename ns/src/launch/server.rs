@@ -97,31 +97,7 @@ fn serve_launcher(sock: &UnixStream, cred: PeerCred, nsd: &Nsd) {
         Err(e) => return refuse(sock, cred, &e),
     };
     match opening {
-        (Opening::Run(request), fds) => match start(nsd, cred, request, fds) {
-            Ok((started, pty_master)) => {
-                let session = started.space.info().session.clone().unwrap_or_default();
-                let (space, served) = (started.space.clone(), started.served.clone());
-                follow(
-                    sock,
-                    started.id,
-                    session,
-                    started.running,
-                    pty_master,
-                    move |end| {
-                        // A dead bridge ended it: that is its end, not the kill's status.
-                        let end = served
-                            .as_ref()
-                            .and_then(|s| s.bridge_death())
-                            .map_or(end, |why| Status::Failed(format!("{why}: namespace ended")));
-                        space.set_ended(end.clone());
-                        drop(served);
-                        end
-                    },
-                );
-                nsd.remove_space(started.id);
-            }
-            Err(e) => refuse(sock, cred, &e),
-        },
+        (Opening::Run(request), fds) => run_and_follow(sock, cred, nsd, request, fds),
         (Opening::Attach(request), fds) => match start_attach(nsd, cred, request, fds) {
             Ok((id, session, mut attached)) => {
                 let pty_master = attached.take_pty_master();
@@ -133,8 +109,44 @@ fn serve_launcher(sock: &UnixStream, cred: PeerCred, nsd: &Nsd) {
     }
 }
 
+/// Builds and starts the namespace `request` asks for and follows it to its end (steps 2–4),
+/// or answers `failed`.
+pub(super) fn run_and_follow(
+    sock: &UnixStream,
+    cred: PeerCred,
+    nsd: &Nsd,
+    request: Request,
+    fds: Vec<OwnedFd>,
+) {
+    match start(nsd, cred, request, fds) {
+        Ok((started, pty_master)) => {
+            let session = started.space.info().session.clone().unwrap_or_default();
+            let (space, served) = (started.space.clone(), started.served.clone());
+            follow(
+                sock,
+                started.id,
+                session,
+                started.running,
+                pty_master,
+                move |end| {
+                    // A dead bridge ended it: that is its end, not the kill's status.
+                    let end = served
+                        .as_ref()
+                        .and_then(|s| s.bridge_death())
+                        .map_or(end, |why| Status::Failed(format!("{why}: namespace ended")));
+                    space.set_ended(end.clone());
+                    drop(served);
+                    end
+                },
+            );
+            nsd.remove_space(started.id);
+        }
+        Err(e) => refuse(sock, cred, &e),
+    }
+}
+
 /// Step 2's `failed`: nothing runs.
-fn refuse(sock: &UnixStream, cred: PeerCred, e: &io::Error) {
+pub(super) fn refuse(sock: &UnixStream, cred: PeerCred, e: &io::Error) {
     tracing::info!("run socket: pid {} uid {}: {e}", cred.pid, cred.uid);
     let _ = send(
         sock,

@@ -75,6 +75,20 @@ pub enum ConfigError {
     Invalid { path: String, message: String },
 }
 
+/// Where the operator's server definitions are: `$WARREN_CONFIG_DIR/mcp` (default
+/// `/etc/warren/mcp`). nsd, mcpfs and `warren mcp` all read them here.
+pub fn config_dir() -> std::path::PathBuf {
+    std::env::var_os("WARREN_CONFIG_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from("/etc/warren"))
+        .join("mcp")
+}
+
+/// Where the tools the operator accepted for server `name` are pinned.
+pub fn pins_path(dir: &Path, name: &str) -> std::path::PathBuf {
+    dir.join(format!("{name}.pins"))
+}
+
 /// A server name is a file name, a gate-name component and a path component at once.
 pub fn valid_name(name: &str) -> bool {
     !name.is_empty()

@@ -12,6 +12,7 @@ pub mod config;
 pub mod definition;
 pub mod pins;
 pub mod result;
+pub mod served;
 pub mod session;
 
 pub use config::ServerConfig;

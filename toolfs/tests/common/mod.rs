@@ -258,6 +258,7 @@ pub fn record(tools: &[&str]) -> GrantRecord {
         worker_uid: WORKER_UID,
         worker_gid: WORKER_GID,
         lineage: None,
+        server: None,
     }
 }
 

@@ -1,0 +1,379 @@
+//! The MCP servers mcpfs serves, each started on first use by nsd in the namespace its
+//! definition names, and each granted connection's catalog: the server's tools the operator
+//! accepted, called through the session, behind toolfs's call files (the same parse, gate,
+//! receipts and envelope as a built-in tool's: `warren_toolfs::call`).
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use warren_toolfs::catalog::{Catalog, ExternalTool, Runner, ToolDef};
+use warren_toolfs::control::CatalogSource;
+use warren_toolfs::envelope::{Envelope, Status, Taint};
+use warren_toolfs::grant::GrantRecord;
+
+use crate::config::{ServerConfig, pins_path, valid_name};
+use crate::{Definition, Outcome, Pins, Session, SessionError};
+
+/// How long a server has to start, answer the handshake and list its tools.
+const START_DEADLINE: Duration = Duration::from_secs(30);
+/// How long one call may take before the caller gets an error (and the server is restarted).
+pub const CALL_DEADLINE: Duration = Duration::from_secs(60);
+/// The longest wait between two starts of a server that keeps dying.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Every server by name, and where they come from.
+pub struct Servers {
+    config_dir: PathBuf,
+    /// nsd's MCP server socket.
+    nsd: PathBuf,
+    served: Mutex<HashMap<String, Arc<Served>>>,
+}
+
+impl Servers {
+    pub fn new(config_dir: PathBuf, nsd: PathBuf) -> Servers {
+        Servers {
+            config_dir,
+            nsd,
+            served: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn served(&self, name: &str) -> Arc<Served> {
+        self.served
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(name.to_owned())
+            .or_insert_with(|| {
+                Arc::new(Served {
+                    name: name.to_owned(),
+                    nsd: self.nsd.clone(),
+                    pins: pins_path(&self.config_dir, name),
+                    live: tokio::sync::Mutex::new(None),
+                    restarts: Mutex::new(Restarts::default()),
+                })
+            })
+            .clone()
+    }
+}
+
+impl CatalogSource for Servers {
+    fn for_grant(
+        &self,
+        record: &mut GrantRecord,
+        runtime: &tokio::runtime::Handle,
+    ) -> Result<Arc<Catalog>, String> {
+        let Some(name) = record.server.clone() else {
+            return Err("the grant names no MCP server (toolfs serves warren's own tools)".into());
+        };
+        if !valid_name(&name) {
+            return Err(format!("`{name}` is not an MCP server name"));
+        }
+        let config = ServerConfig::load(&self.config_dir, &name).map_err(|e| e.to_string())?;
+        let pins = Pins::load(&pins_path(&self.config_dir, &name)).map_err(|e| e.to_string())?;
+        let served = self.served(&name);
+        let live = runtime.block_on(served.live())?;
+        let mut defs = Vec::new();
+        for def in &live.defs {
+            if !pins.standing(def).is_served() {
+                tracing::info!(server = %name, tool = %def.name, "held: its definition is not the one accepted");
+                continue;
+            }
+            match tool_def(&served, &config, def) {
+                Ok(d) => defs.push(d),
+                Err(e) => tracing::warn!(server = %name, tool = %def.name, "not served: {e}"),
+            }
+        }
+        let catalog = Catalog::from_defs(defs)?;
+        if record.tools.is_empty() {
+            // No names: every tool the operator accepted.
+            record.tools = catalog
+                .names()
+                .map(|n| warren_toolfs::ToolGrant {
+                    name: n.to_owned(),
+                    roots: Vec::new(),
+                    network: false,
+                })
+                .collect();
+        } else {
+            // A named tool that is held, or not listed at all, does not exist for this
+            // connection: absent, as an ungranted tool is.
+            record.tools.retain(|t| {
+                let served = catalog.get(&t.name).is_some();
+                if !served {
+                    tracing::info!(server = %name, tool = %t.name, "granted but not served (held or not listed)");
+                }
+                served
+            });
+        }
+        Ok(Arc::new(catalog))
+    }
+}
+
+/// The tree's definition of one accepted tool: the server's description and schema, the tier
+/// the operator gave it (raised by the server's own claims, never lowered), the gate name
+/// `mcp:<server>:<tool>`.
+fn tool_def(
+    served: &Arc<Served>,
+    config: &ServerConfig,
+    def: &Definition,
+) -> Result<ToolDef, String> {
+    let tier = def.tier(config.tier_of(&def.name));
+    let doc = format!(
+        "{}\n\nA tool of the MCP server {}, called through warren: decided by the gate as {}, \
+         receipted, its result untrusted data.\n",
+        def.description.as_deref().unwrap_or("(no description)"),
+        served.name,
+        def.gate_name(&served.name)
+    );
+    let runner = Runner::External(Arc::new(McpTool {
+        served: served.clone(),
+        tool: def.name.clone(),
+    }));
+    Ok(ToolDef::new(
+        def.name.clone(),
+        tier.as_str().to_owned(),
+        def.summary(),
+        doc,
+        def.input_schema.clone(),
+        runner,
+    )?
+    .gated_as(def.gate_name(&served.name)))
+}
+
+/// One server: its live session (started on first use) and its restarts.
+pub struct Served {
+    name: String,
+    nsd: PathBuf,
+    pins: PathBuf,
+    live: tokio::sync::Mutex<Option<Arc<Live>>>,
+    restarts: Mutex<Restarts>,
+}
+
+#[derive(Default)]
+struct Restarts {
+    /// Starts that failed, or sessions that died, since the last one that served a call.
+    failures: u32,
+    not_before: Option<Instant>,
+}
+
+/// A running server: the session, its tools as listed at start, and nsd's connection, which
+/// holds its namespace (dropping it ends the server).
+pub struct Live {
+    session: Session,
+    defs: Vec<Definition>,
+    _namespace: warren_proto::launch::Launched,
+    ended: Arc<AtomicBool>,
+}
+
+impl Served {
+    /// The live session, started (by nsd) if there is none or the last one ended; a server
+    /// that keeps dying is started again no sooner than its backoff allows.
+    async fn live(self: &Arc<Self>) -> Result<Arc<Live>, String> {
+        let mut slot = self.live.lock().await;
+        if let Some(live) = slot.as_ref()
+            && !live.ended.load(Ordering::Acquire)
+        {
+            return Ok(live.clone());
+        }
+        if slot.take().is_some() {
+            self.failed();
+        }
+        if let Some(at) = self.restarts().not_before
+            && let Some(wait) = at.checked_duration_since(Instant::now())
+        {
+            return Err(format!(
+                "MCP server {} is restarting after a failure: next start in {} ms",
+                self.name,
+                wait.as_millis()
+            ));
+        }
+        match self.start().await {
+            Ok(live) => {
+                let live = Arc::new(live);
+                *slot = Some(live.clone());
+                Ok(live)
+            }
+            Err(e) => {
+                self.failed();
+                Err(format!(
+                    "MCP server {} could not be started: {e}",
+                    self.name
+                ))
+            }
+        }
+    }
+
+    fn restarts(&self) -> std::sync::MutexGuard<'_, Restarts> {
+        self.restarts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A start failed or a session died: the next start waits 250 ms × 2ⁿ, at most 30 s.
+    fn failed(&self) {
+        let mut r = self.restarts();
+        r.failures = r.failures.saturating_add(1);
+        let wait = Duration::from_millis(250)
+            .saturating_mul(1 << r.failures.min(8))
+            .min(MAX_BACKOFF);
+        tracing::warn!(server = %self.name, failures = r.failures, "next start no sooner than {wait:?}");
+        r.not_before = Some(Instant::now() + wait);
+    }
+
+    fn served_a_call(&self) {
+        let mut r = self.restarts();
+        r.failures = 0;
+        r.not_before = None;
+    }
+
+    /// Forgets `live` if it is still the current session (it failed a call), so that the next
+    /// call starts the server again.
+    async fn forget(&self, live: &Arc<Live>) {
+        let mut slot = self.live.lock().await;
+        if slot.as_ref().is_some_and(|l| Arc::ptr_eq(l, live)) {
+            *slot = None;
+            drop(slot);
+            self.failed();
+        }
+    }
+
+    /// Has nsd start the server in its own namespace, speaks MCP on its stdio pipes, and lists
+    /// its tools.
+    async fn start(&self) -> Result<Live, String> {
+        let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| e.to_string());
+        let (server_in, to_server) = pipe()?;
+        let (from_server, server_out) = pipe()?;
+        // Its stderr is mcpfs's: warren's log.
+        let stderr: OwnedFd = std::io::stderr()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| e.to_string())?;
+        let (nsd, name) = (self.nsd.clone(), self.name.clone());
+        let namespace = tokio::task::spawn_blocking(move || {
+            warren_proto::launch::start_server(
+                &nsd,
+                &name,
+                [server_in.as_fd(), server_out.as_fd(), stderr.as_fd()],
+                START_DEADLINE,
+            )
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("nsd: {e}"))?;
+        let reader = tokio::net::unix::pipe::Receiver::from_owned_fd(from_server)
+            .map_err(|e| e.to_string())?;
+        let writer =
+            tokio::net::unix::pipe::Sender::from_owned_fd(to_server).map_err(|e| e.to_string())?;
+        let session = Session::over(reader, writer, START_DEADLINE)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut defs = Vec::new();
+        for d in session
+            .tools(START_DEADLINE)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            match d {
+                Ok(d) => defs.push(d),
+                Err(e) => tracing::warn!(server = %self.name, "a listed tool is not served: {e}"),
+            }
+        }
+        tracing::info!(server = %self.name, info = ?session.server_info(), tools = defs.len(), "MCP server started by nsd");
+        Ok(Live {
+            session,
+            defs,
+            _namespace: namespace,
+            ended: Arc::new(AtomicBool::new(false)),
+        })
+    }
+}
+
+/// One accepted tool of one server, as a call file's runner.
+struct McpTool {
+    served: Arc<Served>,
+    tool: String,
+}
+
+impl McpTool {
+    fn error(&self, status: Status, why: String) -> Envelope {
+        Envelope::new(
+            &format!("mcp:{}:{}", self.served.name, self.tool),
+            status,
+            Taint::Trusted,
+            why,
+        )
+    }
+
+    /// The definition the operator accepted is still the one the live server lists.
+    fn still_accepted(&self, live: &Live) -> Result<(), String> {
+        let pins = Pins::load(&self.served.pins).map_err(|e| e.to_string())?;
+        match live.defs.iter().find(|d| d.name == self.tool) {
+            Some(d) if pins.standing(d).is_served() => Ok(()),
+            Some(_) => Err(format!(
+                "the server's definition of {} changed since the operator accepted it (drift): \
+                 held until `warren mcp accept {}` accepts it again",
+                self.tool, self.served.name
+            )),
+            None => Err(format!("the server no longer lists {}", self.tool)),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl ExternalTool for McpTool {
+    async fn call(&self, _canonical: &[u8], value: &Value) -> Envelope {
+        let live = match self.served.live().await {
+            Ok(l) => l,
+            Err(e) => return self.error(Status::Error, e),
+        };
+        if let Err(why) = self.still_accepted(&live) {
+            let mut env =
+                Envelope::denied(&format!("mcp:{}:{}", self.served.name, self.tool), "drift");
+            env.content = format!("denied: {why}");
+            env.digest = warren_toolfs::envelope::content_digest(env.content.as_bytes());
+            return env;
+        }
+        let arguments = value.as_object().cloned().unwrap_or_default();
+        match live
+            .session
+            .call(&self.tool, arguments, CALL_DEADLINE)
+            .await
+        {
+            Ok(outcome) => {
+                self.served.served_a_call();
+                envelope(&self.served.name, &self.tool, &outcome)
+            }
+            Err(e @ SessionError::InputRequired(_)) => self.error(Status::Error, e.to_string()),
+            Err(e) => {
+                // Timed out, hung up or spoke garbage: the server is started again for the
+                // next call (with backoff), and this caller gets why.
+                tracing::warn!(server = %self.served.name, tool = %self.tool, "call failed: {e}; the server will be restarted");
+                live.ended.store(true, Ordering::Release);
+                self.served.forget(&live).await;
+                self.error(
+                    Status::Error,
+                    format!("MCP server {} failed the call: {e}", self.served.name),
+                )
+            }
+        }
+    }
+}
+
+/// A result as the call file returns it: the server's text (attachments described by type,
+/// size and digest), `isError` as the status, always untrusted.
+fn envelope(server: &str, tool: &str, outcome: &Outcome) -> Envelope {
+    let status = if outcome.is_error {
+        Status::Error
+    } else {
+        Status::Ok
+    };
+    Envelope::new(
+        &format!("mcp:{server}:{tool}"),
+        status,
+        Taint::Untrusted,
+        outcome.text.clone(),
+    )
+}
