@@ -20,6 +20,10 @@ pub struct RunArgs {
     /// Grant a tool: it appears under /tool (repeat for more).
     #[arg(long = "tool")]
     pub tools: Vec<String>,
+    /// Mount the operator's MCP server NAME at /mnt/mcp/NAME: every tool the operator accepted,
+    /// or only those listed (`NAME:TOOL,TOOL`). Repeat for more servers.
+    #[arg(long = "mcp", value_name = "NAME[:TOOL,…]")]
+    pub mcp: Vec<String>,
     /// Bind a host path read-only at the same path.
     #[arg(long = "ro")]
     pub ro: Vec<String>,
@@ -58,6 +62,7 @@ impl RunArgs {
         };
         let grants = CliGrants {
             tools: self.tools.clone(),
+            mcp: self.mcp.clone(),
             ro: self.ro.clone(),
             rw: self.rw.clone(),
             net_loopback: self.net.as_deref() == Some("loopback"),

@@ -95,6 +95,8 @@ impl Default for RunOptions {
 #[derive(Clone, Debug, Default)]
 pub struct CliGrants {
     pub tools: Vec<String>,
+    /// `NAME` or `NAME:TOOL,TOOL`: `mount mcp:NAME /mnt/mcp/NAME [TOOL…]`.
+    pub mcp: Vec<String>,
     pub ro: Vec<String>,
     pub rw: Vec<String>,
     pub net_loopback: bool,
@@ -126,6 +128,19 @@ pub fn spec_from_cli(base: Option<&Spec>, grants: &CliGrants) -> Result<Spec, Sp
     if !grants.tools.is_empty() {
         let names: Vec<String> = grants.tools.iter().map(|t| quote(t)).collect();
         text.push_str(&format!("mount tool /tool {}\n", names.join(" ")));
+    }
+    for m in &grants.mcp {
+        let (name, tools) = m.split_once(':').unwrap_or((m, ""));
+        let tools: Vec<String> = tools
+            .split(',')
+            .filter(|t| !t.is_empty())
+            .map(quote)
+            .collect();
+        text.push_str(&format!(
+            "mount mcp:{0} /mnt/mcp/{0} {1}\n",
+            quote(name),
+            tools.join(" ")
+        ));
     }
     if grants.net_loopback {
         text.push_str("net loopback\n");

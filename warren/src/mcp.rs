@@ -15,7 +15,6 @@ use anyhow::{Context, Result, bail};
 use warren_daemon::Dirs;
 use warren_mcpfs::config::Transport;
 use warren_mcpfs::{Definition, Pins, ServerConfig, Session, Standing};
-use warren_ns::launch::client::{LaunchOptions, launch};
 
 /// How long a server has to answer the handshake and its listing.
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -63,17 +62,16 @@ pub fn list() -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The server's tools as it lists them now, from a session started the way warren starts it.
+/// The server's tools as it lists them now, from a session started the way mcpfs starts it:
+/// nsd reads the definition and runs the server in the namespace its `spec` names, with the
+/// values of its `env` names from the secrets dir.
 fn listing(dirs: &Dirs, config: &ServerConfig) -> Result<Vec<Definition>> {
-    let (command, spec_text) = match &config.transport {
-        Transport::Stdio { command, spec } => (command.clone(), spec.clone()),
-        Transport::Http { url } => bail!(
+    if let Transport::Http { url } = &config.transport {
+        bail!(
             "{}: {url}: streamable-HTTP servers are not reached by this warren yet (docs/gaps.md)",
             config.name
-        ),
-    };
-    let spec = warren_ns::parse(&format!("{}.toml spec", config.name), &spec_text)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        );
+    }
     // The server's stdin and stdout: pipes whose far ends nsd gives the confined server.
     let (server_in, to_server) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     let (from_server, server_out) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
@@ -81,12 +79,11 @@ fn listing(dirs: &Dirs, config: &ServerConfig) -> Result<Vec<Definition>> {
         .write(true)
         .open("/dev/null")?
         .into();
-    let launched = launch(
-        dirs,
-        &spec,
-        &command,
-        &LaunchOptions::default(),
+    let launched = warren_proto::launch::start_server(
+        &dirs.control(warren_proto::launch::MCP_CONTROL),
+        &config.name,
         [server_in.as_fd(), server_out.as_fd(), stderr.as_fd()],
+        DEADLINE,
     )
     .with_context(|| format!("starting MCP server {} through nsd", config.name))?;
     drop((server_in, server_out, stderr));

@@ -109,15 +109,18 @@ fn request_for(start: &StartServer, config_dir: &Path, secrets: &Path) -> io::Re
             )));
         }
     };
+    let mut spec = crate::spec::parse(&format!("{}.toml spec", start.server), &spec)
+        .map_err(|e| invalid(e.to_string()))?;
     let mut env = BTreeMap::new();
-    let mut spec = spec;
     for name in &config.env {
         env.insert(name.clone(), secret_value(secrets, &start.server, name)?);
-        spec.push_str(&format!("\nenv {name}"));
+        if !spec.env.contains(name) {
+            spec.env.push(name.clone());
+        }
     }
     Ok(Request {
         version: VERSION,
-        spec,
+        spec: spec.to_text(),
         argv: command,
         env,
         ..Request::default()
