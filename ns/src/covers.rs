@@ -206,11 +206,16 @@ fn grants_of<'a>(items: impl Iterator<Item = (&'a str, Access, bool)>) -> Vec<Gr
         .collect()
 }
 
+/// Whether a parent mount's words cover a child's mount of the same server: a subset of them.
 /// `mount mcp:NAME PATH` with no tool names grants every tool the operator allowed on NAME, so
-/// it covers any child mount of NAME, named tools or none. (An empty `mount tool` grants
-/// nothing and is refused by the parser.)
-fn every_tool_of_mcp_server(parent: &crate::spec::Mount) -> bool {
-    matches!(parent.server, crate::spec::Server::Mcp(_)) && parent.spec.is_empty()
+/// it covers any child mount of NAME, and a child's mount with no names (every tool) is covered
+/// only by such a parent mount. (An empty `mount tool` is refused by the parser.)
+fn spec_covered(parent: &crate::spec::Mount, child: &crate::spec::Mount) -> bool {
+    if matches!(parent.server, crate::spec::Server::Mcp(_)) {
+        return parent.spec.is_empty()
+            || (!child.spec.is_empty() && child.spec.iter().all(|s| parent.spec.contains(s)));
+    }
+    child.spec.iter().all(|s| parent.spec.contains(s))
 }
 
 /// `Ok(())` when `child` asks for nothing `parent` lacks; otherwise every widening, by name.
@@ -259,9 +264,7 @@ pub fn covers(parent: &Spec, child: &Spec) -> Result<(), Widening> {
         let found = parent.mounts.iter().any(|p| {
             // As written: a child names its parent's own server and key, and nothing is
             // resolved on its behalf (a path would be opened by name, as nsd).
-            p.server == m.server
-                && p.key == m.key
-                && (m.spec.iter().all(|s| p.spec.contains(s)) || every_tool_of_mcp_server(p))
+            p.server == m.server && p.key == m.key && spec_covered(p, m)
         });
         if !found {
             out.push(Widened::MountNotInParent {

@@ -7,20 +7,32 @@ use crate::receipt::Kind;
 pub enum Role {
     /// The gate's uid: the only appender of `decision` receipts.
     Gate,
-    /// toolfs's uid: the only appender of `effect` receipts.
+    /// toolfs's uid: an appender of `effect` receipts (warren's own tools' calls).
     Toolfs,
+    /// mcpfs's uid: an appender of `effect` receipts (MCP servers' tools' calls).
+    Mcpfs,
     /// Anyone else the operator socket let in (root or the `warren` group), with its uid.
     Operator(u32),
     /// receiptd itself: `boot` and `checkpoint` receipts.
     Receiptd,
 }
 
+/// The uids of the daemons whose connections are not an operator's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DaemonUids {
+    pub gate: Option<u32>,
+    pub toolfs: Option<u32>,
+    pub mcpfs: Option<u32>,
+}
+
 impl Role {
-    pub fn from_uid(uid: u32, gate_uid: Option<u32>, toolfs_uid: Option<u32>) -> Role {
-        if Some(uid) == gate_uid {
+    pub fn from_uid(uid: u32, daemons: &DaemonUids) -> Role {
+        if Some(uid) == daemons.gate {
             Role::Gate
-        } else if Some(uid) == toolfs_uid {
+        } else if Some(uid) == daemons.toolfs {
             Role::Toolfs
+        } else if Some(uid) == daemons.mcpfs {
+            Role::Mcpfs
         } else {
             Role::Operator(uid)
         }
@@ -31,6 +43,7 @@ impl Role {
         match self {
             Role::Gate => "gate".into(),
             Role::Toolfs => "toolfs".into(),
+            Role::Mcpfs => "mcpfs".into(),
             Role::Operator(uid) => format!("operator:{uid}"),
             Role::Receiptd => "receiptd".into(),
         }
@@ -41,9 +54,9 @@ impl Role {
     /// namespace's budget by naming it).
     pub fn may_charge_budgets(self) -> Result<(), AppendError> {
         match self {
-            Role::Gate | Role::Toolfs => Ok(()),
+            Role::Gate | Role::Toolfs | Role::Mcpfs => Ok(()),
             _ => Err(AppendError::Forbidden(format!(
-                "budgets are named only by the gate and toolfs; this connection is {}",
+                "budgets are named only by the gate, toolfs and mcpfs; this connection is {}",
                 self.appender()
             ))),
         }
@@ -52,7 +65,7 @@ impl Role {
     pub fn may_append(self, kind: Kind) -> Result<(), AppendError> {
         let allowed = match kind {
             Kind::Decision => self == Role::Gate,
-            Kind::Effect => self == Role::Toolfs,
+            Kind::Effect => matches!(self, Role::Toolfs | Role::Mcpfs),
             Kind::Boot | Kind::Checkpoint => self == Role::Receiptd,
             Kind::Query | Kind::Cap | Kind::Conflict | Kind::Withdrawn => true,
         };
@@ -61,7 +74,7 @@ impl Role {
         } else {
             let who = match kind {
                 Kind::Decision => "the gate's uid",
-                Kind::Effect => "toolfs's uid",
+                Kind::Effect => "toolfs's or mcpfs's uid",
                 _ => "receiptd itself",
             };
             Err(AppendError::Forbidden(format!(

@@ -16,8 +16,8 @@ use crate::tree::{ReceiptsTree, Shared};
 pub struct DaemonConfig {
     pub log: LogConfig,
     pub socket: PathBuf,
-    pub gate_uid: Option<u32>,
-    pub toolfs_uid: Option<u32>,
+    /// The gate's, toolfs's and mcpfs's uids.
+    pub daemons: crate::access::DaemonUids,
 }
 
 /// How often the checkpoint timer looks for scopes that are due.
@@ -50,7 +50,7 @@ async fn serve(cfg: DaemonConfig) -> anyhow::Result<()> {
     let ticker = tokio::spawn(checkpoint_timer(Arc::clone(&shared)));
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    let (gate_uid, toolfs_uid) = (cfg.gate_uid, cfg.toolfs_uid);
+    let daemons = cfg.daemons;
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -58,7 +58,7 @@ async fn serve(cfg: DaemonConfig) -> anyhow::Result<()> {
                     Ok(s) => s,
                     Err(e) => { tracing::warn!(error = %e, "accept failed"); continue; }
                 };
-                let role = match peer_role(&stream, &policy, gate_uid, toolfs_uid) {
+                let role = match peer_role(&stream, &policy, &daemons) {
                     Ok(role) => role,
                     Err(why) => { tracing::warn!(reason = %why, "refused a peer"); continue; }
                 };
@@ -107,13 +107,12 @@ async fn checkpoint_timer(shared: Arc<Shared>) {
 fn peer_role(
     stream: &UnixStream,
     policy: &warren_daemon::operator::OperatorPolicy,
-    gate_uid: Option<u32>,
-    toolfs_uid: Option<u32>,
+    daemons: &crate::access::DaemonUids,
 ) -> Result<Role, String> {
     let cred = warren_daemon::peer::peer_cred(stream.as_fd())
         .map_err(|e| format!("no peer credentials: {e}"))?;
-    match Role::from_uid(cred.uid, gate_uid, toolfs_uid) {
-        role @ (Role::Gate | Role::Toolfs) => {
+    match Role::from_uid(cred.uid, daemons) {
+        role @ (Role::Gate | Role::Toolfs | Role::Mcpfs) => {
             match warren_daemon::peer::peer_in_own_pidns(stream.as_fd()) {
                 Ok(true) => Ok(role),
                 Ok(false) => Err(format!("uid {} is in another pid namespace", cred.uid)),

@@ -228,7 +228,7 @@ fn decision_only_from_the_gate_uid_and_effect_only_from_toolfs_uid() {
     let (code, out) = append_as(GATE, s, &body("sess", "effect", 2));
     assert_eq!(code, 3, "{out}");
     assert!(
-        out.contains("toolfs's uid") && out.contains("this connection is gate"),
+        out.contains("toolfs's or mcpfs's uid") && out.contains("this connection is gate"),
         "{out}"
     );
     // toolfs's uid: effect yes, decision no.

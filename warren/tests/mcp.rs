@@ -189,7 +189,7 @@ fn a_mounted_mcp_server_serves_exactly_its_accepted_grant_through_the_gate() {
     .unwrap();
     let _approver = approve_every_ask(&w);
     let (code, out, err) = w.sh(
-        &["--ns", spec.to_str().unwrap()],
+        &["--asks", "operator", "--ns", spec.to_str().unwrap()],
         r#"cat /mnt/mcp/everything/tools; echo ---
            test -e /mnt/mcp/everything/get-tiny-image || echo HELD-ABSENT
            test -e /mnt/mcp/everything/get-env || echo UNGRANTED-ABSENT
@@ -218,4 +218,137 @@ fn a_mounted_mcp_server_serves_exactly_its_accepted_grant_through_the_gate() {
         "{reply}"
     );
     assert!(env["receipt"].is_object(), "the call is receipted: {reply}");
+}
+
+/// The Python `notes` server (`drifting.py`), journaling each `search` it runs to a file of its
+/// own namespace's, with calls timing out after 3 s; every tool accepted.
+fn define_notes(w: &Warren, config: &Path, journal: &Path) {
+    let venv = repo().join("target/peers/mcp-python");
+    let server = repo().join("servers/mcpfs/tests/servers");
+    assert!(
+        venv.join("bin/python").exists(),
+        "{}: run scripts/install-test-deps",
+        venv.display()
+    );
+    let dir = journal.parent().unwrap();
+    std::fs::write(
+        config.join("mcp/notes.toml"),
+        format!(
+            "command = [\"{py}\", \"{s}/drifting.py\"]\nenv = [\"JOURNAL\"]\ntimeout = 3\nspec = \"\"\"\n{SYSTEM}bind -r {v} {v}\nbind -r {s} {s}\nbind -w {d} {d}\nnet none\n\"\"\"\n",
+            py = venv.join("bin/python").display(),
+            v = venv.display(),
+            s = server.display(),
+            d = dir.display(),
+        ),
+    )
+    .unwrap();
+    let secret = w.base.path().join("secrets/mcp/notes/JOURNAL");
+    std::fs::create_dir_all(secret.parent().unwrap()).unwrap();
+    std::fs::write(&secret, journal.to_str().unwrap()).unwrap();
+    let (ok, _, err) = mcp(w, config, &["accept", "notes"], &[]);
+    assert!(ok, "{err}");
+}
+
+fn envelope_of(out: &str) -> serde_json::Value {
+    let line = out.lines().last().unwrap_or_default();
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+/// Every MCP call is decided before the server sees it: an `exec`-tier call asks and waits for
+/// the operator, a denied one never reaches the server (its own journal shows no call), an
+/// allowed one does. A server that crashes mid-call, or hangs past the call's timeout, gives the
+/// caller a clear error, and is started again for the next call.
+#[test]
+fn mcp_calls_are_decided_before_the_server_sees_them_and_a_failed_server_comes_back() {
+    let (w, config) = up_with_config();
+    let journal_dir = tempfile::Builder::new()
+        .prefix("wjournal")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        journal_dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let journal = journal_dir.path().join("calls");
+    // Each start of the server runs under a uid of its own namespace's: all may append.
+    std::fs::write(&journal, "").unwrap();
+    std::fs::set_permissions(
+        &journal,
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .unwrap();
+    define_notes(&w, config.path(), &journal);
+    let spec = w.base.path().join("agent.ns");
+    std::fs::write(&spec, "mount mcp:notes /mnt/mcp/notes\n").unwrap();
+    let call = |tool: &str, args: &str| {
+        format!("exec 3<>/mnt/mcp/notes/{tool}/call; printf '%s' '{args}' >&3; cat <&3; echo")
+    };
+
+    // Denied by the operator: the server never sees it.
+    let child = w.spawn_sh(
+        &["--asks", "operator", "--ns", spec.to_str().unwrap()],
+        &call("search", r#"{"q":"one"}"#),
+    );
+    let (id, request) = next_ask(&w, 0);
+    assert!(request.contains("mcp:notes:search"), "{request}");
+    assert!(
+        request.contains("exec"),
+        "an unlisted tool is exec tier: {request}"
+    );
+    let answered = w.run(&["write", &format!("/gate/pending/{id}/ctl"), "deny"]);
+    assert!(answered.status.success());
+    let out = child.wait_with_output().unwrap();
+    let env = envelope_of(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(env["status"], "denied", "{env}");
+    assert!(
+        std::fs::read_to_string(&journal).unwrap().is_empty(),
+        "a denied call reached the server"
+    );
+
+    // Allowed: it runs; a crash and a hang are clear errors; the server comes back.
+    let _approver = approve_every_ask(&w);
+    let script = format!(
+        "{}; echo ---; {}; echo ---; {}; echo ---
+         i=0; while [ $i -lt 40 ]; do r=$({}); case $r in *found:*) break;; esac; i=$((i+1)); sleep 0.25; done; echo \"$r\"",
+        call("search", r#"{"q":"two"}"#),
+        call("crash", "{}"),
+        call("hang", "{}"),
+        call("search", r#"{"q":"three"}"#),
+    );
+    let (code, out, err) = w.sh(
+        &["--asks", "operator", "--ns", spec.to_str().unwrap()],
+        &script,
+    );
+    assert_eq!(code, 0, "{err}");
+    let parts: Vec<&str> = out.split("---\n").collect();
+    assert_eq!(parts.len(), 4, "{out}");
+    let two = envelope_of(parts[0]);
+    assert_eq!(two["status"], "ok", "{two}");
+    assert_eq!(two["content"], "found: two", "{two}");
+    let crashed = envelope_of(parts[1]);
+    assert_eq!(crashed["status"], "error", "{crashed}");
+    assert!(
+        crashed["content"]
+            .as_str()
+            .unwrap()
+            .contains("MCP server notes"),
+        "{crashed}"
+    );
+    let hung = envelope_of(parts[2]);
+    assert_eq!(hung["status"], "error", "{hung}");
+    assert!(
+        hung["content"]
+            .as_str()
+            .unwrap()
+            .contains("did not answer within"),
+        "{hung}"
+    );
+    let three = envelope_of(parts[3]);
+    assert_eq!(
+        three["content"], "found: three",
+        "the server came back: {out}"
+    );
+    let calls = std::fs::read_to_string(&journal).unwrap();
+    assert_eq!(calls, "search two\nsearch three\n");
 }

@@ -38,9 +38,12 @@ struct Args {
     /// The gate's uid: the only appender of decision receipts (default: warren's gate uid).
     #[arg(long)]
     gate_uid: Option<u32>,
-    /// toolfs's uid: the only appender of effect receipts (default: warren's toolfs uid).
+    /// toolfs's uid: an appender of effect receipts (default: warren's toolfs uid).
     #[arg(long)]
     toolfs_uid: Option<u32>,
+    /// mcpfs's uid: an appender of effect receipts (default: warren's mcpfs uid).
+    #[arg(long)]
+    mcpfs_uid: Option<u32>,
     /// wal: acknowledge at WAL commit, fdatasync within 5 ms; fsync: acknowledge after it.
     #[arg(long, value_enum, default_value = "wal")]
     durable: Durability,
@@ -104,11 +107,17 @@ fn main() -> ExitCode {
         daemon::run(DaemonConfig {
             log,
             socket,
-            gate_uid: Some(args.gate_uid.unwrap_or_else(|| identity::Role::Gate.uid())),
-            toolfs_uid: Some(
-                args.toolfs_uid
-                    .unwrap_or_else(|| identity::Role::Toolfs.uid()),
-            ),
+            daemons: warren_receiptd::access::DaemonUids {
+                gate: Some(args.gate_uid.unwrap_or_else(|| identity::Role::Gate.uid())),
+                toolfs: Some(
+                    args.toolfs_uid
+                        .unwrap_or_else(|| identity::Role::Toolfs.uid()),
+                ),
+                mcpfs: Some(
+                    args.mcpfs_uid
+                        .unwrap_or_else(|| identity::Role::Mcpfs.uid()),
+                ),
+            },
         })
     };
     match result {

@@ -16,6 +16,9 @@
 //! # names of variables it gets; their values come from the secrets dir, never from here
 //! env = ["EVERYTHING_TOKEN"]
 //!
+//! # seconds a call may take before the caller gets an error and the server is restarted
+//! timeout = 60
+//!
 //! # the tier of each tool; a tool not listed is `exec`
 //! [tiers]
 //! echo = "read"
@@ -42,7 +45,14 @@ struct File {
     env: Vec<String>,
     #[serde(default)]
     tiers: BTreeMap<String, Tier>,
+    /// Seconds a call may take (default [`DEFAULT_CALL_TIMEOUT`]).
+    timeout: Option<u64>,
 }
+
+/// How long a call may take unless the definition says `timeout = SECS`.
+pub const DEFAULT_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// The longest `timeout` a definition may set.
+pub const MAX_CALL_TIMEOUT: u64 = 600;
 
 /// How mcpfs reaches a server.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +72,8 @@ pub struct ServerConfig {
     pub env: Vec<String>,
     /// The operator's tier for each tool; unlisted tools are [`Tier::Exec`].
     pub tiers: BTreeMap<String, Tier>,
+    /// How long one call may take.
+    pub call_timeout: std::time::Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -146,11 +158,21 @@ impl ServerConfig {
                 return Err(invalid(format!("`{var}` is not a variable name")));
             }
         }
+        let call_timeout = match file.timeout {
+            None => DEFAULT_CALL_TIMEOUT,
+            Some(secs @ 1..=MAX_CALL_TIMEOUT) => std::time::Duration::from_secs(secs),
+            Some(secs) => {
+                return Err(invalid(format!(
+                    "`timeout` {secs} is not 1 to {MAX_CALL_TIMEOUT} seconds"
+                )));
+            }
+        };
         Ok(ServerConfig {
             name: name.to_string(),
             transport,
             env: file.env,
             tiers: file.tiers,
+            call_timeout,
         })
     }
 

@@ -21,8 +21,6 @@ use crate::{Definition, Outcome, Pins, Session, SessionError};
 
 /// How long a server has to start, answer the handshake and list its tools.
 const START_DEADLINE: Duration = Duration::from_secs(30);
-/// How long one call may take before the caller gets an error (and the server is restarted).
-pub const CALL_DEADLINE: Duration = Duration::from_secs(60);
 /// The longest wait between two starts of a server that keeps dying.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -76,7 +74,7 @@ impl CatalogSource for Servers {
         let config = ServerConfig::load(&self.config_dir, &name).map_err(|e| e.to_string())?;
         let pins = Pins::load(&pins_path(&self.config_dir, &name)).map_err(|e| e.to_string())?;
         let served = self.served(&name);
-        let live = runtime.block_on(served.live())?;
+        let live = runtime.block_on(served.live(START_DEADLINE))?;
         let mut defs = Vec::new();
         for def in &live.defs {
             if !pins.standing(def).is_served() {
@@ -133,6 +131,7 @@ fn tool_def(
     let runner = Runner::External(Arc::new(McpTool {
         served: served.clone(),
         tool: def.name.clone(),
+        timeout: config.call_timeout,
     }));
     Ok(ToolDef::new(
         def.name.clone(),
@@ -172,8 +171,9 @@ pub struct Live {
 
 impl Served {
     /// The live session, started (by nsd) if there is none or the last one ended; a server
-    /// that keeps dying is started again no sooner than its backoff allows.
-    async fn live(self: &Arc<Self>) -> Result<Arc<Live>, String> {
+    /// that keeps dying is started again no sooner than its backoff allows, which the caller
+    /// waits for if it is shorter than `patience` (else it gets the error at once).
+    async fn live(self: &Arc<Self>, patience: Duration) -> Result<Arc<Live>, String> {
         let mut slot = self.live.lock().await;
         if let Some(live) = slot.as_ref()
             && !live.ended.load(Ordering::Acquire)
@@ -183,14 +183,16 @@ impl Served {
         if slot.take().is_some() {
             self.failed();
         }
-        if let Some(at) = self.restarts().not_before
-            && let Some(wait) = at.checked_duration_since(Instant::now())
-        {
-            return Err(format!(
-                "MCP server {} is restarting after a failure: next start in {} ms",
-                self.name,
-                wait.as_millis()
-            ));
+        let not_before = self.restarts().not_before;
+        if let Some(wait) = not_before.and_then(|at| at.checked_duration_since(Instant::now())) {
+            if wait > patience {
+                return Err(format!(
+                    "MCP server {} is restarting after a failure: next start in {} ms",
+                    self.name,
+                    wait.as_millis()
+                ));
+            }
+            tokio::time::sleep(wait).await;
         }
         match self.start().await {
             Ok(live) => {
@@ -295,6 +297,9 @@ impl Served {
 struct McpTool {
     served: Arc<Served>,
     tool: String,
+    /// The definition's `timeout`: past it the caller gets an error, and the server is
+    /// started again for the next call.
+    timeout: Duration,
 }
 
 impl McpTool {
@@ -325,7 +330,7 @@ impl McpTool {
 #[async_trait::async_trait]
 impl ExternalTool for McpTool {
     async fn call(&self, _canonical: &[u8], value: &Value) -> Envelope {
-        let live = match self.served.live().await {
+        let live = match self.served.live(self.timeout).await {
             Ok(l) => l,
             Err(e) => return self.error(Status::Error, e),
         };
@@ -337,11 +342,7 @@ impl ExternalTool for McpTool {
             return env;
         }
         let arguments = value.as_object().cloned().unwrap_or_default();
-        match live
-            .session
-            .call(&self.tool, arguments, CALL_DEADLINE)
-            .await
-        {
+        match live.session.call(&self.tool, arguments, self.timeout).await {
             Ok(outcome) => {
                 self.served.served_a_call();
                 envelope(&self.served.name, &self.tool, &outcome)

@@ -9,8 +9,17 @@ from mcp.server import MCPServer
 server = MCPServer("drifting")
 
 
+def journal(line: str) -> None:
+    """Appends what the server was asked to $JOURNAL, if set: the server's own log of calls."""
+    path = os.environ.get("JOURNAL")
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
 @server.tool(description=os.environ.get("DESCRIPTION", "Searches the notes."))
 def search(q: str) -> str:
+    journal(f"search {q}")
     return f"found: {q}"
 
 
