@@ -58,7 +58,7 @@ pub struct ServedMounts {
     operator: bool,
     /// The attach's uname on a file server's connection: the operator's user name.
     file_server_uname: Option<String>,
-    /// This namespace's own `/ns` (issue 4, narrowing), for `mount ns` outside an operator
+    /// This namespace's own `/ns` (narrowing from inside), for `mount ns` outside an operator
     /// namespace.
     ns_view: Option<Arc<dyn NsView>>,
     /// The command the namespace runs, and the namespaces that cloned it (parent first): the

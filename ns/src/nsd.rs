@@ -1,4 +1,4 @@
-//! nsd's `/ns` tree, served to the operator over 9P (design.md, "File trees"):
+//! nsd's `/ns` tree, served to the operator over 9P (`specs/ns-tree.md`; `docs/confinement.md`):
 //!
 //! - `clone` — one open is one namespace: write a spec (any number of writes, appended), then
 //!   read: the spec is parsed and the new id is returned as `<id>\n`. A spec that does not parse

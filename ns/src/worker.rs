@@ -1,5 +1,5 @@
-//! Tool workers, built by nsd from a tool's own authority (design.md "Authority and identity";
-//! specs/worker-protocol.md §1). toolfs asks on `<runtime>/nsd-workers.ctl` with a
+//! Tool workers, built by nsd from a tool's own authority (`docs/decisions.md`, "toolfs holds no
+//! capability"; specs/worker-protocol.md §1). toolfs asks on `<runtime>/nsd-workers.ctl` with a
 //! [`BuildRequest`] and the root fds it got with the namespace's grant; nsd answers with the
 //! worker's channel, a lifeline and a pidfd of the worker's holder.
 //!

@@ -397,7 +397,7 @@ fn each_daemon_killed_during_calls_comes_back_and_no_call_runs_without_a_decisio
         let Outcome::Envelope(v) = o else { continue };
         match v["status"].as_str().unwrap() {
             "ok" => {
-                // echo is read-tier: its run is a query receipt (design.md "Receipts").
+                // echo is read-tier: its run is a query receipt (`specs/receipts.md`).
                 assert_eq!(v["receipt"]["kind"], "query", "{label}: {v}");
                 assert!(
                     v["receipt"]["decision"]["seq"].is_u64(),

@@ -77,7 +77,7 @@ fn serve(weaker_landlock: bool) -> ExitCode {
                 return ExitCode::from(1);
             }
         };
-        // Tool workers for toolfs (issue 4): without this socket no worker tool can run.
+        // Tool workers for toolfs: without this socket no worker tool can run.
         let scopes = std::sync::Arc::new(nsd.for_operator(0));
         match warren_ns::worker::spawn_server(&dirs, weaker_landlock, scopes) {
             Ok(p) => tracing::info!("building tool workers on {}", p.display()),
