@@ -19,6 +19,9 @@
 //! - `mount receipts`, and `mount gate|ns` with the operator's authority — only in an operator
 //!   namespace ([`ServedMounts::operator`]): the launcher connects to the daemon's operator
 //!   socket itself. `mount receipts` is refused in any other namespace.
+//!
+//! Why one file: every kind of mount's connection is made, handed over, bridged and re-made here,
+//! by one `ServedMounts` per namespace.
 
 use std::collections::BTreeMap;
 use std::io;

@@ -13,6 +13,9 @@
 //! `warren-tool-worker`, bound read-only at [`WORKER_PATH`]. The holder waits: when toolfs closes
 //! the lifeline it SIGKILLs the worker, and with its pid 1 the kernel kills the whole pid
 //! namespace.
+//!
+//! Why one file: it follows one worker's life — request check, holder, tree, confinement, exec — in
+//! order; the steps themselves are `confine::*`'s.
 
 use std::ffi::CString;
 use std::io;

@@ -1,4 +1,6 @@
 //! The log, export and verifier through the library: no daemon.
+//!
+//! Why one file: one library harness (no daemon); each test is one rule of `specs/receipts.md`.
 
 mod common;
 

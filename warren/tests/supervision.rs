@@ -3,6 +3,8 @@
 //! chain verifies, every call that ran has an allowing decision receipt before its effect, and
 //! `warren log -f`, following throughout, printed every receipt.
 //! Needs root, /dev/fuse and the workspace's binaries.
+//!
+//! Why one file: the agent, follower and chain checks are shared by every kill scenario.
 
 mod common;
 

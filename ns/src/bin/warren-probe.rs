@@ -6,6 +6,9 @@
 //!
 //! Probes reach the kernel with raw syscalls where libc would hide or emulate the call. The suite
 //! that runs them is `docs/confinement.md`'s "The escape suite".
+//!
+//! Why one file: one binary, one small function per probe; the list is the escape suite's
+//! vocabulary.
 
 use std::ffi::CString;
 use std::io::{self, Write};
