@@ -1,6 +1,8 @@
 //! What every warren daemon shares: where its files live, how it hardens itself, how it accepts
 //! operator connections (and refuses everyone else), and how a trusted peer hands it a connection
-//! with fds over a control socket.
+//! with fds over a control socket. It serves no tree of its own; the sockets and directories it
+//! guards are listed in `docs/architecture.md` ("Sockets and directories"), and the claims it
+//! backs (operator-only sockets, warren's dirs never bindable) in `docs/security-model.md`.
 
 pub mod accept;
 pub mod dirs;

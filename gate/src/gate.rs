@@ -1,5 +1,8 @@
 //! The gate's state and its four acts: decide, wait, answer, and closing asks nobody answered
 //! (expiry, an orphaned caller). Every decision is receipted before its answer is given.
+//!
+//! Why one file: the four acts (decide, wait, answer, close) share the gate's state and its
+//! receipt-before-answer rule.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

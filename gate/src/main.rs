@@ -1,6 +1,6 @@
 //! `warren-gate`: serves `/gate` on the operator socket `<runtime>/gate.sock` and on every
 //! connection a trusted peer hands over on `<runtime>/gate.ctl`; keeps `gate.db` in its data dir;
-//! receipts every decision through receiptd.
+//! receipts every decision through receiptd. The contract is `specs/gate-tree.md`.
 
 // The daemons on a call's path allocate per request; mimalloc: docs/decisions.md "Allocator".
 #[global_allocator]

@@ -1,6 +1,9 @@
 //! gate.db: pending asks, decisions, allow-once tokens, session grants and rules, in SQLite (WAL,
 //! mode 0600, in the gate's own data dir). Ids are AUTOINCREMENT: never reused, even after a
 //! delete or a restart.
+//!
+//! Why one file: one SQLite schema and the statements over it (each guarded `UPDATE` next to the
+//! table it guards); about a third is its tests.
 
 use std::cell::RefCell;
 use std::path::Path;

@@ -1,5 +1,7 @@
 //! The gate's rules, each through the real `warren-gate` daemon (and the real `warren-receiptd`),
 //! spoken to over 9P on Unix sockets.
+//!
+//! Why one file: one daemon under test, one harness; each test is one gate rule.
 
 mod common;
 

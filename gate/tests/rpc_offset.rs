@@ -1,5 +1,5 @@
-//! The gate's rpc files (`decide`, `pending/<id>/ctl`, a written `rules`) answer by design.md's o₀
-//! rule, through the real `warren-gate` daemon over 9P: a read answers from where the first read
+//! The gate's rpc files (`decide`, `pending/<id>/ctl`, a written `rules`) answer by the o₀
+//! rule of `specs/gate-tree.md`, through the real `warren-gate` daemon over 9P: a read answers from where the first read
 //! after the write began, at any offset. A shell that writes through an fd and reads on
 //! (`exec 3<>decide; printf … >&3; cat <&3`) reads at the write's end, which is what these reads
 //! at offset = request length stand for.

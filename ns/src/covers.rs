@@ -1,10 +1,10 @@
 //! Narrowing: `covers(parent, child)` holds when the child spec asks for nothing the parent
-//! lacks (design.md, "Namespace specs"). A request that widens anything is refused whole.
+//! lacks (`specs/namespace.md`). A request that widens anything is refused whole.
 //!
 //! Host paths are compared by what they resolve to — (st_dev, st_ino) along the kernel's `..`
 //! walk, and the mount id where a non-recursive bind must not cross into a submount — never by
-//! their strings. Issue 4 replaces "host path" with "path in the parent's view", resolved from the
-//! parent's bind fds with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`.
+//! their strings. A clone made from inside (`narrow`) names paths in the parent's view, resolved
+//! from the parent's bind fds with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`.
 
 use std::fmt;
 use std::os::fd::AsFd;

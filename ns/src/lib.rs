@@ -1,5 +1,8 @@
-//! warren-ns: the namespace spec language, narrowing (`covers`), confinement, and `warren run`.
-//! See specs/namespace.md and docs/confinement.md.
+//! warren-ns: the namespace spec language, narrowing (`covers`), confinement, and nsd — its `/ns`
+//! tree, the run socket `warren run`, `attach` and `sh` launch through, and the tool workers it
+//! builds for toolfs. The contracts are `specs/namespace.md` (the spec language),
+//! `specs/ns-tree.md` (`/ns` and the run socket) and `specs/worker-protocol.md` §1 (worker
+//! builds); the steps and their reasons are `docs/confinement.md`.
 
 pub mod cli;
 pub mod confine;

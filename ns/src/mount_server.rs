@@ -19,6 +19,9 @@
 //! - `mount receipts`, and `mount gate|ns` with the operator's authority — only in an operator
 //!   namespace ([`ServedMounts::operator`]): the launcher connects to the daemon's operator
 //!   socket itself. `mount receipts` is refused in any other namespace.
+//!
+//! Why one file: every kind of mount's connection is made, handed over, bridged and re-made here,
+//! by one `ServedMounts` per namespace.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -58,7 +61,7 @@ pub struct ServedMounts {
     operator: bool,
     /// The attach's uname on a file server's connection: the operator's user name.
     file_server_uname: Option<String>,
-    /// This namespace's own `/ns` (issue 4, narrowing), for `mount ns` outside an operator
+    /// This namespace's own `/ns` (narrowing from inside), for `mount ns` outside an operator
     /// namespace.
     ns_view: Option<Arc<dyn NsView>>,
     /// The command the namespace runs, and the namespaces that cloned it (parent first): the

@@ -7,6 +7,8 @@
 //! outside it. The child is built from the handles this opens, never from names, and
 //! `covers(parent, child)` then checks the result, handle against handle (specs/namespace.md,
 //! "Narrowing").
+//!
+//! Why one file: one function (`narrow`) and its helpers; over half the length is its tests.
 
 use std::os::fd::{AsFd, OwnedFd};
 

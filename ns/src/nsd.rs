@@ -1,4 +1,4 @@
-//! nsd's `/ns` tree, served to the operator over 9P (design.md, "File trees"):
+//! nsd's `/ns` tree, served to the operator over 9P (`specs/ns-tree.md`; `docs/confinement.md`):
 //!
 //! - `clone` — one open is one namespace: write a spec (any number of writes, appended), then
 //!   read: the spec is parsed and the new id is returned as `<id>\n`. A spec that does not parse
@@ -19,6 +19,10 @@
 //!
 //! A namespace cloned here has /dev/null stdio. Namespaces started through nsd's run socket
 //! (`warren run`, see `launch`) appear here too, as `<id>/`, while their launcher is connected.
+//!
+//! Why one file: the namespace registry (`Space`, lineages, subtree ends, worker scopes) and the
+//! `/ns` 9P tree share one lock over `spaces`; splitting the two is noted in `docs/gaps.md` ("Code
+//! structure").
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

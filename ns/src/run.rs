@@ -1,5 +1,7 @@
-//! `warren run`: build a namespace from a spec and run a command in it. Called by the invoking
-//! (root) process for `warren run`, and by nsd for namespaces cloned through `/ns`.
+//! Build a namespace from a spec and run a command in it ([`spawn`]). Called by nsd alone in a
+//! running system: for `warren run` and `warren sh` on its run socket (`launch::server`) and for
+//! namespaces cloned through `/ns` (`nsd`); `warren-nsd run` calls it in-process for ns's own
+//! tests and benchmarks. The steps are `docs/confinement.md`'s; the spec is `specs/namespace.md`.
 
 use std::ffi::CString;
 use std::io::{self, Read};

@@ -4,6 +4,9 @@
 //! blanks; a word may be single-quoted (`'a b'`, with `''` for a literal quote), rc-style, or
 //! written `$'…'` in the escaping rule's form (`\\`, `\u{XXXX}`: `warren_daemon::escape`).
 //! Errors name the file, line and column and show the offending line.
+//!
+//! Why one file: one grammar — its types, word splitting, quoting and parser share the line context
+//! every error is reported with; a quarter of the length is its tests.
 
 use std::fmt;
 

@@ -1,5 +1,5 @@
-//! Tool workers, built by nsd from a tool's own authority (design.md "Authority and identity";
-//! specs/worker-protocol.md §1). toolfs asks on `<runtime>/nsd-workers.ctl` with a
+//! Tool workers, built by nsd from a tool's own authority (`docs/decisions.md`, "toolfs holds no
+//! capability"; specs/worker-protocol.md §1). toolfs asks on `<runtime>/nsd-workers.ctl` with a
 //! [`BuildRequest`] and the root fds it got with the namespace's grant; nsd answers with the
 //! worker's channel, a lifeline and a pidfd of the worker's holder.
 //!
@@ -13,6 +13,9 @@
 //! `warren-tool-worker`, bound read-only at [`WORKER_PATH`]. The holder waits: when toolfs closes
 //! the lifeline it SIGKILLs the worker, and with its pid 1 the kernel kills the whole pid
 //! namespace.
+//!
+//! Why one file: it follows one worker's life — request check, holder, tree, confinement, exec — in
+//! order; the steps themselves are `confine::*`'s.
 
 use std::ffi::CString;
 use std::io;

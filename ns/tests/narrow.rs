@@ -1,4 +1,4 @@
-//! Narrowing from inside (issue 4): a namespace started by a real `warren-nsd serve` with
+//! Narrowing from inside: a namespace started by a real `warren-nsd serve` with
 //! `mount ns /ns` writes child specs to its own `/ns/clone` over the real bridge and 9P. Widening
 //! children are refused whole; a narrower one is built by nsd from the parent's bind handles,
 //! runs, and shows in both views with its own session.

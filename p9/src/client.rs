@@ -4,6 +4,8 @@
 //! before its reply sends Tflush; its tag stays reserved until Rflush arrives. Fid numbers are
 //! reused only after the server answered their Tclunk. When the connection is lost, every
 //! request waiting gets ECONNRESET and every later one ENOTCONN.
+//!
+//! Why one file: `Client` and `Fid` share the tag and fid tables and the flush-on-drop rule.
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -18,7 +18,8 @@
 //! reuse; requests on one fid handled in arrival order, requests on different fids concurrently;
 //! walks over 16 names refused; `..` at the attach root stays there; reads and readdirs capped at
 //! the requested count; fids and in-flight requests capped per connection; a garbage frame closes
-//! that connection only.
+//! that connection only. Why it is so: `docs/9p.md`; how it fares against other 9P peers:
+//! `docs/interop.md`.
 
 mod client;
 pub mod demo;

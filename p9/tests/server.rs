@@ -1,4 +1,7 @@
 //! The server loop's rules, each checked over a real socketpair with raw frames.
+//!
+//! Why one file: one harness of raw frames over a socketpair; each test is one rule of
+//! `specs/9p.md`.
 
 mod common;
 

@@ -1,5 +1,8 @@
 //! The receipt log: validates, stamps, signs and commits appends; keeps each scope's chain head
 //! and Merkle frontier; signs checkpoints; rotates the key. One instance owns the database.
+//!
+//! Why one file: `Log` is the database's one owner — admission, signing, commit, checkpoints and
+//! rotation all move the same chain heads and frontiers, which must change only with a commit.
 
 use std::collections::HashMap;
 use std::fs;

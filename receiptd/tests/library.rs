@@ -1,4 +1,6 @@
 //! The log, export and verifier through the library: no daemon.
+//!
+//! Why one file: one library harness (no daemon); each test is one rule of `specs/receipts.md`.
 
 mod common;
 
@@ -461,7 +463,7 @@ fn a_batch_over_the_rate_takes_no_tokens_and_appends_nothing() {
 }
 
 /// A query receipt has no signature of its own: the hash chain and the signed checkpoint over it
-/// are what vouch for it (design.md "Receipts"). So an export whose checkpoint is gone does not
+/// are what vouch for it (`specs/receipts.md`). So an export whose checkpoint is gone does not
 /// verify, and a query entry that carries a signature is refused as such.
 #[test]
 fn a_query_receipt_rests_on_the_checkpoint_over_it() {

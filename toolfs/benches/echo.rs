@@ -7,8 +7,9 @@
 //! One toolfs call here is what a client really sends: Twalk echo/call, Tlopen, Twrite, Tread
 //! (the result), Tread (0 bytes: the end), Tclunk — six round trips.
 //!
-//! Env: N (calls per measurement, default 3000), MCP_ECHO_RATE (the anchor script, default
-//! /work/shared/tools/mcp_echo_rate.py), MCP_SERVER (server-everything's dist/index.js).
+//! Env: N (calls per measurement, default 3000), MCP_ECHO_RATE (the anchor,
+//! `scripts/mcp-echo-rate`; set it: the default path below lies outside this repository),
+//! MCP_SERVER (server-everything's dist/index.js).
 
 #[path = "../tests/common/mod.rs"]
 mod common;

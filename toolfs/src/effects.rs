@@ -3,7 +3,7 @@
 //! ran gets a `withdrawn` receipt. Both record what already happened, so neither is ever turned
 //! into a deny.
 //!
-//! Both are **queued off the call's path** (design.md "Receipts"): a call's result is returned
+//! Both are **queued off the call's path** (`docs/decisions.md`, "Effect receipts"): a call's result is returned
 //! as soon as its effect receipt is queued, and one writer task appends the queue in order (what
 //! is queued together in one batch write) over one connection to receiptd's operator socket (`<runtime>/receipts.sock`; receiptd knows
 //! toolfs by its uid). The queue fails closed: a call takes its place before it runs, and gets no
@@ -79,7 +79,7 @@ impl ReceiptRef {
 }
 
 /// The kind of the receipt of a call that ran, from the tier the gate decided it by: `query` for
-/// a read-tier tool, `effect` for every other (design.md "Receipts": query receipts are chained
+/// a read-tier tool, `effect` for every other (`specs/receipts.md`: query receipts are chained
 /// unsigned and covered by receiptd's signed checkpoints; effect receipts are signed one by one).
 /// A read-tier call raised by a risk pattern is decided as `destructive`, so it stays `effect`.
 pub fn ran_kind(tier: &str) -> &'static str {

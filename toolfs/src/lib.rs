@@ -4,7 +4,8 @@
 //! the gate decides every call before it runs (no gate: every call is denied), and every call
 //! that ran is receipted in receiptd; results come back in a canonical envelope with a digest, a
 //! taint mark and the receipt.
-//! The contract is `specs/tool-tree.md`.
+//! The contract is `specs/tool-tree.md` (and `specs/worker-protocol.md` for the workers); the
+//! reasons are `docs/toolfs.md`, the tools themselves `docs/tools.md`.
 
 pub mod args;
 mod call;

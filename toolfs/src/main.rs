@@ -1,5 +1,6 @@
 //! `warren-toolfs`: serves `/tool` on the operator socket `<runtime>/tool.sock` and on every
-//! connection a trusted peer hands over on `<runtime>/toolfs.ctl`.
+//! connection a trusted peer hands over on `<runtime>/toolfs.ctl`. The contract is
+//! `specs/tool-tree.md`.
 
 // The daemons on a call's path allocate per request; mimalloc: docs/decisions.md "Allocator".
 #[global_allocator]

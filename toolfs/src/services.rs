@@ -53,7 +53,7 @@ impl Services {
     }
 }
 
-/// The typed context states toolfs sets for a session (design.md "Context states").
+/// The typed context states toolfs sets for a session (`specs/gate-tree.md`; they only raise).
 #[derive(Default)]
 pub struct SessionContext {
     untrusted: AtomicBool,

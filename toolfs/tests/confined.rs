@@ -1,4 +1,4 @@
-//! Workers through toolfs are built by the real nsd (issue 4): a `shell` command sees only the
+//! Workers through toolfs are built by the real nsd: a `shell` command sees only the
 //! shell tool's roots — not the caller's view, not the host — runs as nsd's worker uid with only
 //! `lo`; and with nsd down, or refusing, the call is denied: toolfs never starts a worker itself.
 
@@ -163,7 +163,7 @@ async fn a_worker_nsd_refuses_to_build_denies_the_call() {
     assert!(d.workers().is_empty());
 }
 
-/// Issue 4's "done when": a `setsid sleep 1000 &` started by a shell call is gone after the
+/// A shell call's background job cannot outlive it: a `setsid sleep 1000 &` started by a shell call is gone after the
 /// call's timeout — the command is pid 1 of a pid namespace of its own inside its confined
 /// worker, killed whole (tools_shell.rs has the control that shows setsid escaping without it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

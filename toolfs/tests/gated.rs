@@ -2,6 +2,9 @@
 //! warren-gate (under a uid of its own) and warren-toolfs, toolfs's gate connection handed over
 //! on `gate.ctl` as the supervisor hands it (a socketpair; toolfs inherits its end under
 //! `WARREN_GATE_FD`).
+//!
+//! Why one file: one harness of real receiptd, gate and toolfs; each test is one rule of a gated
+//! call.
 
 mod common;
 

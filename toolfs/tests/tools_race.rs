@@ -1,4 +1,4 @@
-//! THE RACE TEST (issue 2, "Done when"): while a thread keeps swapping path components for
+//! THE RACE TEST (what a file tool's path resolution must survive): while a thread keeps swapping path components for
 //! symlinks that point out of the root (to a directory the test watches), 10,000 fs_write calls
 //! run through real workers; nothing is ever written outside the root.
 //!

@@ -173,7 +173,7 @@ async fn a_finished_call_leaves_no_background_job_of_its_group() {
 }
 
 /// `setsid sleep &` leaves the command's process group and session; only the command's own pid
-/// namespace takes it down with the call (issue 4).
+/// namespace takes it down with the call.
 async fn setsid_job_after_timeout(plant_no_pid_namespace: bool) -> (String, bool) {
     let scratch = Scratch::new();
     let root = scratch.worker_dir("root");

@@ -1,5 +1,7 @@
 //! `warren`: the front door. Starts and stops the daemons, and speaks 9P to their operator
-//! sockets so everything they serve can be read and written as files, with no FUSE needed.
+//! sockets so everything they serve can be read and written as files, with no FUSE needed. Its
+//! commands are in `README.md`; how they run the system, in `docs/architecture.md` ("Operating
+//! it").
 
 mod approvals;
 mod asks;

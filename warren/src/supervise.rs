@@ -5,6 +5,10 @@
 //! runtime dir), binds every daemon's sockets itself as root — so each daemon runs under its own
 //! uid from its first instruction and a restarted daemon gets the very same listening socket —
 //! and restarts a daemon that dies.
+//!
+//! Why one file: `up`, `down`, `status` and the supervisor share the daemon table, the lock, pid
+//! and state files; splitting the supervisor loop out is noted in `docs/gaps.md` ("Code
+//! structure").
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufRead, Write};

@@ -1,6 +1,6 @@
-//! Tool workers built by nsd, seen from inside `warren run` (issue 4): the agent holds no tool
+//! Tool workers built by nsd, seen from inside `warren run`: the agent holds no tool
 //! authority (a directory granted to `fs_write` is not in its view unless it binds it), and the
-//! symlink-swap race of issue 2 runs through the whole path — the agent's FUSE mount, the bridge,
+//! symlink-swap race of toolfs's tools_race.rs runs through the whole path — the agent's FUSE mount, the bridge,
 //! toolfs, the gate, receiptd and a confined worker nsd built — writing nothing outside the root.
 //! Needs root, /dev/fuse and the workspace's binaries.
 
@@ -142,7 +142,7 @@ fn the_readmes_fs_write_writes_into_a_users_directory_as_that_user() {
 /// `untrusted_context`, which turns write-tier rules into asks) answered by [`approve_every_ask`].
 const CALLS: usize = 1_000;
 
-/// Issue 4's "done when": the race through a confined worker from inside `warren run` (at
+/// The race through a confined worker from inside `warren run` (at
 /// [`CALLS`] calls; the full 10,000 run through nsd-built workers directly in toolfs's
 /// tools_race.rs).
 #[test]

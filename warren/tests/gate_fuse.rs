@@ -3,6 +3,9 @@
 //! receipt. Effects are counted on the host (each `shell` call that runs appends one line to a
 //! file the tool's worker may write), so "ran" and "did not run" are facts, not envelopes alone.
 //! Needs root, /dev/fuse and the workspace's binaries; the terminal test needs tmux.
+//!
+//! Why one file: every test shares one set of daemons, fixtures and the effect counter; each is one
+//! gate rule seen from inside a namespace.
 
 mod common;
 

@@ -3,6 +3,8 @@
 //! chain verifies, every call that ran has an allowing decision receipt before its effect, and
 //! `warren log -f`, following throughout, printed every receipt.
 //! Needs root, /dev/fuse and the workspace's binaries.
+//!
+//! Why one file: the agent, follower and chain checks are shared by every kill scenario.
 
 mod common;
 
@@ -397,7 +399,7 @@ fn each_daemon_killed_during_calls_comes_back_and_no_call_runs_without_a_decisio
         let Outcome::Envelope(v) = o else { continue };
         match v["status"].as_str().unwrap() {
             "ok" => {
-                // echo is read-tier: its run is a query receipt (design.md "Receipts").
+                // echo is read-tier: its run is a query receipt (`specs/receipts.md`).
                 assert_eq!(v["receipt"]["kind"], "query", "{label}: {v}");
                 assert!(
                     v["receipt"]["decision"]["seq"].is_u64(),

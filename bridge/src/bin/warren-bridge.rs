@@ -1,7 +1,7 @@
 //! `warren-bridge`: serves one mounted FUSE connection from one 9P2000.L connection, both
 //! inherited as fds, in a process of its own (so nsd, which keeps CAP_SYS_ADMIN, never parses
 //! FUSE or 9P itself). Hardens itself, drops to `--runas` once it holds its fds, and exits 0 when
-//! the mount goes away.
+//! the mount goes away. The contract is `specs/bridge.md`.
 //!
 //!   warren-bridge --fuse-fd 3 --9p-fd 4 [--ctl-fd 5] [--owner UID:GID] [--runas UID:GID]
 //!                 [--entry-timeout-ms N] [--sized-files] [--call-files] [--uname U] [--aname A]

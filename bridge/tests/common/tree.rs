@@ -1,7 +1,7 @@
 //! A small synthetic 9P tree for the bridge's tests and benchmark, shaped like /tool:
 //!
 //! - `static`: fixed text (a plain file with a real size);
-//! - `call`: a transaction file (design.md "File trees"): one open is one call, writes append
+//! - `call`: a transaction file (`specs/tool-tree.md`): one open is one call, writes append
 //!   whatever their offset, the first read runs the call (after `call_delay`) and the result
 //!   `result:<input>` is read from the offset of that first read on;
 //! - `slow`: a read that never finishes on its own: it ends only when flushed;

@@ -1,7 +1,8 @@
 //! warren-nsd: `serve` serves `/ns` to the operator over 9P on `<runtime>/ns.sock` and builds
 //! `warren run`'s namespaces for launchers on `<runtime>/ns.run` (`warren_ns::launch`); `run`
 //! builds one namespace in this process from a spec and the convenience flags, runs a command in
-//! it and exits with its status (standalone, for ns's own tests and benchmarks).
+//! it and exits with its status (standalone, for ns's own tests and benchmarks). The contract is
+//! `specs/ns-tree.md`.
 
 use std::process::ExitCode;
 
@@ -77,7 +78,7 @@ fn serve(weaker_landlock: bool) -> ExitCode {
                 return ExitCode::from(1);
             }
         };
-        // Tool workers for toolfs (issue 4): without this socket no worker tool can run.
+        // Tool workers for toolfs: without this socket no worker tool can run.
         let scopes = std::sync::Arc::new(nsd.for_operator(0));
         match warren_ns::worker::spawn_server(&dirs, weaker_landlock, scopes) {
             Ok(p) => tracing::info!("building tool workers on {}", p.display()),

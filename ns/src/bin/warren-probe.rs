@@ -4,7 +4,11 @@
 //! inside a namespace (expect `blocked`) and outside as a control (expect `allowed`), so a probe
 //! that cannot detect the thing it tests shows up as a failing control.
 //!
-//! Probes reach the kernel with raw syscalls where libc would hide or emulate the call.
+//! Probes reach the kernel with raw syscalls where libc would hide or emulate the call. The suite
+//! that runs them is `docs/confinement.md`'s "The escape suite".
+//!
+//! Why one file: one binary, one small function per probe; the list is the escape suite's
+//! vocabulary.
 
 use std::ffi::CString;
 use std::io::{self, Write};

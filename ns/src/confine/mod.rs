@@ -1,4 +1,4 @@
-//! Confinement: what is done, in design.md's order, to turn a forked launcher child into a
+//! Confinement: what is done, in `docs/confinement.md`'s order, to turn a forked launcher child into a
 //! namespace whose pid 1 runs the payload. Each step is its own function in its own module;
 //! this file only sequences them.
 //!

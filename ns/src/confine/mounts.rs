@@ -1,5 +1,5 @@
 //! The namespace's mount tree, built inside the new mount namespace by its pid 1, one step per
-//! function, in design.md's order. Every mount is a new filesystem instance (fsopen/fsmount) or a
+//! function, in `docs/confinement.md`'s order. Every mount is a new filesystem instance (fsopen/fsmount) or a
 //! cloned tree (open_tree), attached with move_mount onto a target resolved under the new root
 //! with RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH.
 

@@ -1,4 +1,5 @@
-//! warren-receiptd: the receipt daemon. See `specs/receipts.md` and `docs/receipts.md`.
+//! warren-receiptd: the receipt daemon. Serves `/receipts` on `<runtime>/receipts.sock` and alone
+//! reads the signing key. See `specs/receipts.md` and `docs/receipts.md`.
 
 // The daemons on a call's path allocate per request; mimalloc: docs/decisions.md "Allocator".
 #[global_allocator]

@@ -1,6 +1,6 @@
 //! warren-verify EXPORT --keys REGISTRY [--head CHECKPOINT [--proof CONSISTENCY]] [--size N]:
 //! verifies a receipts export offline. Exit 0 verified, 1 invalid, 2 usage, 3 incomplete (ends before --head or
-//! --size), 5 unknown key, 6 key used after its retirement.
+//! --size), 5 unknown key, 6 key used after its retirement. What it checks: `specs/receipts.md`.
 
 use std::process::ExitCode;
 
