@@ -20,6 +20,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
 use axum::routing::post;
 use clap::Parser;
+use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -262,7 +263,14 @@ fn sse(events: Vec<String>, close_after: Option<usize>) -> Response {
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(futures_util::stream::iter(items)))
+        // A yield before each event: the server writes out what it has (the head and the
+        // events so far) before the next, so a cut comes after them, mid-stream.
+        .body(Body::from_stream(futures_util::stream::iter(items).then(
+            |item| async move {
+                tokio::task::yield_now().await;
+                item
+            },
+        )))
         .expect("response")
 }
 
