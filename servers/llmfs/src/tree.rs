@@ -198,6 +198,10 @@ impl LlmTree {
         let mut rx = session.subscribe();
         let (turn, base) = {
             let current = rx.borrow().turn;
+            if current == 0 {
+                // Nothing asked yet: nothing to wait for.
+                return Ok(Vec::new());
+            }
             match ask.reading {
                 Some((t, base)) if t == current => (t, base),
                 // First read of this fid, or another fid started a newer turn: read that one.

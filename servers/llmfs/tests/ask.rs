@@ -359,3 +359,20 @@ async fn the_anthropic_api_gives_text_a_tool_call_and_usage() {
         json!([{"role": "user", "content": "weather in Oslo?"}])
     );
 }
+
+/// Reading `ask` before anything was asked is the end of an empty reply, not a wait for an ask
+/// that may never come.
+#[tokio::test]
+async fn reading_ask_before_any_ask_is_an_empty_reply() {
+    let dir = tmp();
+    let script = Script::start(dir.path(), "openai", json!([]));
+    let fs = Llmfs::start(dir.path(), &script, "openai", &["--model", "m"]);
+    let conn = fs.connect().await;
+    let token = conn.new_session().await;
+    let reader = conn.open(&token, "ask", oflags::RDONLY).await.unwrap();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), reader.read_to_end(0))
+        .await
+        .expect("a read of ask with no ask ends");
+    assert_eq!(read.unwrap(), b"");
+    assert!(script.requests().is_empty());
+}
