@@ -251,16 +251,28 @@ impl Session {
     fn emit(&self, turn: u64, ev: &Event) {
         let mut line = serde_json::to_vec(ev).expect("json");
         line.push(b'\n');
+        let mut over = false;
         self.reply.send_if_modified(|r| {
             if r.turn != turn || r.done {
                 return false;
             }
-            if r.bytes.len() + line.len() > MAX_REPLY_BYTES {
-                return false;
+            over = r.bytes.len() + line.len() > MAX_REPLY_BYTES;
+            if !over {
+                r.bytes.extend_from_slice(&line);
             }
-            r.bytes.extend_from_slice(&line);
-            true
+            !over
         });
+        if over {
+            // The reply is cut with an error, and the ask (this task) stopped.
+            let running = self.settings().running.take();
+            self.finish(
+                turn,
+                json!({"error": format!("the reply is over {MAX_REPLY_BYTES} bytes: cut")}),
+            );
+            if let Some(h) = running {
+                h.abort();
+            }
+        }
     }
 
     fn failed(&self, turn: u64, e: &AskError) {
