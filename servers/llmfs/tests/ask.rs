@@ -376,3 +376,39 @@ async fn reading_ask_before_any_ask_is_an_empty_reply() {
     assert_eq!(read.unwrap(), b"");
     assert!(script.requests().is_empty());
 }
+
+/// The reply is read as it arrives: with the backend stalled after its first piece, a read
+/// returns that piece (it cannot have waited for the end, which never comes); the ask then ends
+/// at its timeout. While it runs, a second ask in the session is EBUSY.
+#[tokio::test]
+async fn a_read_returns_what_arrived_before_the_reply_ends() {
+    let dir = tmp();
+    let script = Script::start(
+        dir.path(),
+        "openai",
+        json!([{"chunks": ["first", "never sent"], "stall_after": 2}]),
+    );
+    let fs = Llmfs::start(dir.path(), &script, "openai", &["--model", "m"]);
+    let conn = fs.connect().await;
+    let token = conn.new_session().await;
+    conn.put(&token, "ctl", "timeout 2").await.unwrap();
+    let fid = conn.open(&token, "ask", oflags::RDWR).await.unwrap();
+    fid.write_all(0, b"hi").await.unwrap();
+    let first = fid.read(0, 4096).await.unwrap();
+    assert_eq!(first, b"{\"text\":\"first\"}\n");
+
+    let other = conn.open(&token, "ask", oflags::RDWR).await.unwrap();
+    other.write_all(0, b"meanwhile").await.unwrap();
+    assert_eq!(other.read(0, 4096).await.err(), Some(Errno::EBUSY));
+
+    let rest = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        fid.read_to_end(first.len() as u64),
+    )
+    .await
+    .expect("the ask ends at its timeout")
+    .unwrap();
+    let e = error_of(&common::lines(&rest));
+    assert!(e.contains("timeout"), "{e}");
+    assert_eq!(script.requests().len(), 1, "the second ask was not sent");
+}

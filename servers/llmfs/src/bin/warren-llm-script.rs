@@ -77,6 +77,9 @@ struct Turn {
     /// Stream this many events, then cut the connection.
     #[serde(default)]
     close_after: Option<usize>,
+    /// Stream this many events, then send nothing more, holding the connection open.
+    #[serde(default)]
+    stall_after: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -202,7 +205,7 @@ async fn answer(State(replay): State<Arc<Replay>>, headers: HeaderMap, body: Byt
         return if stream {
             sse(
                 vec!["data: {\"choices\": [ this is not json\n\n".to_owned()],
-                None,
+                &Turn::default(),
             )
         } else {
             respond(
@@ -215,17 +218,14 @@ async fn answer(State(replay): State<Arc<Replay>>, headers: HeaderMap, body: Byt
     match (replay.mode, stream) {
         (Mode::Openai, true) => {
             let usage_wanted = request["stream_options"]["include_usage"] == true;
-            sse(
-                openai_events(&request, &turn, usage_wanted),
-                turn.close_after,
-            )
+            sse(openai_events(&request, &turn, usage_wanted), &turn)
         }
         (Mode::Openai, false) => respond(
             StatusCode::OK,
             "application/json",
             &openai_whole(&request, &turn).to_string(),
         ),
-        (Mode::Anthropic, true) => sse(anthropic_events(&request, &turn), turn.close_after),
+        (Mode::Anthropic, true) => sse(anthropic_events(&request, &turn), &turn),
         (Mode::Anthropic, false) => respond(
             StatusCode::OK,
             "application/json",
@@ -250,27 +250,35 @@ fn error(status: StatusCode, message: &str) -> Response {
     )
 }
 
-/// A streamed body of these events; with `close_after`, the connection is cut after that many.
-fn sse(events: Vec<String>, close_after: Option<usize>) -> Response {
-    let cut = close_after.is_some_and(|n| n < events.len());
-    let keep = close_after.unwrap_or(events.len()).min(events.len());
-    let items = events
-        .into_iter()
-        .take(keep)
-        .map(|e| Ok::<_, std::io::Error>(Bytes::from(e)))
-        .chain(cut.then(|| Err(std::io::Error::other("scripted close mid-stream"))));
+/// A streamed body of these events; with the turn's `close_after`, the connection is cut after
+/// that many; with `stall_after`, nothing more is sent after that many.
+fn sse(events: Vec<String>, turn: &Turn) -> Response {
+    let total = events.len();
+    let cut = turn.close_after.is_some_and(|n| n < total);
+    let stall = turn.stall_after.is_some_and(|n| n < total);
+    let keep = turn
+        .close_after
+        .or(turn.stall_after)
+        .unwrap_or(total)
+        .min(total);
+    let items = futures_util::stream::iter(
+        events
+            .into_iter()
+            .take(keep)
+            .map(|e| Ok::<_, std::io::Error>(Bytes::from(e)))
+            .chain(cut.then(|| Err(std::io::Error::other("scripted close mid-stream")))),
+    )
+    .chain(futures_util::stream::pending().take(usize::from(stall)));
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
         // A yield before each event: the server writes out what it has (the head and the
         // events so far) before the next, so a cut comes after them, mid-stream.
-        .body(Body::from_stream(futures_util::stream::iter(items).then(
-            |item| async move {
-                tokio::task::yield_now().await;
-                item
-            },
-        )))
+        .body(Body::from_stream(items.then(|item| async move {
+            tokio::task::yield_now().await;
+            item
+        })))
         .expect("response")
 }
 
