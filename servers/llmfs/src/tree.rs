@@ -204,8 +204,10 @@ impl LlmTree {
             }
             match ask.reading {
                 Some((t, base)) if t == current => (t, base),
-                // First read of this fid, or another fid started a newer turn: read that one.
-                _ => {
+                // The reply this open was reading is over, and another open asked again.
+                Some(_) => return Ok(Vec::new()),
+                // The first read of an open that asked nothing: the current reply.
+                None => {
                     ask.reading = Some((current, offset));
                     (current, offset)
                 }

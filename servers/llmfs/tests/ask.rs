@@ -412,3 +412,24 @@ async fn a_read_returns_what_arrived_before_the_reply_ends() {
     assert!(e.contains("timeout"), "{e}");
     assert_eq!(script.requests().len(), 1, "the second ask was not sent");
 }
+
+/// An open that read its reply does not run on into the next open's reply: it has reached its
+/// end, and stays there.
+#[tokio::test]
+async fn an_open_that_read_its_reply_does_not_read_the_next_one() {
+    let dir = tmp();
+    let script = Script::start(
+        dir.path(),
+        "openai",
+        json!([{"text": "one"}, {"text": "two"}]),
+    );
+    let fs = Llmfs::start(dir.path(), &script, "openai", &["--model", "m"]);
+    let conn = fs.connect().await;
+    let token = conn.new_session().await;
+    let first = conn.open(&token, "ask", oflags::RDWR).await.unwrap();
+    first.write_all(0, b"a").await.unwrap();
+    let read = first.read_to_end(0).await.unwrap();
+    assert_eq!(texts(&common::lines(&read)), ["one"]);
+    assert_eq!(texts(&conn.ask(&token, "b").await), ["two"]);
+    assert_eq!(first.read(read.len() as u64, 4096).await.unwrap(), b"");
+}
