@@ -153,15 +153,15 @@ pub enum AskError {
     NotFound { model: String, message: String },
     #[error("the backend refused the request (HTTP {status}): {message}")]
     Refused { status: u16, message: String },
-    #[error("rate limited by the backend (HTTP 429) after {tries} tries: {message}")]
+    #[error("rate limited by the backend (HTTP 429) after {}: {message}", plural(*.tries))]
     RateLimited { tries: u32, message: String },
-    #[error("the backend failed (HTTP {status}) after {tries} tries: {message}")]
+    #[error("the backend failed (HTTP {status}) after {}: {message}", plural(*.tries))]
     ServerError {
         status: u16,
         tries: u32,
         message: String,
     },
-    #[error("cannot reach the backend after {tries} tries: {message}")]
+    #[error("cannot reach the backend after {}: {message}", plural(*.tries))]
     Unreachable { tries: u32, message: String },
     #[error("malformed reply from the backend: {0}")]
     Malformed(String),
@@ -171,6 +171,14 @@ pub enum AskError {
     Reported(String),
     #[error("bad request: {0}")]
     BadRequest(String),
+}
+
+fn plural(tries: u32) -> String {
+    if tries == 1 {
+        "1 try".into()
+    } else {
+        format!("{tries} tries")
+    }
 }
 
 pub struct Backend {
@@ -210,11 +218,13 @@ impl Backend {
     }
 
     /// Runs one ask: tries until a reply, an error that is not worth another try, or the tries
-    /// are spent. `on_event` gets each piece of the reply as it arrives.
+    /// are spent. `on_event` gets each piece of the reply as it arrives. A wait that would end
+    /// past `deadline` (the ask's timeout) is not waited: the last try's error is the answer.
     pub async fn ask(
         &self,
         body: &Value,
         model: &str,
+        deadline: tokio::time::Instant,
         on_event: &mut (dyn FnMut(Event) + Send),
     ) -> Result<Reply, AskError> {
         let tries = self.config.tries.max(1);
@@ -226,26 +236,33 @@ impl Backend {
                 Err(Try::Final(e)) => return Err(e),
                 Err(Try::Again { error, wait }) => {
                     tracing::info!(try_ = n, "backend try failed: {error}");
-                    last = Some(error);
-                    if n == tries {
+                    last = Some((n, error));
+                    let wait = wait.unwrap_or(backoff).min(RETRY_WAIT_MAX);
+                    if n == tries || tokio::time::Instant::now() + wait >= deadline {
                         break;
                     }
-                    let wait = wait.unwrap_or(backoff).min(RETRY_WAIT_MAX);
                     tokio::time::sleep(wait).await;
                     backoff = (backoff * 2).min(RETRY_WAIT_MAX);
                 }
             }
         }
-        Err(match last.expect("at least one try") {
-            AskError::RateLimited { message, .. } => AskError::RateLimited { tries, message },
+        let (made, last) = last.expect("at least one try");
+        Err(match last {
+            AskError::RateLimited { message, .. } => AskError::RateLimited {
+                tries: made,
+                message,
+            },
             AskError::ServerError {
                 status, message, ..
             } => AskError::ServerError {
                 status,
-                tries,
+                tries: made,
                 message,
             },
-            AskError::Unreachable { message, .. } => AskError::Unreachable { tries, message },
+            AskError::Unreachable { message, .. } => AskError::Unreachable {
+                tries: made,
+                message,
+            },
             other => other,
         })
     }

@@ -218,9 +218,12 @@ impl Session {
                 }
             };
             let mut on_event = |ev: Event| session.emit(turn, &ev);
-            let asked =
-                tokio::time::timeout(timeout, backend.ask(&body, &request.model, &mut on_event))
-                    .await;
+            let deadline = tokio::time::Instant::now() + timeout;
+            let asked = tokio::time::timeout_at(
+                deadline,
+                backend.ask(&body, &request.model, deadline, &mut on_event),
+            )
+            .await;
             match asked {
                 Ok(Ok(reply)) => {
                     session.answered(turn, &request, &reply);

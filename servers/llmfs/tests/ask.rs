@@ -433,3 +433,22 @@ async fn an_open_that_read_its_reply_does_not_read_the_next_one() {
     assert_eq!(texts(&conn.ask(&token, "b").await), ["two"]);
     assert_eq!(first.read(read.len() as u64, 4096).await.unwrap(), b"");
 }
+
+/// A 429 whose `Retry-After` reaches past the ask's timeout ends the ask at once, saying it was
+/// rate limited, instead of waiting out the timeout and blaming the clock.
+#[tokio::test]
+async fn a_retry_after_past_the_timeout_ends_the_ask_as_rate_limited() {
+    let dir = tmp();
+    let script = Script::start(
+        dir.path(),
+        "openai",
+        json!([{"status": 429, "retry_after": 3600, "error": "quota"}, {"text": "late"}]),
+    );
+    let fs = Llmfs::start(dir.path(), &script, "openai", &["--model", "m"]);
+    let conn = fs.connect().await;
+    let token = conn.new_session().await;
+    conn.put(&token, "ctl", "timeout 30").await.unwrap();
+    let e = error_of(&conn.ask(&token, "hi").await);
+    assert!(e.contains("HTTP 429") && e.contains("quota"), "{e}");
+    assert_eq!(script.requests().len(), 1);
+}
