@@ -416,3 +416,81 @@ pub fn scope_of(token: &str) -> String {
 fn short(token: &str) -> &str {
     &token[..token.len().min(8)]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session() -> Session {
+        Session::new(
+            "t".into(),
+            &Defaults {
+                model: String::new(),
+                timeout: Duration::from_secs(300),
+                max_tokens: None,
+            },
+        )
+    }
+
+    #[test]
+    fn control_lines_are_applied_whole_or_refused_whole() {
+        let s = session();
+        s.control("max_tokens 64\ntimeout 2.5\n").unwrap();
+        assert_eq!(s.control_text(), "max_tokens 64\ntimeout 2.5\n");
+        for bad in [
+            "timeout 0",
+            "timeout -1",
+            "timeout nan",
+            "timeout 100000",
+            "max_tokens x",
+            "max_tokens 5 6",
+            "temperature 1",
+            "max_tokens 8\ntimeout 0",
+        ] {
+            assert!(s.control(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(s.control_text(), "max_tokens 64\ntimeout 2.5\n");
+        s.control("max_tokens 0").unwrap();
+        assert!(s.control_text().starts_with("max_tokens 0\n"));
+    }
+
+    #[test]
+    fn a_message_is_json_with_a_role_or_else_user_text() {
+        assert_eq!(
+            parse_message(b"hello\n").unwrap(),
+            json!({"role": "user", "content": "hello"})
+        );
+        let tool = json!({"role": "tool", "tool_call_id": "c1", "content": "42"});
+        assert_eq!(parse_message(tool.to_string().as_bytes()).unwrap(), tool);
+        // JSON without a role is text to the model.
+        assert_eq!(
+            parse_message(br#"{"a": 1}"#).unwrap(),
+            json!({"role": "user", "content": "{\"a\": 1}"})
+        );
+        assert!(parse_message(br#"{"role": "system", "content": "x"}"#).is_err());
+        assert!(parse_message(b" \n").is_err());
+        assert!(parse_message(b"\xff").is_err());
+    }
+
+    #[test]
+    fn a_setting_written_in_pieces_is_put_together_and_capped() {
+        let s = session();
+        s.write_setting(Setting::System, 0, b"Be ").unwrap();
+        s.write_setting(Setting::System, 3, b"brief.").unwrap();
+        assert_eq!(s.read_setting(Setting::System), b"Be brief.");
+        s.write_setting(Setting::System, 0, b"New").unwrap();
+        assert_eq!(s.read_setting(Setting::System), b"New");
+        assert!(s.write_setting(Setting::System, 10, b"x").is_err());
+        assert!(
+            s.write_setting(Setting::Tools, 0, &vec![b' '; MAX_FILE_BYTES + 1])
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn a_scope_names_the_session_without_its_token() {
+        let scope = scope_of("0123456789abcdef0123456789abcdef");
+        assert!(scope.starts_with("llm-") && scope.len() == 20, "{scope}");
+        assert!(!scope.contains("0123456789abcdef"));
+    }
+}
