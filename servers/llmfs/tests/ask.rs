@@ -452,3 +452,55 @@ async fn a_retry_after_past_the_timeout_ends_the_ask_as_rate_limited() {
     assert!(e.contains("HTTP 429") && e.contains("quota"), "{e}");
     assert_eq!(script.requests().len(), 1);
 }
+
+/// A read blocked on a stalled reply can be flushed (the client gave up on it); the ask goes on,
+/// and the next read on the same open gets the rest.
+#[tokio::test]
+async fn a_flushed_read_leaves_the_ask_running_for_the_next_read() {
+    let dir = tmp();
+    let script = Script::start(
+        dir.path(),
+        "openai",
+        json!([{"chunks": ["first", "never sent"], "stall_after": 2}]),
+    );
+    let fs = Llmfs::start(dir.path(), &script, "openai", &["--model", "m"]);
+    let conn = fs.connect().await;
+    let token = conn.new_session().await;
+    conn.put(&token, "ctl", "timeout 5").await.unwrap();
+    let fid = conn.open(&token, "ask", oflags::RDWR).await.unwrap();
+    fid.write_all(0, b"hi").await.unwrap();
+    let first = fid.read(0, 4096).await.unwrap();
+    // The backend sends nothing more until the ask's timeout: this read waits, and is dropped
+    // (the client sends Tflush).
+    let waiting = tokio::time::timeout(
+        std::time::Duration::from_millis(200),
+        fid.read(first.len() as u64, 4096),
+    )
+    .await;
+    assert!(waiting.is_err(), "nothing more arrived: {waiting:?}");
+    let rest = fid.read_to_end(first.len() as u64).await.unwrap();
+    let e = error_of(&common::lines(&rest));
+    assert!(e.contains("timeout"), "{e}");
+}
+
+/// A connection holds at most 256 sessions: one more `new` is EAGAIN, not unbounded memory.
+#[tokio::test]
+async fn sessions_per_connection_are_capped() {
+    let dir = tmp();
+    let script = Script::start(dir.path(), "openai", json!([]));
+    let fs = Llmfs::start(dir.path(), &script, "openai", &[]);
+    let conn = fs.connect().await;
+    let mut tokens = std::collections::HashSet::new();
+    for _ in 0..warren_llmfs::tree::MAX_SESSIONS {
+        tokens.insert(conn.new_session().await);
+    }
+    assert_eq!(
+        tokens.len(),
+        warren_llmfs::tree::MAX_SESSIONS,
+        "all distinct"
+    );
+    let new = conn.root.walk(&["new"]).await.unwrap();
+    assert_eq!(new.open(oflags::RDONLY).await.err(), Some(Errno::EAGAIN));
+    // Another connection has its own.
+    fs.connect().await.new_session().await;
+}
