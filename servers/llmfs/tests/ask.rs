@@ -16,7 +16,7 @@ fn texts(reply: &[Value]) -> Vec<&str> {
 async fn a_plain_reply_and_what_was_sent() {
     let dir = tmp();
     let script = Script::start(dir.path(), "openai", json!([{"text": "Hello there."}]));
-    let fs = Llmfs::start(dir.path(), &script, "openai", &[]);
+    let fs = Llmfs::start(dir.path(), script.port, "openai", &[]);
     let conn = fs.connect().await;
     let token = conn.new_session().await;
     assert_eq!(token.len(), 32, "128 bits in hex: {token}");
@@ -48,7 +48,7 @@ async fn a_streamed_reply_arrives_as_lines_and_the_conversation_goes_on() {
         "openai",
         json!([{"chunks": ["Hel", "lo, ", "world"]}, {"text": "Again."}]),
     );
-    let fs = Llmfs::start(dir.path(), &script, "openai", &["--model", "m1"]);
+    let fs = Llmfs::start(dir.path(), script.port, "openai", &["--model", "m1"]);
     let conn = fs.connect().await;
     let token = conn.new_session().await;
     let reply = conn.ask(&token, "greet").await;
@@ -84,7 +84,7 @@ async fn a_tool_call_and_its_result() {
             {"text": "Sunny in Paris."},
         ]),
     );
-    let fs = Llmfs::start(dir.path(), &script, "openai", &["--model", "m"]);
+    let fs = Llmfs::start(dir.path(), script.port, "openai", &["--model", "m"]);
     let conn = fs.connect().await;
     let token = conn.new_session().await;
     let tools = json!([{"type": "function", "function": {"name": "get_weather",
@@ -120,7 +120,7 @@ async fn a_429_is_retried_after_its_retry_after() {
         "openai",
         json!([{"status": 429, "retry_after": 1, "error": "slow down"}, {"text": "ok"}]),
     );
-    let fs = Llmfs::start(dir.path(), &script, "openai", &["--model", "m"]);
+    let fs = Llmfs::start(dir.path(), script.port, "openai", &["--model", "m"]);
     let conn = fs.connect().await;
     let token = conn.new_session().await;
     let reply = conn.ask(&token, "hi").await;
@@ -135,7 +135,7 @@ async fn a_persistent_500_ends_in_one_clear_error_line() {
     let script = Script::start(dir.path(), "openai", json!([fault, fault, fault, fault]));
     let fs = Llmfs::start(
         dir.path(),
-        &script,
+        script.port,
         "openai",
         &["--model", "m", "--tries", "3"],
     );
@@ -160,7 +160,7 @@ async fn a_reply_slower_than_the_timeout_ends_in_an_error() {
         "openai",
         json!([{"delay_ms": 600_000, "text": "too late"}]),
     );
-    let fs = Llmfs::start(dir.path(), &script, "openai", &["--model", "m"]);
+    let fs = Llmfs::start(dir.path(), script.port, "openai", &["--model", "m"]);
     let conn = fs.connect().await;
     let token = conn.new_session().await;
     conn.put(&token, "ctl", "timeout 1\n").await.unwrap();
@@ -179,7 +179,7 @@ async fn a_malformed_or_broken_off_reply_ends_in_an_error() {
         "openai",
         json!([{"malformed": true}, {"chunks": ["a", "b", "c"], "close_after": 2}]),
     );
-    let fs = Llmfs::start(dir.path(), &script, "openai", &["--model", "m"]);
+    let fs = Llmfs::start(dir.path(), script.port, "openai", &["--model", "m"]);
     let conn = fs.connect().await;
     let token = conn.new_session().await;
     let e = error_of(&conn.ask(&token, "hi").await);
@@ -201,7 +201,7 @@ async fn a_bad_key_and_an_unknown_model_are_named() {
         json!([{"status": 401, "error": "invalid api key"},
                {"status": 404, "error": "The model `nope` does not exist"}]),
     );
-    let fs = Llmfs::start(dir.path(), &script, "openai", &["--model", "nope"]);
+    let fs = Llmfs::start(dir.path(), script.port, "openai", &["--model", "nope"]);
     let conn = fs.connect().await;
     let token = conn.new_session().await;
     let e = error_of(&conn.ask(&token, "hi").await);
@@ -224,7 +224,7 @@ async fn a_failed_ask_is_not_kept_in_the_conversation() {
         "openai",
         json!([{"status": 400, "error": "bad"}, {"text": "fine"}]),
     );
-    let fs = Llmfs::start(dir.path(), &script, "openai", &["--model", "m"]);
+    let fs = Llmfs::start(dir.path(), script.port, "openai", &["--model", "m"]);
     let conn = fs.connect().await;
     let token = conn.new_session().await;
     let e = error_of(&conn.ask(&token, "first").await);
@@ -241,7 +241,7 @@ async fn a_failed_ask_is_not_kept_in_the_conversation() {
 async fn another_connection_cannot_open_a_token() {
     let dir = tmp();
     let script = Script::start(dir.path(), "openai", json!([]));
-    let fs = Llmfs::start(dir.path(), &script, "openai", &[]);
+    let fs = Llmfs::start(dir.path(), script.port, "openai", &[]);
     let mine = fs.connect().await;
     let token = mine.new_session().await;
     mine.put(&token, "model", "m").await.unwrap();
@@ -276,7 +276,7 @@ async fn usage_adds_up_what_the_backend_reported() {
             {"text": "two", "usage": {"prompt_tokens": 7, "completion_tokens": 11}},
         ]),
     );
-    let fs = Llmfs::start(dir.path(), &script, "openai", &["--model", "m"]);
+    let fs = Llmfs::start(dir.path(), script.port, "openai", &["--model", "m"]);
     let conn = fs.connect().await;
     let token = conn.new_session().await;
     let reply = conn.ask(&token, "a").await;
@@ -302,7 +302,7 @@ async fn usage_adds_up_what_the_backend_reported() {
 async fn an_ask_written_on_one_open_is_read_on_another() {
     let dir = tmp();
     let script = Script::start(dir.path(), "openai", json!([{"text": "pong"}]));
-    let fs = Llmfs::start(dir.path(), &script, "openai", &["--model", "m"]);
+    let fs = Llmfs::start(dir.path(), script.port, "openai", &["--model", "m"]);
     let conn = fs.connect().await;
     let token = conn.new_session().await;
     let writer = conn.open(&token, "ask", oflags::WRONLY).await.unwrap();
@@ -328,7 +328,7 @@ async fn the_anthropic_api_gives_text_a_tool_call_and_usage() {
     );
     let fs = Llmfs::start(
         dir.path(),
-        &script,
+        script.port,
         "anthropic",
         &["--model", "claude-test"],
     );
@@ -366,7 +366,7 @@ async fn the_anthropic_api_gives_text_a_tool_call_and_usage() {
 async fn reading_ask_before_any_ask_is_an_empty_reply() {
     let dir = tmp();
     let script = Script::start(dir.path(), "openai", json!([]));
-    let fs = Llmfs::start(dir.path(), &script, "openai", &["--model", "m"]);
+    let fs = Llmfs::start(dir.path(), script.port, "openai", &["--model", "m"]);
     let conn = fs.connect().await;
     let token = conn.new_session().await;
     let reader = conn.open(&token, "ask", oflags::RDONLY).await.unwrap();
@@ -388,7 +388,7 @@ async fn a_read_returns_what_arrived_before_the_reply_ends() {
         "openai",
         json!([{"chunks": ["first", "never sent"], "stall_after": 2}]),
     );
-    let fs = Llmfs::start(dir.path(), &script, "openai", &["--model", "m"]);
+    let fs = Llmfs::start(dir.path(), script.port, "openai", &["--model", "m"]);
     let conn = fs.connect().await;
     let token = conn.new_session().await;
     conn.put(&token, "ctl", "timeout 2").await.unwrap();
@@ -423,7 +423,7 @@ async fn an_open_that_read_its_reply_does_not_read_the_next_one() {
         "openai",
         json!([{"text": "one"}, {"text": "two"}]),
     );
-    let fs = Llmfs::start(dir.path(), &script, "openai", &["--model", "m"]);
+    let fs = Llmfs::start(dir.path(), script.port, "openai", &["--model", "m"]);
     let conn = fs.connect().await;
     let token = conn.new_session().await;
     let first = conn.open(&token, "ask", oflags::RDWR).await.unwrap();
@@ -444,7 +444,7 @@ async fn a_retry_after_past_the_timeout_ends_the_ask_as_rate_limited() {
         "openai",
         json!([{"status": 429, "retry_after": 3600, "error": "quota"}, {"text": "late"}]),
     );
-    let fs = Llmfs::start(dir.path(), &script, "openai", &["--model", "m"]);
+    let fs = Llmfs::start(dir.path(), script.port, "openai", &["--model", "m"]);
     let conn = fs.connect().await;
     let token = conn.new_session().await;
     conn.put(&token, "ctl", "timeout 30").await.unwrap();
@@ -463,7 +463,7 @@ async fn a_flushed_read_leaves_the_ask_running_for_the_next_read() {
         "openai",
         json!([{"chunks": ["first", "never sent"], "stall_after": 2}]),
     );
-    let fs = Llmfs::start(dir.path(), &script, "openai", &["--model", "m"]);
+    let fs = Llmfs::start(dir.path(), script.port, "openai", &["--model", "m"]);
     let conn = fs.connect().await;
     let token = conn.new_session().await;
     conn.put(&token, "ctl", "timeout 5").await.unwrap();
@@ -488,7 +488,7 @@ async fn a_flushed_read_leaves_the_ask_running_for_the_next_read() {
 async fn sessions_per_connection_are_capped() {
     let dir = tmp();
     let script = Script::start(dir.path(), "openai", json!([]));
-    let fs = Llmfs::start(dir.path(), &script, "openai", &[]);
+    let fs = Llmfs::start(dir.path(), script.port, "openai", &[]);
     let conn = fs.connect().await;
     let mut tokens = std::collections::HashSet::new();
     for _ in 0..warren_llmfs::tree::MAX_SESSIONS {
@@ -503,4 +503,24 @@ async fn sessions_per_connection_are_capped() {
     assert_eq!(new.open(oflags::RDONLY).await.err(), Some(Errno::EAGAIN));
     // Another connection has its own.
     fs.connect().await.new_session().await;
+}
+
+/// A backend that is not there: tried again, then one clear error line.
+#[tokio::test]
+async fn an_unreachable_backend_ends_in_one_clear_error_line() {
+    let dir = tmp();
+    // A port that was just listened on and is closed now.
+    let port = Script::start(dir.path(), "openai", json!([])).port;
+    let fs = Llmfs::start(
+        dir.path(),
+        port,
+        "openai",
+        &["--model", "m", "--tries", "2"],
+    );
+    let conn = fs.connect().await;
+    let token = conn.new_session().await;
+    let reply = conn.ask(&token, "hi").await;
+    assert_eq!(reply.len(), 1, "{reply:?}");
+    let e = error_of(&reply);
+    assert!(e.contains("cannot reach the backend after 2 tries"), "{e}");
 }

@@ -79,7 +79,7 @@ async fn a_model_call_is_receipted_with_digests_not_text() {
     let socket = receipts_socket.to_str().unwrap();
     let fs = Llmfs::start_with(
         dir.path(),
-        &script,
+        script.port,
         "openai",
         &["--model", "gpt-test", "--receipts", socket],
     );

@@ -77,16 +77,16 @@ pub struct Llmfs {
 }
 
 impl Llmfs {
-    /// llmfs in front of `script`, the key in `<dir>/secrets/llm.key`, no receipts, fast
+    /// llmfs in front of the backend on `port`, the key in `<dir>/secrets/llm.key`, no receipts, fast
     /// backoff; `extra` flags after those.
-    pub fn start(dir: &Path, script: &Script, api: &str, extra: &[&str]) -> Llmfs {
+    pub fn start(dir: &Path, port: u16, api: &str, extra: &[&str]) -> Llmfs {
         let mut args = vec!["--no-receipts"];
         args.extend_from_slice(extra);
-        Llmfs::start_with(dir, script, api, &args)
+        Llmfs::start_with(dir, port, api, &args)
     }
 
     /// As [`Llmfs::start`], without `--no-receipts` (the caller names receiptd's socket).
-    pub fn start_with(dir: &Path, script: &Script, api: &str, extra: &[&str]) -> Llmfs {
+    pub fn start_with(dir: &Path, port: u16, api: &str, extra: &[&str]) -> Llmfs {
         let run = dir.join("run");
         let secrets = dir.join("secrets");
         std::fs::create_dir_all(&run).unwrap();
@@ -99,10 +99,7 @@ impl Llmfs {
             .args(["--backoff-ms", "10"])
             .args(extra)
             .env("WARREN_SECRETS_DIR", &secrets)
-            .env(
-                "WARREN_LLM_URL",
-                format!("http://127.0.0.1:{}", script.port),
-            )
+            .env("WARREN_LLM_URL", format!("http://127.0.0.1:{port}"))
             .env("WARREN_LLM_API", api)
             .env("WARREN_LOG", "warn")
             .spawn()
