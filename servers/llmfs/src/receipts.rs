@@ -1,0 +1,95 @@
+//! Model-call receipts: after an ask is answered, a `query` receipt (model, token counts,
+//! SHA-256 digests of the request and the reply, never their text) is appended to receiptd over
+//! its operator socket (`<runtime>/receipts.sock`), off the ask's path.
+//!
+//! Fail closed like toolfs's effect queue: an ask takes its receipt's place before the model is
+//! asked and is refused while the queue is full or receiptd is not taking receipts; a receipt in
+//! the queue is retried, with backoff, until receiptd takes it.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+use warren_receiptd::client::Appender;
+
+pub const QUEUE_CAP: usize = 1024;
+const RETRY_FIRST: Duration = Duration::from_millis(10);
+const RETRY_MAX: Duration = Duration::from_secs(1);
+
+pub struct Receipts {
+    tx: mpsc::Sender<Vec<u8>>,
+    failing: Arc<AtomicBool>,
+}
+
+/// A place in the queue; dropped unsent (the ask failed), it is given back.
+pub struct ReceiptSlot(mpsc::OwnedPermit<Vec<u8>>);
+
+impl ReceiptSlot {
+    pub fn send(self, request: Value) {
+        self.0.send(serde_json::to_vec(&request).expect("json"));
+    }
+}
+
+impl Receipts {
+    /// Starts the writer (on the current runtime) for receiptd's socket.
+    pub fn start(socket: PathBuf) -> Receipts {
+        let (tx, rx) = mpsc::channel(QUEUE_CAP);
+        let failing = Arc::new(AtomicBool::new(false));
+        tokio::spawn(write_queue(socket, rx, failing.clone()));
+        Receipts { tx, failing }
+    }
+
+    /// A place for the receipt of an ask about to be sent, or why it must not be sent.
+    pub fn reserve(&self) -> Result<ReceiptSlot, String> {
+        if self.failing.load(Ordering::Acquire) {
+            return Err("receiptd is not taking llmfs's receipts: the ask is refused".into());
+        }
+        self.tx
+            .clone()
+            .try_reserve_owned()
+            .map(ReceiptSlot)
+            .map_err(|_| format!("{QUEUE_CAP} receipts are queued and not yet written"))
+    }
+}
+
+async fn write_queue(socket: PathBuf, mut rx: mpsc::Receiver<Vec<u8>>, failing: Arc<AtomicBool>) {
+    let mut conn: Option<Appender> = None;
+    while let Some(request) = rx.recv().await {
+        let mut wait = RETRY_FIRST;
+        loop {
+            let appender = match conn.take() {
+                Some(a) => Ok(a),
+                None => Appender::connect(&socket)
+                    .await
+                    .map_err(|e| format!("cannot reach receiptd at {}: {e}", socket.display())),
+            };
+            let result = match appender {
+                Ok(a) => a
+                    .append(&request)
+                    .await
+                    .map(|_| a)
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(a) => {
+                    conn = Some(a);
+                    if failing.swap(false, Ordering::AcqRel) {
+                        tracing::info!("receiptd takes llmfs's receipts again");
+                    }
+                    break;
+                }
+                Err(e) => {
+                    if !failing.swap(true, Ordering::AcqRel) {
+                        tracing::error!("receipt not written, retrying (asks are refused): {e}");
+                    }
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(RETRY_MAX);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,496 @@
+//! One chat session: its settings (`model`, `system`, `tools`, `ctl`), its conversation, its
+//! cumulative usage, and the reply of its current ask as the JSON lines readers of `ask` see.
+//!
+//! An ask runs in a task of its own, so it goes on whatever happens to the read that started it
+//! (a flushed or clunked fid); it ends with one `{"done":..}` or one `{"error":..}` line, and
+//! always within the session's timeout. One ask at a time per session.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+
+use crate::backend::{AskError, AskRequest, Backend, Event, Reply, Usage};
+use crate::receipts::{ReceiptSlot, Receipts};
+
+/// Bytes a settings file (`model`, `system`, `tools`) or one message may hold.
+pub const MAX_FILE_BYTES: usize = 1 << 20;
+/// Bytes of one ask's reply kept for its readers; past it the ask ends with an error line.
+pub const MAX_REPLY_BYTES: usize = 16 << 20;
+
+/// Settings every new session starts with.
+#[derive(Clone, Debug)]
+pub struct Defaults {
+    pub model: String,
+    pub timeout: Duration,
+    pub max_tokens: Option<u32>,
+}
+
+/// The reply of the session's current ask, as lines, and whether it ended.
+#[derive(Debug, Default)]
+pub struct ReplyLines {
+    /// Which ask (1, 2, ...; 0: none yet).
+    pub turn: u64,
+    pub bytes: Vec<u8>,
+    pub done: bool,
+}
+
+struct Settings {
+    model: Vec<u8>,
+    system: Vec<u8>,
+    tools: Vec<u8>,
+    timeout: Duration,
+    max_tokens: Option<u32>,
+    history: Vec<Value>,
+    usage: Usage,
+    running: Option<AbortHandle>,
+}
+
+/// A settings file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Setting {
+    Model,
+    System,
+    Tools,
+}
+
+pub struct Session {
+    token: String,
+    settings: Mutex<Settings>,
+    reply: watch::Sender<ReplyLines>,
+}
+
+impl Session {
+    pub fn new(token: String, defaults: &Defaults) -> Session {
+        Session {
+            token,
+            settings: Mutex::new(Settings {
+                model: defaults.model.clone().into_bytes(),
+                system: Vec::new(),
+                tools: Vec::new(),
+                timeout: defaults.timeout,
+                max_tokens: defaults.max_tokens,
+                history: Vec::new(),
+                usage: Usage::default(),
+                running: None,
+            }),
+            reply: watch::Sender::new(ReplyLines::default()),
+        }
+    }
+
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    fn settings(&self) -> MutexGuard<'_, Settings> {
+        self.settings.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn read_setting(&self, which: Setting) -> Vec<u8> {
+        let s = self.settings();
+        match which {
+            Setting::Model => s.model.clone(),
+            Setting::System => s.system.clone(),
+            Setting::Tools => s.tools.clone(),
+        }
+    }
+
+    /// A write at `offset`: the file is cut there and `data` put after it (so a write at 0
+    /// replaces it, and a long value written in pieces is put together).
+    pub fn write_setting(&self, which: Setting, offset: u64, data: &[u8]) -> Result<(), String> {
+        let mut s = self.settings();
+        let file = match which {
+            Setting::Model => &mut s.model,
+            Setting::System => &mut s.system,
+            Setting::Tools => &mut s.tools,
+        };
+        let at = usize::try_from(offset).unwrap_or(usize::MAX);
+        if at > file.len() {
+            return Err(format!("write at {at}, past the end ({})", file.len()));
+        }
+        if at + data.len() > MAX_FILE_BYTES {
+            return Err(format!("more than {MAX_FILE_BYTES} bytes"));
+        }
+        file.truncate(at);
+        file.extend_from_slice(data);
+        Ok(())
+    }
+
+    /// `max_tokens N` and `timeout SECS` lines (blank lines are skipped); all or nothing.
+    pub fn control(&self, text: &str) -> Result<(), String> {
+        let mut max_tokens = None;
+        let mut timeout = None;
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let mut words = line.split_whitespace();
+            let (Some(verb), Some(arg), None) = (words.next(), words.next(), words.next()) else {
+                return Err(format!(
+                    "{line:?}: expected `max_tokens N` or `timeout SECS`"
+                ));
+            };
+            match verb {
+                "max_tokens" => {
+                    let n: u32 = arg.parse().map_err(|_| format!("max_tokens {arg:?}"))?;
+                    max_tokens = Some((n > 0).then_some(n));
+                }
+                "timeout" => {
+                    let secs: f64 = arg
+                        .parse()
+                        .ok()
+                        .filter(|s: &f64| s.is_finite() && *s > 0.0 && *s <= 86_400.0)
+                        .ok_or_else(|| format!("timeout {arg:?}: seconds, 0 < t <= 86400"))?;
+                    timeout = Some(Duration::from_secs_f64(secs));
+                }
+                other => return Err(format!("unknown control {other:?}")),
+            }
+        }
+        let mut s = self.settings();
+        if let Some(m) = max_tokens {
+            s.max_tokens = m;
+        }
+        if let Some(t) = timeout {
+            s.timeout = t;
+        }
+        Ok(())
+    }
+
+    pub fn control_text(&self) -> String {
+        let s = self.settings();
+        format!(
+            "max_tokens {}\ntimeout {}\n",
+            s.max_tokens.unwrap_or(0),
+            s.timeout.as_secs_f64()
+        )
+    }
+
+    pub fn usage_text(&self) -> String {
+        let u = self.settings().usage;
+        format!(
+            "{}\n",
+            json!({
+                "prompt_tokens": u.prompt_tokens,
+                "completion_tokens": u.completion_tokens,
+                "total_tokens": u.prompt_tokens + u.completion_tokens,
+            })
+        )
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<ReplyLines> {
+        self.reply.subscribe()
+    }
+
+    /// Ends the running ask, if any (the connection went away).
+    pub fn abort(&self) {
+        if let Some(h) = self.settings().running.take() {
+            h.abort();
+        }
+    }
+
+    /// Starts an ask with `message` (the bytes written to `ask`). Returns its turn, or `None`
+    /// when an ask is already running.
+    pub fn start(
+        self: &Arc<Self>,
+        message: &[u8],
+        backend: Arc<Backend>,
+        receipts: Option<Arc<Receipts>>,
+    ) -> Option<u64> {
+        let mut s = self.settings();
+        if s.running.is_some() {
+            return None;
+        }
+        let turn = self.reply.borrow().turn + 1;
+        self.reply.send_replace(ReplyLines {
+            turn,
+            bytes: Vec::new(),
+            done: false,
+        });
+        let prepared = prepare(&s, message, &backend, receipts.as_deref());
+        let session = self.clone();
+        let timeout = s.timeout;
+        let task = tokio::spawn(async move {
+            let (request, body, slot) = match prepared {
+                Ok(p) => p,
+                Err(e) => {
+                    session.finish(turn, json!({"error": e}));
+                    return;
+                }
+            };
+            let mut on_event = |ev: Event| session.emit(turn, &ev);
+            let deadline = tokio::time::Instant::now() + timeout;
+            let asked = tokio::time::timeout_at(
+                deadline,
+                backend.ask(&body, &request.model, deadline, &mut on_event),
+            )
+            .await;
+            match asked {
+                Ok(Ok(reply)) => {
+                    session.answered(turn, &request, &reply);
+                    if let Some(slot) = slot {
+                        slot.send(receipt(
+                            &session.token,
+                            backend.api().as_str(),
+                            &request.model,
+                            &body,
+                            &reply,
+                        ));
+                    }
+                }
+                Ok(Err(e)) => session.failed(turn, &e),
+                Err(_) => session.finish(
+                    turn,
+                    json!({"error": format!(
+                        "no complete reply within {}s (the ask's timeout: `timeout SECS` in ctl)",
+                        timeout.as_secs_f64()
+                    )}),
+                ),
+            }
+        });
+        s.running = Some(task.abort_handle());
+        Some(turn)
+    }
+
+    fn emit(&self, turn: u64, ev: &Event) {
+        let mut line = serde_json::to_vec(ev).expect("json");
+        line.push(b'\n');
+        let mut over = false;
+        self.reply.send_if_modified(|r| {
+            if r.turn != turn || r.done {
+                return false;
+            }
+            over = r.bytes.len() + line.len() > MAX_REPLY_BYTES;
+            if !over {
+                r.bytes.extend_from_slice(&line);
+            }
+            !over
+        });
+        if over {
+            // The reply is cut with an error, and the ask (this task) stopped.
+            let running = self.settings().running.take();
+            self.finish(
+                turn,
+                json!({"error": format!("the reply is over {MAX_REPLY_BYTES} bytes: cut")}),
+            );
+            if let Some(h) = running {
+                h.abort();
+            }
+        }
+    }
+
+    fn failed(&self, turn: u64, e: &AskError) {
+        tracing::warn!(session = %short(&self.token), "ask failed: {e}");
+        self.finish(turn, json!({"error": e.to_string()}));
+    }
+
+    fn answered(&self, turn: u64, request: &AskRequest, reply: &Reply) {
+        {
+            let mut s = self.settings();
+            // The conversation goes on from the message and its answer; a failed ask leaves no
+            // trace in it, so asking again does not repeat the message.
+            s.history
+                .push(request.messages.last().cloned().expect("the new message"));
+            s.history.push(reply.as_message());
+            s.usage.prompt_tokens += reply.usage.prompt_tokens;
+            s.usage.completion_tokens += reply.usage.completion_tokens;
+        }
+        tracing::info!(
+            session = %short(&self.token),
+            model = %request.model,
+            prompt_tokens = reply.usage.prompt_tokens,
+            completion_tokens = reply.usage.completion_tokens,
+            "ask answered"
+        );
+        self.finish(
+            turn,
+            json!({"done": {
+                "finish_reason": reply.finish_reason,
+                "usage": reply.usage,
+            }}),
+        );
+    }
+
+    /// Appends the last line and ends the turn's stream.
+    fn finish(&self, turn: u64, last: Value) {
+        let mut line = serde_json::to_vec(&last).expect("json");
+        line.push(b'\n');
+        self.settings().running = None;
+        self.reply.send_if_modified(|r| {
+            if r.turn != turn || r.done {
+                return false;
+            }
+            r.bytes.extend_from_slice(&line);
+            r.done = true;
+            true
+        });
+    }
+}
+
+type Prepared = (AskRequest, Value, Option<ReceiptSlot>);
+
+/// The request of an ask, from the session's settings and the new message; or the error line's
+/// text.
+fn prepare(
+    s: &Settings,
+    message: &[u8],
+    backend: &Backend,
+    receipts: Option<&Receipts>,
+) -> Result<Prepared, String> {
+    let model = String::from_utf8_lossy(&s.model).trim().to_owned();
+    if model.is_empty() {
+        return Err("no model: write the model's name to `model`".into());
+    }
+    let tools: Vec<Value> = if s.tools.iter().all(u8::is_ascii_whitespace) {
+        Vec::new()
+    } else {
+        serde_json::from_slice(&s.tools)
+            .map_err(|e| format!("`tools` is not a JSON array of tool definitions: {e}"))?
+    };
+    let system = String::from_utf8_lossy(&s.system).into_owned();
+    let mut messages = s.history.clone();
+    messages.push(parse_message(message)?);
+    let request = AskRequest {
+        model,
+        system: (!system.trim().is_empty()).then_some(system),
+        tools,
+        messages,
+        max_tokens: s.max_tokens,
+    };
+    let body = backend.body(&request).map_err(|e| e.to_string())?;
+    // The receipt's place is taken before the model is asked: no place, no ask.
+    let slot = receipts.map(Receipts::reserve).transpose()?;
+    Ok((request, body, slot))
+}
+
+/// A JSON message (an object with a `role`), else the text as a user message.
+pub fn parse_message(bytes: &[u8]) -> Result<Value, String> {
+    let text = std::str::from_utf8(bytes).map_err(|_| "the message is not UTF-8".to_owned())?;
+    if let Ok(Value::Object(m)) = serde_json::from_str::<Value>(text.trim())
+        && let Some(role) = m.get("role")
+    {
+        return match role.as_str() {
+            Some("user" | "tool" | "assistant") => Ok(Value::Object(m)),
+            _ => Err(format!(
+                "message role {role}: expected \"user\", \"tool\" or \"assistant\""
+            )),
+        };
+    }
+    if text.trim().is_empty() {
+        return Err("an empty message".into());
+    }
+    Ok(json!({"role": "user", "content": text.trim_end_matches('\n')}))
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
+
+/// The model call's receipt: which model, the counts, and digests of what was sent and what came
+/// back — never the text itself.
+fn receipt(token: &str, api: &str, model: &str, body: &Value, reply: &Reply) -> Value {
+    let sent = serde_json::to_vec(body).expect("json");
+    let got = serde_json::to_vec(&reply.as_message()).expect("json");
+    json!({
+        "scope": scope_of(token),
+        "kind": "query",
+        "subject": {
+            "server": "llmfs",
+            "api": api,
+            "model": model,
+            "prompt_tokens": reply.usage.prompt_tokens,
+            "completion_tokens": reply.usage.completion_tokens,
+        },
+        "digests": {"request": sha256(&sent), "reply": sha256(&got)},
+    })
+}
+
+/// A session's receipt scope: named by a digest of its token, so the log never holds the token.
+pub fn scope_of(token: &str) -> String {
+    format!(
+        "llm-{}",
+        &hex::encode(Sha256::digest(token.as_bytes()))[..16]
+    )
+}
+
+/// The start of a token, for logs.
+fn short(token: &str) -> &str {
+    &token[..token.len().min(8)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session() -> Session {
+        Session::new(
+            "t".into(),
+            &Defaults {
+                model: String::new(),
+                timeout: Duration::from_secs(300),
+                max_tokens: None,
+            },
+        )
+    }
+
+    #[test]
+    fn control_lines_are_applied_whole_or_refused_whole() {
+        let s = session();
+        s.control("max_tokens 64\ntimeout 2.5\n").unwrap();
+        assert_eq!(s.control_text(), "max_tokens 64\ntimeout 2.5\n");
+        for bad in [
+            "timeout 0",
+            "timeout -1",
+            "timeout nan",
+            "timeout 100000",
+            "max_tokens x",
+            "max_tokens 5 6",
+            "temperature 1",
+            "max_tokens 8\ntimeout 0",
+        ] {
+            assert!(s.control(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(s.control_text(), "max_tokens 64\ntimeout 2.5\n");
+        s.control("max_tokens 0").unwrap();
+        assert!(s.control_text().starts_with("max_tokens 0\n"));
+    }
+
+    #[test]
+    fn a_message_is_json_with_a_role_or_else_user_text() {
+        assert_eq!(
+            parse_message(b"hello\n").unwrap(),
+            json!({"role": "user", "content": "hello"})
+        );
+        let tool = json!({"role": "tool", "tool_call_id": "c1", "content": "42"});
+        assert_eq!(parse_message(tool.to_string().as_bytes()).unwrap(), tool);
+        // JSON without a role is text to the model.
+        assert_eq!(
+            parse_message(br#"{"a": 1}"#).unwrap(),
+            json!({"role": "user", "content": "{\"a\": 1}"})
+        );
+        assert!(parse_message(br#"{"role": "system", "content": "x"}"#).is_err());
+        assert!(parse_message(b" \n").is_err());
+        assert!(parse_message(b"\xff").is_err());
+    }
+
+    #[test]
+    fn a_setting_written_in_pieces_is_put_together_and_capped() {
+        let s = session();
+        s.write_setting(Setting::System, 0, b"Be ").unwrap();
+        s.write_setting(Setting::System, 3, b"brief.").unwrap();
+        assert_eq!(s.read_setting(Setting::System), b"Be brief.");
+        s.write_setting(Setting::System, 0, b"New").unwrap();
+        assert_eq!(s.read_setting(Setting::System), b"New");
+        assert!(s.write_setting(Setting::System, 10, b"x").is_err());
+        assert!(
+            s.write_setting(Setting::Tools, 0, &vec![b' '; MAX_FILE_BYTES + 1])
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn a_scope_names_the_session_without_its_token() {
+        let scope = scope_of("0123456789abcdef0123456789abcdef");
+        assert!(scope.starts_with("llm-") && scope.len() == 20, "{scope}");
+        assert!(!scope.contains("0123456789abcdef"));
+    }
+}

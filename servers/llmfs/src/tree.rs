@@ -1,0 +1,420 @@
+//! The `/llm` tree of one connection (a [`warren_9p::FileTree`]): `new`, and for each session
+//! this connection minted `<token>/{model,system,tools,ask,usage,ctl}`. A token minted on another
+//! connection does not exist here (ENOENT): a connection sees only its own sessions.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use warren_9p::{DirEntry, Errno, FileTree, GetAttrMask, QId, QIdType, Result, Stat, Time, oflags};
+
+use crate::backend::Backend;
+use crate::receipts::Receipts;
+use crate::session::{Defaults, MAX_FILE_BYTES, Session, Setting};
+
+/// Sessions one connection may hold; one more open of `new` gets EAGAIN.
+pub const MAX_SESSIONS: usize = 256;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum File {
+    Model,
+    System,
+    Tools,
+    Ask,
+    Usage,
+    Ctl,
+}
+
+const FILES: [(&str, File); 6] = [
+    ("model", File::Model),
+    ("system", File::System),
+    ("tools", File::Tools),
+    ("ask", File::Ask),
+    ("usage", File::Usage),
+    ("ctl", File::Ctl),
+];
+
+impl File {
+    fn name(self) -> &'static str {
+        FILES.iter().find(|(_, f)| *f == self).expect("listed").0
+    }
+    fn setting(self) -> Option<Setting> {
+        match self {
+            File::Model => Some(Setting::Model),
+            File::System => Some(Setting::System),
+            File::Tools => Some(Setting::Tools),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone)]
+enum Node {
+    Root,
+    New,
+    Dir(Arc<Session>),
+    File(Arc<Session>, File),
+}
+
+pub struct LlmFid {
+    node: Node,
+    open: Option<Opened>,
+}
+
+enum Opened {
+    Plain,
+    /// An open of `new`: the token it minted (read as often as asked).
+    New(Vec<u8>),
+    Ask(AskOpen),
+}
+
+/// One open of `ask`: writes gather a message, whatever their offset; the next read (or the
+/// clunk) starts the ask with it; reads return the reply at `offset − o₀`, o₀ being the offset
+/// of the first read of that turn.
+#[derive(Default)]
+struct AskOpen {
+    message: Vec<u8>,
+    /// The turn this fid reads, and its o₀.
+    reading: Option<(u64, u64)>,
+}
+
+pub struct LlmTree {
+    backend: Arc<Backend>,
+    receipts: Option<Arc<Receipts>>,
+    defaults: Defaults,
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    mtime: Time,
+}
+
+impl LlmTree {
+    pub fn new(backend: Arc<Backend>, receipts: Option<Arc<Receipts>>, defaults: Defaults) -> Self {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        LlmTree {
+            backend,
+            receipts,
+            defaults,
+            sessions: Mutex::new(HashMap::new()),
+            mtime: Time {
+                sec: now.as_secs(),
+                nsec: u64::from(now.subsec_nanos()),
+            },
+        }
+    }
+
+    fn sessions(&self) -> MutexGuard<'_, HashMap<String, Arc<Session>>> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn mint(&self) -> Result<String> {
+        let mut sessions = self.sessions();
+        if sessions.len() >= MAX_SESSIONS {
+            tracing::warn!("session cap ({MAX_SESSIONS}) reached on a connection");
+            return Err(Errno::EAGAIN);
+        }
+        let mut bits = [0u8; 16];
+        getrandom::fill(&mut bits).map_err(|_| Errno::EIO)?;
+        let token = hex::encode(bits);
+        sessions.insert(
+            token.clone(),
+            Arc::new(Session::new(token.clone(), &self.defaults)),
+        );
+        Ok(token)
+    }
+
+    fn child(&self, node: &Node, name: &str) -> Option<Node> {
+        match (node, name) {
+            (Node::Root, "..") | (Node::Dir(_), "..") => Some(Node::Root),
+            (Node::Root, "new") => Some(Node::New),
+            (Node::Root, token) => self.sessions().get(token).cloned().map(Node::Dir),
+            (Node::Dir(s), name) => FILES
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, f)| Node::File(s.clone(), *f)),
+            _ => None,
+        }
+    }
+
+    fn qid(node: &Node) -> QId {
+        let path = match node {
+            Node::Root => "/".to_owned(),
+            Node::New => "/new".to_owned(),
+            Node::Dir(s) => format!("/{}", s.token()),
+            Node::File(s, f) => format!("/{}/{}", s.token(), f.name()),
+        };
+        QId {
+            typ: if matches!(node, Node::Root | Node::Dir(_)) {
+                QIdType::DIR
+            } else {
+                QIdType::FILE
+            },
+            version: 0,
+            path: fnv1a(path.as_bytes()),
+        }
+    }
+
+    fn entries(&self, node: &Node) -> Vec<(String, Node)> {
+        match node {
+            Node::Root => {
+                let mut sessions: Vec<_> = self
+                    .sessions()
+                    .iter()
+                    .map(|(t, s)| (t.clone(), Node::Dir(s.clone())))
+                    .collect();
+                sessions.sort_by(|a, b| a.0.cmp(&b.0));
+                std::iter::once(("new".to_owned(), Node::New))
+                    .chain(sessions)
+                    .collect()
+            }
+            Node::Dir(s) => FILES
+                .iter()
+                .map(|(n, f)| (n.to_string(), Node::File(s.clone(), *f)))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Starts the ask gathered on this fid, if it gathered one.
+    fn start_pending(&self, session: &Arc<Session>, ask: &mut AskOpen, offset: u64) -> Result<()> {
+        if ask.message.is_empty() {
+            return Ok(());
+        }
+        let turn = session
+            .start(&ask.message, self.backend.clone(), self.receipts.clone())
+            .ok_or(Errno::EBUSY)?;
+        ask.message.clear();
+        ask.reading = Some((turn, offset));
+        Ok(())
+    }
+
+    /// Reads the current turn's reply at `offset`, waiting until there is more or it ended.
+    async fn read_reply(
+        session: &Session,
+        ask: &mut AskOpen,
+        offset: u64,
+        count: u32,
+    ) -> Result<Vec<u8>> {
+        let mut rx = session.subscribe();
+        let (turn, base) = {
+            let current = rx.borrow().turn;
+            if current == 0 {
+                // Nothing asked yet: nothing to wait for.
+                return Ok(Vec::new());
+            }
+            match ask.reading {
+                Some((t, base)) if t == current => (t, base),
+                // The reply this open was reading is over, and another open asked again.
+                Some(_) => return Ok(Vec::new()),
+                // The first read of an open that asked nothing: the current reply.
+                None => {
+                    ask.reading = Some((current, offset));
+                    (current, offset)
+                }
+            }
+        };
+        let at = usize::try_from(offset.saturating_sub(base)).unwrap_or(usize::MAX);
+        let ready = rx
+            .wait_for(|r| r.turn != turn || r.done || r.bytes.len() > at)
+            .await
+            .map_err(|_| Errno::EIO)?;
+        if ready.turn != turn || at >= ready.bytes.len() {
+            return Ok(Vec::new());
+        }
+        let end = at.saturating_add(count as usize).min(ready.bytes.len());
+        Ok(ready.bytes[at..end].to_vec())
+    }
+}
+
+impl Drop for LlmTree {
+    /// The connection is gone, and with it every session it held: their asks end.
+    fn drop(&mut self) {
+        for s in self.sessions().values() {
+            s.abort();
+        }
+    }
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn slice(bytes: &[u8], offset: u64, count: u32) -> Vec<u8> {
+    let start = usize::try_from(offset)
+        .unwrap_or(usize::MAX)
+        .min(bytes.len());
+    let end = start.saturating_add(count as usize).min(bytes.len());
+    bytes[start..end].to_vec()
+}
+
+#[async_trait::async_trait]
+impl FileTree for LlmTree {
+    type Fid = LlmFid;
+
+    async fn attach(&self, _uname: &str, _aname: &str, _n_uname: u32) -> Result<(QId, LlmFid)> {
+        Ok((
+            Self::qid(&Node::Root),
+            LlmFid {
+                node: Node::Root,
+                open: None,
+            },
+        ))
+    }
+
+    async fn walk(&self, from: &LlmFid, names: &[String]) -> Result<(Vec<QId>, Option<LlmFid>)> {
+        let mut node = from.node.clone();
+        let mut qids = Vec::with_capacity(names.len());
+        for name in names {
+            match self.child(&node, name) {
+                Some(next) => {
+                    qids.push(Self::qid(&next));
+                    node = next;
+                }
+                None if qids.is_empty() => {
+                    return Err(if matches!(node, Node::Root | Node::Dir(_)) {
+                        Errno::ENOENT
+                    } else {
+                        Errno::ENOTDIR
+                    });
+                }
+                None => return Ok((qids, None)),
+            }
+        }
+        Ok((qids, Some(LlmFid { node, open: None })))
+    }
+
+    async fn getattr(&self, fid: &LlmFid, _mask: GetAttrMask) -> Result<(QId, Stat)> {
+        let mode = match &fid.node {
+            Node::Root | Node::Dir(_) => libc::S_IFDIR | 0o555,
+            Node::New | Node::File(_, File::Usage) => libc::S_IFREG | 0o444,
+            Node::File(..) => libc::S_IFREG | 0o666,
+        };
+        let dir = mode & libc::S_IFDIR != 0;
+        let stat = Stat {
+            mode,
+            uid: 0,
+            gid: 0,
+            nlink: if dir { 2 } else { 1 },
+            rdev: 0,
+            size: 0,
+            blksize: 4096,
+            blocks: 0,
+            atime: self.mtime,
+            mtime: self.mtime,
+            ctime: self.mtime,
+        };
+        Ok((Self::qid(&fid.node), stat))
+    }
+
+    async fn open(&self, fid: &mut LlmFid, flags: u32) -> Result<(QId, u32)> {
+        if fid.open.is_some() {
+            return Err(Errno::EINVAL);
+        }
+        let writes = flags & oflags::ACCMODE != oflags::RDONLY;
+        fid.open = Some(match &fid.node {
+            Node::Root | Node::Dir(_) if writes => return Err(Errno::EISDIR),
+            Node::New | Node::File(_, File::Usage) if writes => return Err(Errno::EACCES),
+            Node::New => {
+                let mut token = self.mint()?.into_bytes();
+                token.push(b'\n');
+                Opened::New(token)
+            }
+            Node::File(_, File::Ask) => Opened::Ask(AskOpen::default()),
+            _ => Opened::Plain,
+        });
+        Ok((Self::qid(&fid.node), 0))
+    }
+
+    async fn read(&self, fid: &mut LlmFid, offset: u64, count: u32) -> Result<Vec<u8>> {
+        let Some(open) = &mut fid.open else {
+            return Err(Errno::EBADF);
+        };
+        match (&fid.node, open) {
+            (_, Opened::New(token)) => Ok(slice(token, offset, count)),
+            (Node::File(s, _), Opened::Ask(ask)) => {
+                self.start_pending(s, ask, offset)?;
+                Self::read_reply(s, ask, offset, count).await
+            }
+            (Node::File(s, File::Ctl), _) => Ok(slice(s.control_text().as_bytes(), offset, count)),
+            (Node::File(s, File::Usage), _) => Ok(slice(s.usage_text().as_bytes(), offset, count)),
+            (Node::File(s, f), _) => {
+                let which = f.setting().ok_or(Errno::EINVAL)?;
+                Ok(slice(&s.read_setting(which), offset, count))
+            }
+            _ => Err(Errno::EISDIR),
+        }
+    }
+
+    async fn write(&self, fid: &mut LlmFid, offset: u64, data: &[u8]) -> Result<u32> {
+        let Some(open) = &mut fid.open else {
+            return Err(Errno::EBADF);
+        };
+        let taken = u32::try_from(data.len()).map_err(|_| Errno::EINVAL)?;
+        match (&fid.node, open) {
+            (Node::File(_, File::Ask), Opened::Ask(ask)) => {
+                if ask.message.len() + data.len() > MAX_FILE_BYTES {
+                    return Err(Errno::EFBIG);
+                }
+                ask.message.extend_from_slice(data);
+                Ok(taken)
+            }
+            // Each write is whole lines of control (Plan 9's ctl files): applied, or refused whole.
+            (Node::File(s, File::Ctl), Opened::Plain) => {
+                let text = std::str::from_utf8(data).map_err(|_| Errno::EINVAL)?;
+                s.control(text).map_err(|e| {
+                    tracing::info!("ctl refused: {e}");
+                    Errno::EINVAL
+                })?;
+                Ok(taken)
+            }
+            (Node::File(s, f), Opened::Plain) => {
+                let which = f.setting().ok_or(Errno::EACCES)?;
+                s.write_setting(which, offset, data).map_err(|e| {
+                    tracing::info!("{} refused: {e}", f.name());
+                    Errno::EFBIG
+                })?;
+                Ok(taken)
+            }
+            _ => Err(Errno::EACCES),
+        }
+    }
+
+    async fn readdir(&self, fid: &mut LlmFid, offset: u64, _count: u32) -> Result<Vec<DirEntry>> {
+        if fid.open.is_none() {
+            return Err(Errno::EBADF);
+        }
+        if !matches!(fid.node, Node::Root | Node::Dir(_)) {
+            return Err(Errno::ENOTDIR);
+        }
+        Ok(self
+            .entries(&fid.node)
+            .into_iter()
+            .enumerate()
+            .skip(usize::try_from(offset).unwrap_or(usize::MAX))
+            .map(|(i, (name, node))| {
+                let qid = Self::qid(&node);
+                DirEntry {
+                    qid,
+                    offset: i as u64 + 1,
+                    typ: if qid.typ.contains(QIdType::DIR) {
+                        libc::DT_DIR
+                    } else {
+                        libc::DT_REG
+                    },
+                    name,
+                }
+            })
+            .collect())
+    }
+
+    async fn clunk(&self, fid: LlmFid) {
+        // `echo hi > ask`: written, never read; the ask starts now, for `cat ask` to read.
+        if let (Node::File(s, File::Ask), Some(Opened::Ask(mut ask))) = (fid.node, fid.open)
+            && let Err(e) = self.start_pending(&s, &mut ask, 0)
+        {
+            tracing::info!("ask written and closed while another runs: dropped ({e})");
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! A model call is receipted in receiptd: the model, the token counts and digests of what was
+//! sent and what came back, never the text.
+
+mod common;
+
+use std::time::Duration;
+
+use base64::Engine;
+use common::{Llmfs, Script, tmp};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use warren_9p::{Client, oflags};
+use warren_receiptd::LogConfig;
+use warren_receiptd::daemon::{self, DaemonConfig};
+
+fn sha256(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
+
+/// The bodies of the receipts in `scope`, once it has `n` of them (receipts are written off the
+/// ask's path, so they are waited for; bounded, so a missing one fails).
+async fn receipts(socket: &std::path::Path, scope: &str, n: usize) -> Vec<Value> {
+    let client = Client::connect_unix(socket).await.unwrap();
+    let root = client.attach("op", "").await.unwrap();
+    for _ in 0..500 {
+        if let Ok(fid) = root.walk(&[scope, "log"]).await {
+            fid.open(oflags::RDONLY).await.unwrap();
+            let log = fid.read_to_end(0).await.unwrap();
+            let bodies: Vec<Value> = log
+                .split(|b| *b == b'\n')
+                .filter(|l| !l.is_empty())
+                .map(|l| {
+                    let env: Value = serde_json::from_slice(l).unwrap();
+                    let payload = base64::engine::general_purpose::STANDARD
+                        .decode(env["payload"].as_str().unwrap())
+                        .unwrap();
+                    serde_json::from_slice(&payload).unwrap()
+                })
+                .collect();
+            if bodies.len() >= n {
+                return bodies;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("scope {scope} did not get {n} receipts");
+}
+
+#[tokio::test]
+async fn a_model_call_is_receipted_with_digests_not_text() {
+    let dir = tmp();
+    let base = dir.path().to_owned();
+    let run = base.join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let receipts_socket = run.join("receipts.sock");
+    let mut log = LogConfig::new(&base.join("data"), &base.join("rsecrets"));
+    log.min_free_bytes = 0;
+    let config = DaemonConfig {
+        log,
+        socket: receipts_socket.clone(),
+        gate_uid: None,
+        toolfs_uid: None,
+    };
+    // receiptd in a thread of the test (it runs until the test process ends).
+    std::thread::spawn(move || daemon::run(config).expect("receiptd"));
+    for _ in 0..1000 {
+        if std::os::unix::net::UnixStream::connect(&receipts_socket).is_ok() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    let script = Script::start(
+        dir.path(),
+        "openai",
+        json!([{"chunks": ["The secret ", "is safe."],
+                "usage": {"prompt_tokens": 21, "completion_tokens": 6}}]),
+    );
+    let socket = receipts_socket.to_str().unwrap();
+    let fs = Llmfs::start_with(
+        dir.path(),
+        script.port,
+        "openai",
+        &["--model", "gpt-test", "--receipts", socket],
+    );
+    let conn = fs.connect().await;
+    let token = conn.new_session().await;
+    let reply = conn.ask(&token, "tell me the secret").await;
+    assert!(reply.last().unwrap().get("done").is_some(), "{reply:?}");
+
+    let scope = warren_llmfs::session::scope_of(&token);
+    let bodies = receipts(&receipts_socket, &scope, 1).await;
+    let call = bodies
+        .iter()
+        .find(|b| b["kind"] == "query")
+        .expect("a query receipt");
+    assert_eq!(
+        call["subject"],
+        json!({"server": "llmfs", "api": "openai", "model": "gpt-test",
+               "prompt_tokens": 21, "completion_tokens": 6})
+    );
+    let sent = serde_json::to_vec(&script.requests()[0]["body"]).unwrap();
+    let answer = json!({"role": "assistant", "content": "The secret is safe."});
+    assert_eq!(
+        call["digests"],
+        json!({"request": sha256(&sent),
+               "reply": sha256(&serde_json::to_vec(&answer).unwrap())})
+    );
+    let text = serde_json::to_string(&bodies).unwrap();
+    for secret in ["tell me the secret", "is safe", &token] {
+        assert!(!text.contains(secret), "{secret:?} is in a receipt");
+    }
+}
