@@ -563,7 +563,7 @@ fn parse_absolute(
 }
 
 /// A one-line plain-text answer, then the connection is closed.
-async fn respond<S: AsyncWrite + Unpin>(client: &mut S, status: u16, reason: &str) {
+async fn respond<S: AsyncRead + AsyncWrite + Unpin>(client: &mut S, status: u16, reason: &str) {
     let phrase = match status {
         400 => "Bad Request",
         403 => "Forbidden",
@@ -583,6 +583,19 @@ async fn respond<S: AsyncWrite + Unpin>(client: &mut S, status: u16, reason: &st
     );
     let _ = client.write_all(msg.as_bytes()).await;
     let _ = client.shutdown().await;
+    // Closing with unread input would reset the connection, and a reset can reach the client
+    // before it has read the answer: read what it still sends, for a bounded time and amount.
+    let drain = async {
+        let mut sink = [0u8; 4096];
+        let mut left = 256 * 1024usize;
+        while left > 0 {
+            match client.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
 }
 
 /// Copies both ways until both sides have closed, counting what crosses the destination.
