@@ -37,6 +37,9 @@ struct Args {
     /// The session name put in records.
     #[arg(long, default_value = "netproxy")]
     session: String,
+    /// Client connections served at once per listener; the next accept waits for one to end.
+    #[arg(long, default_value_t = warren_netproxy::Limits::default().max_connections)]
+    max_connections: usize,
     /// Runtime worker threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -79,34 +82,49 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async move {
         let mut listeners = Vec::new();
+        let mut bound = String::new();
         for spec in &args.listen {
             let listener = if let Some(addr) = spec.strip_prefix("tcp:") {
                 let l = tokio::net::TcpListener::bind(addr)
                     .await
                     .map_err(|e| anyhow::anyhow!("cannot listen on {spec}: {e}"))?;
-                println!("listening tcp:{}", l.local_addr()?);
+                bound.push_str(&format!("listening tcp:{}\n", l.local_addr()?));
                 Listener::Tcp(l)
             } else if let Some(path) = spec.strip_prefix("unix:") {
                 let l = tokio::net::UnixListener::bind(path)
                     .map_err(|e| anyhow::anyhow!("cannot listen on {spec}: {e}"))?;
-                println!("listening unix:{path}");
+                bound.push_str(&format!("listening unix:{path}\n"));
                 Listener::Unix(l)
             } else {
                 anyhow::bail!("--listen {spec}: expected tcp:ADDR:PORT or unix:PATH");
             };
             listeners.push(listener);
         }
-        use std::io::Write;
-        std::io::stdout().flush()?;
+        // Every listener is bound before any is announced, in one write; a reader that has gone
+        // away (a closed stdout) is no reason to stop serving.
+        {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            if let Err(e) = out.write_all(bound.as_bytes()).and_then(|()| out.flush()) {
+                tracing::warn!("cannot announce the listeners on stdout: {e}");
+            }
+        }
         tracing::info!(patterns = policy.patterns.len(), "netproxy ready");
         let mut tasks = tokio::task::JoinSet::new();
         for listener in listeners {
-            let session = Arc::new(Session::new(
-                args.session.clone(),
-                policy.clone(),
-                resolver.clone(),
-                records.clone(),
-            ));
+            let limits = warren_netproxy::Limits {
+                max_connections: args.max_connections,
+                ..Default::default()
+            };
+            let session = Arc::new(
+                Session::new(
+                    args.session.clone(),
+                    policy.clone(),
+                    resolver.clone(),
+                    records.clone(),
+                )
+                .with_limits(limits),
+            );
             match listener {
                 Listener::Tcp(l) => tasks.spawn(session.serve_tcp(l)),
                 Listener::Unix(l) => tasks.spawn(session.serve_unix(l)),

@@ -279,3 +279,42 @@ fn a_client_sending_garbage_gets_an_error_and_others_are_still_served() {
         .count();
     assert!(bad >= 6, "{records:?}");
 }
+
+/// A Unix socket listener serves the same protocols (the shape nsd will hand the proxy).
+#[test]
+fn a_unix_socket_listener_serves_http_and_socks5() {
+    use std::os::unix::net::UnixStream;
+    let server = HttpServer::start();
+    let port = server.port();
+    let proxy = Proxy::start_with(&[format!("api.test:{port}=127.0.0.1")], |dir| {
+        vec![
+            "--listen".into(),
+            format!("unix:{}", dir.join("proxy.sock").display()),
+        ]
+    });
+    let sock = proxy.records.with_file_name("proxy.sock");
+    let mut s = UnixStream::connect(&sock).unwrap();
+    s.write_all(format!("GET http://api.test:{port}/hello HTTP/1.1\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(
+        out.starts_with("HTTP/1.1 200 OK\r\n") && out.ends_with(HELLO),
+        "{out}"
+    );
+
+    // The tunnel (and so its record) ends when both sides have closed.
+    drop(s);
+    let mut s = UnixStream::connect(&sock).unwrap();
+    s.write_all(&[5, 1, 0]).unwrap();
+    let mut reply = [0u8; 2];
+    s.read_exact(&mut reply).unwrap();
+    let mut req = vec![5, 3, 0];
+    req.extend_from_slice(&socks_domain("api.test"));
+    req.extend_from_slice(&port.to_be_bytes());
+    s.write_all(&req).unwrap();
+    let mut reply = [0u8; 10];
+    s.read_exact(&mut reply).unwrap();
+    assert_eq!(reply[1], 7, "UDP ASSOCIATE over the Unix socket");
+    assert_eq!(proxy.records(2).len(), 2);
+}

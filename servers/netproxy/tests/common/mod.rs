@@ -120,6 +120,15 @@ impl Proxy {
     /// A proxy whose hosts file maps `api.test`, `rebind.test` and `other.test` to 127.0.0.1,
     /// allowing `allow`.
     pub fn start(allow: &[String]) -> Proxy {
+        Proxy::start_with(allow, |_| Vec::new())
+    }
+
+    /// As [`Proxy::start`], with more arguments made from the proxy's temporary directory
+    /// (after the TCP listener, whose address is the first line printed).
+    pub fn start_with(
+        allow: &[String],
+        extra: impl FnOnce(&std::path::Path) -> Vec<String>,
+    ) -> Proxy {
         let dir = tempfile::tempdir().unwrap();
         let hosts = dir.path().join("hosts");
         std::fs::write(
@@ -140,6 +149,7 @@ impl Proxy {
         for a in allow {
             cmd.arg("--allow").arg(a);
         }
+        cmd.args(extra(dir.path()));
         let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
