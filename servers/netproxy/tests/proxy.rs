@@ -265,19 +265,22 @@ fn a_client_sending_garbage_gets_an_error_and_others_are_still_served() {
     // A SOCKS5 request with a bad address type.
     let bad_atyp = answer(&[5, 1, 0, 5, 1, 0, 9]);
     assert_eq!(&bad_atyp[..2], [5, 0]);
-    assert_ne!(bad_atyp.get(3), Some(&0));
+    assert_eq!(bad_atyp.get(3), Some(&8), "address type not supported");
+    // An unknown SOCKS5 command.
+    let bad_cmd = answer(&[5, 1, 0, 5, 9, 0, 1, 127, 0, 0, 1, 0, 80]);
+    assert_eq!(bad_cmd.get(3), Some(&7), "command not supported");
 
     assert!(proxy.is_running());
     let http = format!("http://{}", proxy.addr);
     let out = curl(&["--proxy", &http, &api_url(&server, "/hello")]);
     assert_eq!(stdout(&out), HELLO, "{}", stderr(&out));
     drop(silent);
-    let records = proxy.records(8);
+    let records = proxy.records(9);
     let bad = records
         .iter()
         .filter(|r| r["outcome"] == "bad_request")
         .count();
-    assert!(bad >= 6, "{records:?}");
+    assert!(bad >= 7, "{records:?}");
 }
 
 /// A Unix socket listener serves the same protocols (the shape nsd will hand the proxy).
