@@ -18,6 +18,8 @@ pub enum Outcome {
     Refused,
     /// The destination could not be resolved or connected.
     Unreachable,
+    /// Every address of the destination refused the connection.
+    ConnectionRefused,
     /// The client spoke no protocol the proxy knows, or broke off.
     BadRequest,
     /// Proxied, and ended by an I/O error on either side.

@@ -216,6 +216,7 @@ impl Session {
             _ => unreachable!("the policy lists a name as a name and an IP as an IP"),
         };
         let mut last = None;
+        let mut all_refused = true;
         for ip in addrs {
             let to = SocketAddr::new(ip, port);
             match tokio::time::timeout(self.limits.connect_timeout, TcpStream::connect(to)).await {
@@ -223,13 +224,24 @@ impl Session {
                     let _ = s.set_nodelay(true);
                     return Ok((s, to));
                 }
-                Ok(Err(e)) => last = Some(format!("connecting to {to}: {e}")),
-                Err(_) => last = Some(format!("connecting to {to} timed out")),
+                Ok(Err(e)) => {
+                    all_refused &= e.kind() == io::ErrorKind::ConnectionRefused;
+                    last = Some(format!("connecting to {to}: {e}"));
+                }
+                Err(_) => {
+                    all_refused = false;
+                    last = Some(format!("connecting to {to} timed out"));
+                }
             }
         }
-        Err(Refusal::unreachable(
-            last.unwrap_or_else(|| "no address".into()),
-        ))
+        Err(match last {
+            Some(reason) if all_refused => Refusal {
+                outcome: Outcome::ConnectionRefused,
+                reason,
+            },
+            Some(reason) => Refusal::unreachable(reason),
+            None => Refusal::unreachable("no address".into()),
+        })
     }
 }
 
@@ -377,7 +389,7 @@ where
         Err(r) => {
             let code = match r.outcome {
                 Outcome::Refused => ReplyError::ConnectionNotAllowed,
-                _ if r.reason.contains("refused") => ReplyError::ConnectionRefused,
+                Outcome::ConnectionRefused => ReplyError::ConnectionRefused,
                 _ => ReplyError::HostUnreachable,
             };
             let _ = proto.reply_error(&code).await;

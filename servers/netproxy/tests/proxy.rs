@@ -102,7 +102,7 @@ fn the_record_counts_the_bytes_the_server_received_and_sent() {
             sent: r["bytes_server_to_client"].as_u64().unwrap(),
         })
         .collect();
-    let mut seen = server.exchanges();
+    let mut seen = server.wait_exchanges(runs.len());
     counted.sort();
     seen.sort();
     assert_eq!(counted, seen);
@@ -320,4 +320,30 @@ fn a_unix_socket_listener_serves_http_and_socks5() {
     s.read_exact(&mut reply).unwrap();
     assert_eq!(reply[1], 7, "UDP ASSOCIATE over the Unix socket");
     assert_eq!(proxy.records(2).len(), 2);
+}
+
+/// A listed destination with nothing listening: 502 with the reason, SOCKS `0x05`.
+#[test]
+fn a_destination_refusing_the_connection_gets_502_and_socks_code_5() {
+    let closed_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let proxy = Proxy::start(&[format!("api.test:{closed_port}=127.0.0.1")]);
+    let http = format!("http://{}", proxy.addr);
+    let url = format!("http://api.test:{closed_port}/hello");
+    let out = curl(&["--proxy", &http, "-w", "%{http_code}", &url]);
+    let body = stdout(&out);
+    assert!(
+        body.starts_with(&format!("connecting to 127.0.0.1:{closed_port}: "))
+            && body.ends_with("502"),
+        "{body}"
+    );
+    assert_eq!(
+        socks5_request(proxy.addr, 1, &socks_domain("api.test"), closed_port),
+        5
+    );
+    for r in proxy.records(2) {
+        assert_eq!(r["outcome"], "connection_refused", "{r}");
+    }
 }

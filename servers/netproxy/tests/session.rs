@@ -86,5 +86,5 @@ async fn the_hook_is_asked_once_per_destination_and_its_deny_is_the_clients_answ
     let answer = request(&session, "CONNECT other.test:443 HTTP/1.1\r\n\r\n".into()).await;
     assert!(answer.starts_with("HTTP/1.1 403 "));
     assert_eq!(hook.asked.load(Ordering::SeqCst), 3);
-    assert_eq!(server.exchanges().len(), 3);
+    assert_eq!(server.wait_exchanges(3).len(), 3);
 }

@@ -52,8 +52,27 @@ impl HttpServer {
         self.addr.port()
     }
 
+    /// The exchanges finished so far.
     pub fn exchanges(&self) -> Vec<Exchange> {
         self.exchanges.lock().unwrap().clone()
+    }
+
+    /// The first `n` exchanges, waiting for them: one is logged when its connection has
+    /// closed, which may be just after the client has its answer.
+    pub fn wait_exchanges(&self, n: usize) -> Vec<Exchange> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let seen = self.exchanges();
+            if seen.len() >= n {
+                return seen;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} exchanges, waited for {n}",
+                seen.len()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 
