@@ -307,42 +307,34 @@ where
         reason: None,
     };
     let mut client = BufReader::with_capacity(session.limits.max_head_bytes, stream);
-    let result =
-        match tokio::time::timeout(session.limits.handshake_timeout, client.fill_buf_first()).await
-        {
-            Err(_) => Err(Refusal::bad("no request before the handshake timeout")),
-            Ok(Err(e)) => Err(Refusal::bad(format!("reading the request: {e}"))),
-            Ok(Ok(None)) => Err(Refusal::bad("closed before a request")),
-            Ok(Ok(Some(5))) => {
-                rec.protocol = Some("socks5".into());
-                socks5(client, &session, &mut rec).await
-            }
-            Ok(Ok(Some(_))) => http(client, &session, &mut rec).await,
-        };
+    // The first byte tells SOCKS5 (5) from HTTP; it stays in the buffer for the parser.
+    let first = async {
+        use tokio::io::AsyncBufReadExt;
+        client.fill_buf().await.map(|b| b.first().copied())
+    };
+    let result = match tokio::time::timeout(session.limits.handshake_timeout, first).await {
+        Err(_) => Err(Refusal::bad("no request before the handshake timeout")),
+        Ok(Err(e)) => Err(Refusal::bad(format!("reading the request: {e}"))),
+        Ok(Ok(None)) => Err(Refusal::bad("closed before a request")),
+        Ok(Ok(Some(5))) => {
+            rec.protocol = Some("socks5".into());
+            socks5(client, &session, &mut rec).await
+        }
+        Ok(Ok(Some(_))) => http(client, &session, &mut rec).await,
+    };
     if let Err(r) = result {
-        let level_warn = r.outcome == Outcome::Refused;
-        if level_warn {
-            tracing::warn!(session = %session.name, host = ?rec.host, port = ?rec.port, "refused: {}", r.reason);
+        let host = rec.host.as_deref().unwrap_or("-");
+        let port = rec.port.unwrap_or(0);
+        if r.outcome == Outcome::Refused {
+            tracing::warn!(session = %session.name, host, port, "refused: {}", r.reason);
         } else {
-            tracing::info!(session = %session.name, host = ?rec.host, port = ?rec.port, "{:?}: {}", r.outcome, r.reason);
+            tracing::info!(session = %session.name, host, port, "{:?}: {}", r.outcome, r.reason);
         }
         rec.outcome = r.outcome;
         rec.reason = Some(r.reason);
     }
     rec.duration_ms = start.elapsed().as_millis() as u64;
     session.records.write(&rec);
-}
-
-trait PeekFirst {
-    /// The first byte the client sent, without consuming it; `None` at EOF.
-    async fn fill_buf_first(&mut self) -> io::Result<Option<u8>>;
-}
-
-impl<S: AsyncRead + Unpin + Send> PeekFirst for BufReader<S> {
-    async fn fill_buf_first(&mut self) -> io::Result<Option<u8>> {
-        use tokio::io::AsyncBufReadExt;
-        Ok(self.fill_buf().await?.first().copied())
-    }
 }
 
 async fn socks5<S>(client: BufReader<S>, session: &Session, rec: &mut Record) -> Result<(), Refusal>
