@@ -1,0 +1,484 @@
+//! The policy of one session: which destinations may be reached at all.
+//!
+//! A pattern is `HOST[:PORT][=ADDR[,ADDR…]]`:
+//! - `HOST` is a name (`api.example.org`), a wildcard (`*.example.org`: subdomains only, never
+//!   `example.org` itself), or an IP literal (`192.0.2.7`, `[2001:db8::1]`).
+//! - Without `:PORT` the pattern allows ports 80 and 443 (the web's two), with it that port only.
+//! - `=ADDR,…` pins the name: the proxy still resolves it, but every address it resolves to must
+//!   be one of these, and these (being named literally) may be private or loopback.
+//!
+//! Matching is on the lowercase ASCII name without a trailing dot.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::str::FromStr;
+
+/// Ports a pattern without `:PORT` allows.
+pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostPattern {
+    /// Exactly this name.
+    Name(String),
+    /// Any name ending in `.<suffix>` (the suffix itself does not match).
+    Subdomains(String),
+    /// Exactly this address, given as a literal by the client.
+    Ip(IpAddr),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pattern {
+    pub host: HostPattern,
+    /// `None`: [`DEFAULT_PORTS`].
+    pub port: Option<u16>,
+    /// The only addresses the name may resolve to (empty: any public address).
+    pub pin: Vec<IpAddr>,
+}
+
+/// A destination as the client named it: a host name or an IP literal, and a port.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Host {
+    Name(String),
+    Ip(IpAddr),
+}
+
+impl fmt::Display for Host {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Host::Name(n) => f.write_str(n),
+            Host::Ip(IpAddr::V6(ip)) => write!(f, "[{ip}]"),
+            Host::Ip(ip) => write!(f, "{ip}"),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{0}")]
+pub struct BadHost(pub String);
+
+impl Host {
+    /// A host as a client sends it: an IP literal (IPv6 in brackets) or a DNS name of ASCII
+    /// letters, digits, `-` and `_` in dot-separated labels of 1–63 bytes, 253 bytes at most.
+    /// Lowercased; one trailing dot dropped.
+    pub fn parse(text: &str) -> Result<Host, BadHost> {
+        if let Some(inner) = text.strip_prefix('[').and_then(|t| t.strip_suffix(']')) {
+            return inner
+                .parse::<Ipv6Addr>()
+                .map(|ip| Host::Ip(IpAddr::V6(ip)))
+                .map_err(|_| BadHost(format!("`{text}` is not an IPv6 address")));
+        }
+        if let Ok(ip) = text.parse::<Ipv4Addr>() {
+            return Ok(Host::Ip(IpAddr::V4(ip)));
+        }
+        let name = text.strip_suffix('.').unwrap_or(text).to_ascii_lowercase();
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        };
+        if name.is_empty() || name.len() > 253 || !name.split('.').all(label_ok) {
+            return Err(BadHost(format!("`{text}` is not a host name")));
+        }
+        // All-numeric dotted names (`127.1`, `0x7f.1`) are addresses to some resolvers: never
+        // let one pass as a name.
+        if name
+            .split('.')
+            .all(|l| l.bytes().all(|b| b.is_ascii_digit()))
+        {
+            return Err(BadHost(format!("`{text}` is not a host name")));
+        }
+        Ok(Host::Name(name))
+    }
+}
+
+/// Splits `host:port` / `[v6]:port` (the authority of CONNECT or a URL).
+pub fn split_authority(text: &str) -> Option<(&str, Option<u16>)> {
+    if text.starts_with('[') {
+        let end = text.find(']')?;
+        let (host, rest) = text.split_at(end + 1);
+        return match rest {
+            "" => Some((host, None)),
+            _ => Some((host, Some(rest.strip_prefix(':')?.parse().ok()?))),
+        };
+    }
+    match text.rsplit_once(':') {
+        Some((host, port)) => Some((host, Some(port.parse().ok()?))),
+        None => Some((text, None)),
+    }
+}
+
+impl FromStr for Pattern {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Pattern, String> {
+        let bad = |why: &str| format!("bad pattern `{text}`: {why}");
+        let (dest, pin) = match text.split_once('=') {
+            Some((d, p)) => (d, Some(p)),
+            None => (text, None),
+        };
+        let pin = match pin {
+            None => Vec::new(),
+            Some(p) => p
+                .split(',')
+                .map(|a| {
+                    let a = a
+                        .strip_prefix('[')
+                        .and_then(|a| a.strip_suffix(']'))
+                        .unwrap_or(a);
+                    a.parse::<IpAddr>()
+                        .map_err(|_| bad(&format!("`{a}` is not an IP address")))
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        let (host, port) = split_authority(dest).ok_or_else(|| bad("bad port"))?;
+        if port == Some(0) {
+            return Err(bad("port 0"));
+        }
+        let host = if let Some(suffix) = host.strip_prefix("*.") {
+            match Host::parse(suffix) {
+                Ok(Host::Name(n)) => HostPattern::Subdomains(n),
+                _ => return Err(bad("`*.` must be followed by a host name")),
+            }
+        } else {
+            match Host::parse(host).map_err(|e| bad(&e.0))? {
+                Host::Name(n) => HostPattern::Name(n),
+                Host::Ip(ip) => HostPattern::Ip(ip),
+            }
+        };
+        if matches!(host, HostPattern::Ip(_)) && !pin.is_empty() {
+            return Err(bad("an IP literal takes no `=` pin"));
+        }
+        Ok(Pattern { host, port, pin })
+    }
+}
+
+impl fmt::Display for Pattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.host {
+            HostPattern::Name(n) => f.write_str(n)?,
+            HostPattern::Subdomains(s) => write!(f, "*.{s}")?,
+            HostPattern::Ip(ip) => write!(f, "{}", Host::Ip(*ip))?,
+        }
+        if let Some(p) = self.port {
+            write!(f, ":{p}")?;
+        }
+        for (i, a) in self.pin.iter().enumerate() {
+            f.write_str(if i == 0 { "=" } else { "," })?;
+            write!(f, "{a}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Pattern {
+    fn allows_port(&self, port: u16) -> bool {
+        match self.port {
+            Some(p) => p == port,
+            None => DEFAULT_PORTS.contains(&port),
+        }
+    }
+
+    fn matches(&self, host: &Host, port: u16) -> bool {
+        if !self.allows_port(port) {
+            return false;
+        }
+        match (&self.host, host) {
+            (HostPattern::Name(p), Host::Name(n)) => p == n,
+            (HostPattern::Subdomains(s), Host::Name(n)) => n
+                .strip_suffix(s.as_str())
+                .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
+            (HostPattern::Ip(p), Host::Ip(ip)) => canonical(*p) == canonical(*ip),
+            _ => false,
+        }
+    }
+}
+
+/// What the policy says about a destination before anything is resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listed {
+    /// A name on the list; its addresses must be public, or all in `pin` when that is not empty.
+    Name { pin: Vec<IpAddr> },
+    /// An IP literal that a pattern names exactly: allowed whatever its range.
+    Ip,
+}
+
+/// A session's allow list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Policy {
+    pub patterns: Vec<Pattern>,
+}
+
+impl Policy {
+    pub fn new(patterns: Vec<Pattern>) -> Policy {
+        Policy { patterns }
+    }
+
+    /// Parses one pattern per item.
+    pub fn parse<'a>(items: impl IntoIterator<Item = &'a str>) -> Result<Policy, String> {
+        Ok(Policy {
+            patterns: items
+                .into_iter()
+                .map(str::parse)
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    /// Parses a policy file: one pattern per line; blank lines and `#` comments skipped.
+    pub fn parse_file(text: &str) -> Result<Policy, String> {
+        Policy::parse(
+            text.lines()
+                .map(|l| l.split('#').next().unwrap_or("").trim())
+                .filter(|l| !l.is_empty()),
+        )
+    }
+
+    /// Whether `host:port` is on the list, and on what terms. Every pattern that matches a name
+    /// adds its pin; a name matched by an unpinned pattern has no pin (any public address).
+    pub fn lookup(&self, host: &Host, port: u16) -> Option<Listed> {
+        let matching: Vec<&Pattern> = self
+            .patterns
+            .iter()
+            .filter(|p| p.matches(host, port))
+            .collect();
+        if matching.is_empty() {
+            return None;
+        }
+        if matches!(host, Host::Ip(_)) {
+            return Some(Listed::Ip);
+        }
+        let pin = if matching.iter().any(|p| p.pin.is_empty()) {
+            Vec::new()
+        } else {
+            matching
+                .iter()
+                .flat_map(|p| p.pin.iter().copied())
+                .collect()
+        };
+        Some(Listed::Name { pin })
+    }
+}
+
+/// An IPv4-mapped IPv6 address as the IPv4 address it is; everything else as it is.
+pub fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        },
+        v4 => v4,
+    }
+}
+
+/// Why an address is not a public one, or `None` when it is. Covers what a name must never
+/// resolve to unless the policy names the address: this host, its networks, and addresses that
+/// are not unicast destinations. IPv4 inside IPv6 (mapped, NAT64 well-known prefix, 6to4) is
+/// judged by the IPv4 address it carries.
+pub fn non_public(ip: IpAddr) -> Option<&'static str> {
+    match canonical(ip) {
+        IpAddr::V4(v4) => non_public_v4(v4),
+        IpAddr::V6(v6) => non_public_v6(v6),
+    }
+}
+
+fn non_public_v4(ip: Ipv4Addr) -> Option<&'static str> {
+    let o = ip.octets();
+    Some(match o {
+        [0, ..] => "unspecified (0.0.0.0/8)",
+        [127, ..] => "loopback",
+        [10, ..] => "private (RFC 1918)",
+        [172, b, ..] if (16..32).contains(&b) => "private (RFC 1918)",
+        [192, 168, ..] => "private (RFC 1918)",
+        [100, b, ..] if (64..128).contains(&b) => "shared/CGNAT (RFC 6598)",
+        [169, 254, ..] => "link-local",
+        [192, 0, 0, _] => "IETF protocol assignments (192.0.0.0/24)",
+        [192, 0, 2, _] | [198, 51, 100, _] | [203, 0, 113, _] => "documentation",
+        [198, b, ..] if b == 18 || b == 19 => "benchmarking (198.18.0.0/15)",
+        [a, ..] if (224..240).contains(&a) => "multicast",
+        [a, ..] if a >= 240 => "reserved or broadcast",
+        _ => return None,
+    })
+}
+
+fn non_public_v6(ip: Ipv6Addr) -> Option<&'static str> {
+    let s = ip.segments();
+    if ip.is_unspecified() {
+        return Some("unspecified");
+    }
+    if ip.is_loopback() {
+        return Some("loopback");
+    }
+    Some(match s[0] {
+        0xff00..=0xffff => "multicast",
+        0xfe80..=0xfebf => "link-local",
+        0xfec0..=0xfeff => "site-local (deprecated)",
+        0xfc00..=0xfdff => "unique local (ULA)",
+        0x2001 if s[1] == 0x0db8 => "documentation",
+        // NAT64 well-known prefix: the last 32 bits are an IPv4 address.
+        0x0064 if s[1] == 0xff9b && s[2..6] == [0; 4] => {
+            let v4 = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
+            return non_public_v4(v4);
+        }
+        // 6to4: bits 16..48 are an IPv4 address.
+        0x2002 => {
+            let v4 = Ipv4Addr::new((s[1] >> 8) as u8, s[1] as u8, (s[2] >> 8) as u8, s[2] as u8);
+            return non_public_v4(v4);
+        }
+        // IPv4-compatible (deprecated) and the rest of ::/8.
+        0x0000 => "reserved (::/8)",
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(n: &str) -> Host {
+        Host::parse(n).unwrap()
+    }
+
+    #[test]
+    fn patterns_parse_and_print_back() {
+        for p in [
+            "api.example.org",
+            "api.example.org:8443",
+            "*.example.org",
+            "192.0.2.7:22",
+            "[2001:db8::1]:443",
+            "api.test:8080=127.0.0.1",
+            "git.corp=10.0.0.5,10.0.0.6",
+        ] {
+            let parsed: Pattern = p.parse().unwrap();
+            assert_eq!(parsed.to_string(), p);
+        }
+        for bad in [
+            "",
+            "*.",
+            "*",
+            "a..b",
+            "api.test:0",
+            "api.test:99999",
+            "api.test:x",
+            "1.2.3.4=1.2.3.4",
+            "api.test=notanip",
+            "exa mple.org",
+            "127.1",
+            "*.*.example.org",
+            "ex/ample.org",
+        ] {
+            assert!(bad.parse::<Pattern>().is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn a_wildcard_matches_subdomains_only_and_ports_default_to_80_and_443() {
+        let policy = Policy::parse(["*.example.org", "api.test:8080"]).unwrap();
+        let yes = |h: &str, p| policy.lookup(&name(h), p).is_some();
+        assert!(yes("a.example.org", 443));
+        assert!(yes("a.b.example.org", 80));
+        assert!(yes("A.Example.ORG.", 443));
+        assert!(!yes("example.org", 443));
+        assert!(!yes("badexample.org", 443));
+        assert!(!yes("a.example.org", 8443));
+        assert!(yes("api.test", 8080));
+        assert!(!yes("api.test", 443));
+        assert!(!yes("other.test", 8080));
+    }
+
+    #[test]
+    fn an_ip_is_listed_only_when_a_pattern_names_it() {
+        let policy = Policy::parse(["203.0.113.9:443", "api.test=127.0.0.1"]).unwrap();
+        let ip = |s: &str| Host::Ip(s.parse().unwrap());
+        assert_eq!(policy.lookup(&ip("203.0.113.9"), 443), Some(Listed::Ip));
+        assert_eq!(
+            policy.lookup(&ip("::ffff:203.0.113.9"), 443),
+            Some(Listed::Ip)
+        );
+        assert_eq!(policy.lookup(&ip("203.0.113.10"), 443), None);
+        // The pin of a name does not list the address itself.
+        assert_eq!(policy.lookup(&ip("127.0.0.1"), 443), None);
+        assert_eq!(
+            policy.lookup(&name("api.test"), 80),
+            Some(Listed::Name {
+                pin: vec!["127.0.0.1".parse().unwrap()]
+            })
+        );
+    }
+
+    #[test]
+    fn an_unpinned_pattern_for_the_same_name_widens_to_public_addresses() {
+        let policy = Policy::parse(["api.test=127.0.0.1", "*.test"]).unwrap();
+        assert_eq!(
+            policy.lookup(&name("api.test"), 443),
+            Some(Listed::Name { pin: vec![] })
+        );
+        let policy = Policy::parse(["api.test=127.0.0.1", "api.test=127.0.0.2"]).unwrap();
+        assert_eq!(
+            policy.lookup(&name("api.test"), 443),
+            Some(Listed::Name {
+                pin: vec!["127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap()]
+            })
+        );
+    }
+
+    #[test]
+    fn special_ranges_are_not_public() {
+        for a in [
+            "0.0.0.0",
+            "127.0.0.1",
+            "127.255.0.9",
+            "10.1.2.3",
+            "172.16.0.1",
+            "172.31.255.255",
+            "192.168.1.1",
+            "100.64.0.1",
+            "100.127.255.255",
+            "169.254.169.254",
+            "224.0.0.1",
+            "255.255.255.255",
+            "::",
+            "::1",
+            "fe80::1",
+            "fc00::1",
+            "fd12:3456::1",
+            "ff02::1",
+            "::ffff:127.0.0.1",
+            "::ffff:10.0.0.1",
+            "64:ff9b::a9fe:a9fe",
+            "2002:7f00:1::",
+            "::127.0.0.1",
+        ] {
+            assert!(non_public(a.parse().unwrap()).is_some(), "{a} public");
+        }
+        for a in [
+            "1.1.1.1",
+            "172.15.0.1",
+            "172.32.0.1",
+            "100.63.0.1",
+            "100.128.0.1",
+            "2606:4700::1111",
+            "64:ff9b::101:101",
+            "::ffff:1.1.1.1",
+        ] {
+            assert_eq!(non_public(a.parse().unwrap()), None, "{a}");
+        }
+    }
+
+    #[test]
+    fn hosts_are_validated() {
+        assert_eq!(name("API.test."), Host::Name("api.test".into()));
+        assert_eq!(Host::parse("[::1]"), Ok(Host::Ip("::1".parse().unwrap())));
+        for bad in [
+            "",
+            ".",
+            "a b",
+            "a..b",
+            "ex\u{e9}.org",
+            "1.2.3",
+            "0x7f.1.2.3x/",
+        ] {
+            assert!(Host::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+}
