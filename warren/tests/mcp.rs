@@ -352,3 +352,199 @@ fn mcp_calls_are_decided_before_the_server_sees_them_and_a_failed_server_comes_b
     let calls = std::fs::read_to_string(&journal).unwrap();
     assert_eq!(calls, "search two\nsearch three\n");
 }
+
+/// What the MCP Inspector's CLI mode gets for the same call made directly on the server (no
+/// warren): the text of its content blocks, and the decoded bytes of its images.
+fn inspector_call(tool: &str, args: &[(&str, &str)]) -> (String, Vec<Vec<u8>>) {
+    use base64::Engine;
+    let peers = repo().join("target/peers/mcp");
+    let cli = peers.join("node_modules/.bin/mcp-inspector");
+    assert!(
+        cli.exists(),
+        "{}: run scripts/install-test-deps",
+        cli.display()
+    );
+    let js = peers.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let mut cmd = std::process::Command::new(&cli);
+    cmd.current_dir(&peers)
+        .args(["--cli", "/usr/bin/node"])
+        .arg(&js)
+        .args(["stdio", "--method", "tools/call", "--tool-name", tool]);
+    for (k, v) in args {
+        cmd.arg("--tool-arg").arg(format!("{k}={v}"));
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "inspector: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut text = Vec::new();
+    let mut images = Vec::new();
+    for block in result["content"].as_array().unwrap() {
+        match block["type"].as_str() {
+            Some("text") => text.push(block["text"].as_str().unwrap().to_owned()),
+            Some("image") => images.push(
+                base64::engine::general_purpose::STANDARD
+                    .decode(block["data"].as_str().unwrap())
+                    .unwrap(),
+            ),
+            _ => {}
+        }
+    }
+    (text.join("\n"), images)
+}
+
+/// From inside `warren run`, each granted tool of `server-everything` answers what the same call
+/// made directly with the MCP Inspector's CLI answers: the same text, and an image described by
+/// the size and digest of the very bytes the Inspector decodes.
+#[test]
+fn calls_through_mcpfs_answer_what_the_inspector_gets_directly() {
+    use sha2::Digest;
+    let (w, config) = up_with_config();
+    define_everything(config.path());
+    let (ok, _, err) = mcp(&w, config.path(), &["accept", "everything"], &[]);
+    assert!(ok, "{err}");
+    let _approver = approve_every_ask(&w);
+    let call = |tool: &str, args: &str| {
+        format!(
+            "exec 3<>/mnt/mcp/everything/{tool}/call; printf '%s' '{args}' >&3; cat <&3; echo; echo ---"
+        )
+    };
+    let script = [
+        call("echo", r#"{"message":"same answer"}"#),
+        call("get-sum", r#"{"a":19,"b":23}"#),
+        call("get-tiny-image", "{}"),
+    ]
+    .join("\n");
+    let (code, out, err) = w.sh(
+        &[
+            "--asks",
+            "operator",
+            "--mcp",
+            "everything:echo,get-sum,get-tiny-image",
+        ],
+        &script,
+    );
+    assert_eq!(code, 0, "{err}");
+    let replies: Vec<serde_json::Value> = out
+        .split("---\n")
+        .filter(|p| !p.trim().is_empty())
+        .map(envelope_of)
+        .collect();
+    assert_eq!(replies.len(), 3, "{out}");
+    for r in &replies {
+        assert_eq!(r["status"], "ok", "{r}");
+        assert_eq!(r["taint"], "untrusted", "{r}");
+    }
+    let (echo, _) = inspector_call("echo", &[("message", "same answer")]);
+    assert_eq!(replies[0]["content"], echo.as_str());
+    let (sum, _) = inspector_call("get-sum", &[("a", "19"), ("b", "23")]);
+    assert_eq!(replies[1]["content"], sum.as_str());
+    let (text, images) = inspector_call("get-tiny-image", &[]);
+    assert_eq!(images.len(), 1, "{text}");
+    let digest = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&images[0])));
+    let described = replies[2]["content"].as_str().unwrap();
+    assert!(
+        described.contains(&digest) && described.contains(&format!("{} bytes", images[0].len())),
+        "the image is described by the Inspector's bytes ({digest}): {described}"
+    );
+    for line in text.lines() {
+        assert!(
+            described.contains(line),
+            "{line:?} missing from {described}"
+        );
+    }
+}
+
+/// The reference filesystem server, told it may serve all of `/`, still reads only what its own
+/// namespace holds: its definition's spec binds one data directory, so `/etc/passwd` is not
+/// there to read. Its namespace, not its own checks, is what confines it.
+#[test]
+fn the_filesystem_server_reads_only_what_its_own_namespace_holds() {
+    let (w, config) = up_with_config();
+    let peers = repo().join("target/peers/mcp");
+    let js = peers.join("node_modules/@modelcontextprotocol/server-filesystem/dist/index.js");
+    assert!(
+        js.exists(),
+        "{}: run scripts/install-test-deps",
+        js.display()
+    );
+    let data = tempfile::Builder::new()
+        .prefix("wfsdata")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        data.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::write(data.path().join("notes.txt"), "granted data\n").unwrap();
+    std::fs::write(
+        config.path().join("mcp/files.toml"),
+        format!(
+            "command = [\"/usr/bin/node\", \"{js}\", \"/\"]\nspec = \"\"\"\n{SYSTEM}bind -r {p} {p}\nbind -r {d} /srv/data\nnet none\n\"\"\"\n[tiers]\nread_text_file = \"read\"\n",
+            js = js.display(),
+            p = peers.display(),
+            d = data.path().display(),
+        ),
+    )
+    .unwrap();
+    let (ok, _, err) = mcp(
+        &w,
+        config.path(),
+        &["accept", "files", "read_text_file"],
+        &[],
+    );
+    assert!(ok, "{err}");
+    let _approver = approve_every_ask(&w);
+    let read = |path: &str| {
+        format!(
+            "exec 3<>/mnt/mcp/files/read_text_file/call; printf '%s' '{{\"path\":\"{path}\"}}' >&3; cat <&3; echo; echo ---"
+        )
+    };
+    // A host file outside its spec: the server may ask for it by name, and finds nothing.
+    let secret = tempfile::Builder::new()
+        .prefix("wfssecret")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        secret.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let key = secret.path().join("key");
+    std::fs::write(&key, "host secret\n").unwrap();
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let script = format!(
+        "{}\n{}\n{}\ntest -e /srv/data || echo AGENT-HAS-NO-DATA",
+        read("/srv/data/notes.txt"),
+        read(key.to_str().unwrap()),
+        read("/etc/passwd"),
+    );
+    let (code, out, err) = w.sh(&["--asks", "operator", "--mcp", "files"], &script);
+    assert_eq!(code, 0, "{err}");
+    let parts: Vec<&str> = out.split("---\n").collect();
+    let granted = envelope_of(parts[0]);
+    assert_eq!(granted["content"], "granted data\n", "{granted}");
+    let outside = envelope_of(parts[1]);
+    assert_eq!(outside["status"], "error", "{outside}");
+    let said = outside["content"].as_str().unwrap();
+    assert!(
+        !said.contains("host secret"),
+        "the server read outside its spec: {said}"
+    );
+    assert!(
+        said.contains("ENOENT") || said.contains("no such file"),
+        "{said}"
+    );
+    // Its /etc/passwd is the namespace's own few lines, never the host's.
+    let passwd = envelope_of(parts[2]);
+    let host = std::fs::read_to_string("/etc/passwd").unwrap();
+    assert_ne!(passwd["content"].as_str(), Some(host.as_str()), "{passwd}");
+    assert!(
+        out.contains("AGENT-HAS-NO-DATA"),
+        "the agent sees only the server's tools, not its data: {out}"
+    );
+}
