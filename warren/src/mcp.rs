@@ -66,12 +66,37 @@ pub fn list() -> Result<ExitCode> {
 /// nsd reads the definition and runs the server in the namespace its `spec` names, with the
 /// values of its `env` names from the secrets dir.
 fn listing(dirs: &Dirs, config: &ServerConfig) -> Result<Vec<Definition>> {
-    if let Transport::Http { url } = &config.transport {
-        bail!(
-            "{}: {url}: streamable-HTTP servers are not reached by this warren yet (docs/gaps.md)",
-            config.name
-        );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let listed = match &config.transport {
+        Transport::Stdio { .. } => listing_stdio(dirs, config, &rt)?,
+        // An HTTP server runs elsewhere: the operator's own connection reaches it.
+        Transport::Http { url } => rt.block_on(async {
+            let session = Session::http(url, DEADLINE).await?;
+            let tools = session.tools(DEADLINE).await;
+            session.close().await;
+            anyhow::Ok(tools?)
+        }),
+    };
+    let listed = listed.with_context(|| format!("MCP server {}", config.name))?;
+    let mut defs = Vec::new();
+    for d in listed {
+        match d {
+            Ok(d) => defs.push(d),
+            Err(e) => eprintln!("warren: mcp: {}: not served: {e}", config.name),
+        }
     }
+    Ok(defs)
+}
+
+/// A stdio server's listing: nsd starts it as mcpfs would (the definition's namespace, its env
+/// values from the secrets dir); it ends when its session closes.
+fn listing_stdio(
+    dirs: &Dirs,
+    config: &ServerConfig,
+    rt: &tokio::runtime::Runtime,
+) -> Result<Result<Vec<Result<Definition, warren_mcpfs::definition::Unservable>>>> {
     // The server's stdin and stdout: pipes whose far ends nsd gives the confined server.
     let (server_in, to_server) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     let (from_server, server_out) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
@@ -87,9 +112,6 @@ fn listing(dirs: &Dirs, config: &ServerConfig) -> Result<Vec<Definition>> {
     )
     .with_context(|| format!("starting MCP server {} through nsd", config.name))?;
     drop((server_in, server_out, stderr));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
     let listed = rt.block_on(async {
         let reader = tokio::net::unix::pipe::Receiver::from_owned_fd(from_server)?;
         let writer = tokio::net::unix::pipe::Sender::from_owned_fd(to_server)?;
@@ -101,15 +123,7 @@ fn listing(dirs: &Dirs, config: &ServerConfig) -> Result<Vec<Definition>> {
     // The server sees its stdin close and ends; nsd tears its namespace down with it.
     let _ = launched.signal(libc::SIGTERM);
     let _ = launched.wait();
-    let listed = listed.with_context(|| format!("MCP server {}", config.name))?;
-    let mut defs = Vec::new();
-    for d in listed {
-        match d {
-            Ok(d) => defs.push(d),
-            Err(e) => eprintln!("warren: mcp: {}: not served: {e}", config.name),
-        }
-    }
-    Ok(defs)
+    Ok(listed)
 }
 
 fn standing_word(s: &Standing) -> &'static str {

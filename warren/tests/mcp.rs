@@ -548,3 +548,64 @@ fn the_filesystem_server_reads_only_what_its_own_namespace_holds() {
         "the agent sees only the server's tools, not its data: {out}"
     );
 }
+
+/// A free loopback port (bound and released: the server started next binds it).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `server-everything` in its streamable-HTTP mode on loopback, defined by its URL: reached by
+/// mcpfs alone, served as a tree like a stdio server, its calls gated and receipted the same way.
+#[test]
+fn a_streamable_http_server_is_mounted_like_a_stdio_one() {
+    let (w, config) = up_with_config();
+    let peers = repo().join("target/peers/mcp");
+    let js = peers.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let port = free_port();
+    let mut server = std::process::Command::new("/usr/bin/node")
+        .arg(&js)
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_until("server-everything listens", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    std::fs::write(
+        config.path().join("mcp/remote.toml"),
+        format!("url = \"http://127.0.0.1:{port}/mcp\"\n[tiers]\necho = \"read\"\n"),
+    )
+    .unwrap();
+    let (ok, out, err) = mcp(&w, config.path(), &["list"], &[]);
+    assert!(
+        ok && out.contains("remote\thttp http://127.0.0.1"),
+        "{out}{err}"
+    );
+    let (ok, _, err) = mcp(&w, config.path(), &["accept", "remote", "echo"], &[]);
+    assert!(ok, "{err}");
+    let _approver = approve_every_ask(&w);
+    let (code, out, err) = w.sh(
+        &["--asks", "operator", "--mcp", "remote"],
+        r#"cat /mnt/mcp/remote/tools; echo ---
+           exec 3<>/mnt/mcp/remote/echo/call; printf '{"message":"over http"}' >&3; cat <&3; echo"#,
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(code, 0, "{err}");
+    let (tools, rest) = out.split_once("---\n").unwrap();
+    assert_eq!(tools.lines().count(), 1, "only the accepted tool: {tools}");
+    assert!(tools.starts_with("echo\tread\t"), "{tools}");
+    let env = envelope_of(rest);
+    assert_eq!(env["status"], "ok", "{env}");
+    assert_eq!(env["tool"], "mcp:remote:echo", "{env}");
+    assert!(
+        env["content"].as_str().unwrap().contains("over http"),
+        "{env}"
+    );
+}

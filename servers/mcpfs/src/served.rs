@@ -16,7 +16,7 @@ use warren_toolfs::control::CatalogSource;
 use warren_toolfs::envelope::{Envelope, Status, Taint};
 use warren_toolfs::grant::GrantRecord;
 
-use crate::config::{ServerConfig, pins_path, valid_name};
+use crate::config::{ServerConfig, Transport, pins_path, valid_name};
 use crate::{Definition, Outcome, Pins, Session, SessionError};
 
 /// How long a server has to start, answer the handshake and list its tools.
@@ -49,6 +49,7 @@ impl Servers {
             .or_insert_with(|| {
                 Arc::new(Served {
                     name: name.to_owned(),
+                    config_dir: self.config_dir.clone(),
                     nsd: self.nsd.clone(),
                     pins: pins_path(&self.config_dir, name),
                     live: tokio::sync::Mutex::new(None),
@@ -147,6 +148,7 @@ fn tool_def(
 /// One server: its live session (started on first use) and its restarts.
 pub struct Served {
     name: String,
+    config_dir: PathBuf,
     nsd: PathBuf,
     pins: PathBuf,
     live: tokio::sync::Mutex<Option<Arc<Live>>>,
@@ -165,7 +167,8 @@ struct Restarts {
 pub struct Live {
     session: Session,
     defs: Vec<Definition>,
-    _namespace: warren_proto::launch::Launched,
+    /// A stdio server's namespace (none for an HTTP server, which runs elsewhere).
+    _namespace: Option<warren_proto::launch::Launched>,
     ended: Arc<AtomicBool>,
 }
 
@@ -242,9 +245,47 @@ impl Served {
         }
     }
 
-    /// Has nsd start the server in its own namespace, speaks MCP on its stdio pipes, and lists
-    /// its tools.
+    /// Reaches the server as its definition says — a stdio server started by nsd in its own
+    /// namespace, spoken to on its pipes; an HTTP server at its URL — and lists its tools.
     async fn start(&self) -> Result<Live, String> {
+        let config = ServerConfig::load(&self.config_dir, &self.name).map_err(|e| e.to_string())?;
+        let (session, namespace) = match &config.transport {
+            Transport::Stdio { .. } => {
+                let (session, namespace) = self.start_stdio().await?;
+                (session, Some(namespace))
+            }
+            Transport::Http { url } => (
+                Session::http(url, START_DEADLINE)
+                    .await
+                    .map_err(|e| e.to_string())?,
+                None,
+            ),
+        };
+        let mut defs = Vec::new();
+        for d in session
+            .tools(START_DEADLINE)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            match d {
+                Ok(d) => defs.push(d),
+                Err(e) => tracing::warn!(server = %self.name, "a listed tool is not served: {e}"),
+            }
+        }
+        tracing::info!(server = %self.name, info = ?session.server_info(), tools = defs.len(), "MCP server started");
+        Ok(Live {
+            session,
+            defs,
+            _namespace: namespace,
+            ended: Arc::new(AtomicBool::new(false)),
+        })
+    }
+}
+
+impl Served {
+    /// Has nsd start the stdio server in the namespace its definition names (nsd reads the
+    /// definition itself), and opens a session on its pipes.
+    async fn start_stdio(&self) -> Result<(Session, warren_proto::launch::Launched), String> {
         let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| e.to_string());
         let (server_in, to_server) = pipe()?;
         let (from_server, server_out) = pipe()?;
@@ -272,24 +313,7 @@ impl Served {
         let session = Session::over(reader, writer, START_DEADLINE)
             .await
             .map_err(|e| e.to_string())?;
-        let mut defs = Vec::new();
-        for d in session
-            .tools(START_DEADLINE)
-            .await
-            .map_err(|e| e.to_string())?
-        {
-            match d {
-                Ok(d) => defs.push(d),
-                Err(e) => tracing::warn!(server = %self.name, "a listed tool is not served: {e}"),
-            }
-        }
-        tracing::info!(server = %self.name, info = ?session.server_info(), tools = defs.len(), "MCP server started by nsd");
-        Ok(Live {
-            session,
-            defs,
-            _namespace: namespace,
-            ended: Arc::new(AtomicBool::new(false)),
-        })
+        Ok((session, namespace))
     }
 }
 

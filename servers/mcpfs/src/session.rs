@@ -53,6 +53,18 @@ impl Session {
         Ok(Session { client })
     }
 
+    /// Speaks MCP to a streamable-HTTP server at `url` (the handshake first), within
+    /// `deadline`. Plain `http://` only: this build carries no TLS provider for the MCP client
+    /// (`docs/gaps.md`).
+    pub async fn http(url: &str, deadline: Duration) -> Result<Session, SessionError> {
+        let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.to_string());
+        let client = tokio::time::timeout(deadline, ().serve(transport))
+            .await
+            .map_err(|_| SessionError::Timeout(deadline))?
+            .map_err(|e| SessionError::Handshake(e.to_string()))?;
+        Ok(Session { client })
+    }
+
     /// The server's name and version as it gave them, for logs and `warren mcp check`.
     pub fn server_info(&self) -> Option<String> {
         self.client
