@@ -68,6 +68,8 @@ impl Role {
             Kind::Effect => matches!(self, Role::Toolfs | Role::Mcpfs),
             Kind::Boot | Kind::Checkpoint => self == Role::Receiptd,
             Kind::Query | Kind::Cap | Kind::Conflict | Kind::Withdrawn => true,
+            // Only an operator accepts a definition: never a daemon on a call's path.
+            Kind::Accept => matches!(self, Role::Operator(_)),
         };
         if allowed {
             Ok(())
@@ -75,6 +77,7 @@ impl Role {
             let who = match kind {
                 Kind::Decision => "the gate's uid",
                 Kind::Effect => "toolfs's or mcpfs's uid",
+                Kind::Accept => "an operator",
                 _ => "receiptd itself",
             };
             Err(AppendError::Forbidden(format!(

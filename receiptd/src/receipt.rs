@@ -27,6 +27,8 @@ pub enum Kind {
     Checkpoint,
     Conflict,
     Withdrawn,
+    /// An operator accepted a tool definition (an MCP server's tool, pinned by its digest).
+    Accept,
 }
 
 impl Kind {
@@ -46,6 +48,7 @@ impl Kind {
             Kind::Checkpoint => "checkpoint",
             Kind::Conflict => "conflict",
             Kind::Withdrawn => "withdrawn",
+            Kind::Accept => "accept",
         }
     }
 }

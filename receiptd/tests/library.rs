@@ -190,6 +190,12 @@ fn decision_and_effect_only_from_their_daemons_and_the_appender_is_recorded() {
         (Kind::Effect, Role::Toolfs, true),
         (Kind::Effect, Role::Gate, false),
         (Kind::Effect, Role::Operator(1000), false),
+        (Kind::Effect, Role::Mcpfs, true),
+        (Kind::Decision, Role::Mcpfs, false),
+        (Kind::Accept, Role::Operator(0), true),
+        (Kind::Accept, Role::Mcpfs, false),
+        (Kind::Accept, Role::Toolfs, false),
+        (Kind::Accept, Role::Gate, false),
         (Kind::Boot, Role::Operator(0), false),
         (Kind::Checkpoint, Role::Gate, false),
         (Kind::Query, Role::Operator(0), true),
@@ -210,7 +216,7 @@ fn decision_and_effect_only_from_their_daemons_and_the_appender_is_recorded() {
             body["appender"].as_str().unwrap().to_owned()
         })
         .collect();
-    assert_eq!(appenders, ["gate", "toolfs", "operator:0"]);
+    assert_eq!(appenders, ["gate", "toolfs", "mcpfs", "operator:0", "operator:0"]);
 }
 
 #[test]

@@ -89,6 +89,12 @@ impl Entry {
                 w
             }
             "withdrawn" => format!("withdrawn: {}", text("why")),
+            "accept" => format!(
+                "accepted mcp:{}:{} {}",
+                text("server"),
+                text("tool"),
+                text("digest")
+            ),
             "boot" => format!("receiptd {}", text("event")),
             _ => serde_json::to_string(s).unwrap_or_default(),
         }

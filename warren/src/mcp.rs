@@ -169,17 +169,56 @@ pub fn accept(dirs: &Dirs, name: &str, tools: &[String]) -> Result<ExitCode> {
             bail!("{name} lists no tool {t:?}");
         }
     }
-    let mut out = std::io::stdout().lock();
-    for d in defs
+    let accepted: Vec<&Definition> = defs
         .iter()
         .filter(|d| tools.is_empty() || tools.contains(&d.name))
-    {
-        if !pins.standing(d).is_served() {
-            pins.accept(&d.name, &d.digest());
-            writeln!(out, "accepted {}\t{}", d.name, d.digest())?;
-        }
+        .filter(|d| !pins.standing(d).is_served())
+        .collect();
+    // Receipted before it is pinned: no definition is served that the chain does not show
+    // accepted, and by whom.
+    receipt_acceptances(dirs, name, &accepted)?;
+    let mut out = std::io::stdout().lock();
+    for d in accepted {
+        pins.accept(&d.name, &d.digest());
+        writeln!(out, "accepted {}\t{}", d.name, d.digest())?;
     }
     pins.save(&path)
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The scope acceptances are receipted in.
+pub const ACCEPT_SCOPE: &str = "mcp";
+
+/// One `accept` receipt per definition, in scope `mcp`: the server, the tool, the digest.
+fn receipt_acceptances(dirs: &Dirs, server: &str, accepted: &[&Definition]) -> Result<()> {
+    if accepted.is_empty() {
+        return Ok(());
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let appender = warren_receiptd::client::Appender::connect(&dirs.socket("receipts"))
+            .await
+            .context("receiptd, to receipt the acceptance (nothing was accepted)")?;
+        for d in accepted {
+            let request = serde_json::json!({
+                "scope": ACCEPT_SCOPE,
+                "kind": "accept",
+                "subject": {"server": server, "tool": d.name, "digest": d.digest()},
+                "digests": {"definition": d.digest()},
+            });
+            appender
+                .append(&serde_json::to_vec(&request)?)
+                .await
+                .with_context(|| {
+                    format!(
+                        "receipting the acceptance of {} (nothing was accepted)",
+                        d.name
+                    )
+                })?;
+        }
+        anyhow::Ok(())
+    })
 }

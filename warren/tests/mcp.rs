@@ -75,6 +75,39 @@ fn check_lists_a_confined_servers_tools_and_accept_pins_them() {
     assert_eq!(row(&out, "get-sum")[2], "new (held)", "{out}");
     let (_, out, _) = mcp(&w, config, &["accept", "everything", "no-such"], &[]);
     assert!(out.is_empty());
+
+    // Each acceptance is a signed receipt in scope `mcp` (server, tool, digest), which verifies
+    // offline.
+    w.run_ok(&["write", "/receipts/ctl", "checkpoint"]);
+    let export = w.run_ok(&["receipts", "export", "mcp"]).stdout;
+    let bodies: Vec<serde_json::Value> = String::from_utf8_lossy(&export)
+        .lines()
+        .filter_map(|l| {
+            use base64::Engine;
+            let entry: serde_json::Value = serde_json::from_str(l).ok()?;
+            let payload = base64::engine::general_purpose::STANDARD
+                .decode(entry["payload"].as_str()?)
+                .ok()?;
+            serde_json::from_slice(&payload).ok()
+        })
+        .collect();
+    let accepts: Vec<&serde_json::Value> =
+        bodies.iter().filter(|b| b["kind"] == "accept").collect();
+    assert_eq!(accepts.len(), 1, "{bodies:?}");
+    assert_eq!(accepts[0]["subject"]["server"], "everything");
+    assert_eq!(accepts[0]["subject"]["tool"], "echo");
+    assert_eq!(accepts[0]["subject"]["digest"], echo[3]);
+    assert_eq!(accepts[0]["appender"], "operator:0");
+    let dir = tempfile::tempdir().unwrap();
+    let (e, k) = (dir.path().join("export"), dir.path().join("keys"));
+    std::fs::write(&e, &export).unwrap();
+    std::fs::write(&k, w.run_ok(&["receipts", "keys"]).stdout).unwrap();
+    let verified = w.run(&["verify", e.to_str().unwrap(), "--keys", k.to_str().unwrap()]);
+    assert!(
+        verified.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verified.stderr)
+    );
 }
 
 /// A Python server whose `search` description changes between two starts (its DESCRIPTION, a
