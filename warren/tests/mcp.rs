@@ -384,6 +384,30 @@ fn mcp_calls_are_decided_before_the_server_sees_them_and_a_failed_server_comes_b
     );
     let calls = std::fs::read_to_string(&journal).unwrap();
     assert_eq!(calls, "search two\nsearch three\n");
+
+    // A rug pull mid-session: the server changes what `search` says it does and says its tools
+    // changed; the next call lists them again, finds the definition is not the accepted one,
+    // and is denied (`drift`) without reaching the server.
+    let script = format!(
+        "{}; echo ---; {}",
+        call("rug_pull", "{}"),
+        call("search", r#"{"q":"four"}"#)
+    );
+    let (code, out, err) = w.sh(
+        &["--asks", "operator", "--ns", spec.to_str().unwrap()],
+        &script,
+    );
+    assert_eq!(code, 0, "{err}");
+    let (pulled, after) = out.split_once("---\n").unwrap();
+    assert_eq!(envelope_of(pulled)["content"], "pulled", "{out}");
+    let held = envelope_of(after);
+    assert_eq!(held["status"], "denied", "{held}");
+    assert_eq!(held["basis"], "drift", "{held}");
+    assert_eq!(
+        std::fs::read_to_string(&journal).unwrap(),
+        "search two\nsearch three\n",
+        "the changed search ran"
+    );
 }
 
 /// What the MCP Inspector's CLI mode gets for the same call made directly on the server (no

@@ -77,7 +77,8 @@ impl CatalogSource for Servers {
         let served = self.served(&name);
         let live = runtime.block_on(served.live(START_DEADLINE))?;
         let mut defs = Vec::new();
-        for def in &live.defs {
+        let listed = live.defs.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for def in &listed {
             if !pins.standing(def).is_served() {
                 tracing::info!(server = %name, tool = %def.name, "held: its definition is not the one accepted");
                 continue;
@@ -166,7 +167,8 @@ struct Restarts {
 /// holds its namespace (dropping it ends the server).
 pub struct Live {
     session: Session,
-    defs: Vec<Definition>,
+    /// The tools as last listed: at the start, and again after the server said they changed.
+    defs: Mutex<Vec<Definition>>,
     /// A stdio server's namespace (none for an HTTP server, which runs elsewhere).
     _namespace: Option<warren_proto::launch::Launched>,
     ended: Arc<AtomicBool>,
@@ -275,7 +277,7 @@ impl Served {
         tracing::info!(server = %self.name, info = ?session.server_info(), tools = defs.len(), "MCP server started");
         Ok(Live {
             session,
-            defs,
+            defs: Mutex::new(defs),
             _namespace: namespace,
             ended: Arc::new(AtomicBool::new(false)),
         })
@@ -336,10 +338,23 @@ impl McpTool {
         )
     }
 
-    /// The definition the operator accepted is still the one the live server lists.
-    fn still_accepted(&self, live: &Live) -> Result<(), String> {
+    /// The definition the operator accepted is still the one the live server lists — listed
+    /// again first if the server said its tools changed (a definition changed mid-session is
+    /// then held, like one changed between starts).
+    async fn still_accepted(&self, live: &Live) -> Result<(), String> {
+        if live.session.take_tools_changed() {
+            let listed = live
+                .session
+                .tools(self.timeout)
+                .await
+                .map_err(|e| format!("listing the tools again after list_changed: {e}"))?;
+            let defs: Vec<Definition> = listed.into_iter().filter_map(Result::ok).collect();
+            tracing::info!(server = %self.served.name, tools = defs.len(), "tools listed again after list_changed");
+            *live.defs.lock().unwrap_or_else(|p| p.into_inner()) = defs;
+        }
         let pins = Pins::load(&self.served.pins).map_err(|e| e.to_string())?;
-        match live.defs.iter().find(|d| d.name == self.tool) {
+        let defs = live.defs.lock().unwrap_or_else(|p| p.into_inner());
+        match defs.iter().find(|d| d.name == self.tool) {
             Some(d) if pins.standing(d).is_served() => Ok(()),
             Some(_) => Err(format!(
                 "the server's definition of {} changed since the operator accepted it (drift): \
@@ -358,7 +373,7 @@ impl ExternalTool for McpTool {
             Ok(l) => l,
             Err(e) => return self.error(Status::Error, e),
         };
-        if let Err(why) = self.still_accepted(&live) {
+        if let Err(why) = self.still_accepted(&live).await {
             let mut env =
                 Envelope::denied(&format!("mcp:{}:{}", self.served.name, self.tool), "drift");
             env.content = format!("denied: {why}");

@@ -5,6 +5,8 @@
 //! or roots are refused with an error, and a result that asks for input (`input_required`) or
 //! hands back a task is a clear error to the caller, not a hang. Every call has a deadline.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rmcp::model::{CallToolRequestParams, CallToolResponse};
@@ -30,9 +32,28 @@ pub enum SessionError {
     Malformed(String),
 }
 
+/// What the session does with the server's notifications: a `notifications/tools/list_changed`
+/// is remembered, so the next call lists the tools again before it runs (a definition that
+/// changed is then held: `crate::served`).
+#[derive(Clone, Default)]
+pub struct Notified {
+    tools_changed: Arc<AtomicBool>,
+}
+
+impl rmcp::ClientHandler for Notified {
+    fn on_tool_list_changed(
+        &self,
+        _context: rmcp::service::NotificationContext<RoleClient>,
+    ) -> impl std::future::Future<Output = ()> + Send + '_ {
+        self.tools_changed.store(true, Ordering::Release);
+        std::future::ready(())
+    }
+}
+
 /// A live session. Dropping it closes the stream.
 pub struct Session {
-    client: RunningService<RoleClient, ()>,
+    client: RunningService<RoleClient, Notified>,
+    tools_changed: Arc<AtomicBool>,
 }
 
 impl Session {
@@ -46,11 +67,16 @@ impl Session {
         R: tokio::io::AsyncRead + Send + Unpin + 'static,
         W: tokio::io::AsyncWrite + Send + Unpin + 'static,
     {
-        let client = tokio::time::timeout(deadline, ().serve((reader, writer)))
+        let notified = Notified::default();
+        let tools_changed = notified.tools_changed.clone();
+        let client = tokio::time::timeout(deadline, notified.serve((reader, writer)))
             .await
             .map_err(|_| SessionError::Timeout(deadline))?
             .map_err(|e| SessionError::Handshake(e.to_string()))?;
-        Ok(Session { client })
+        Ok(Session {
+            client,
+            tools_changed,
+        })
     }
 
     /// Speaks MCP to a streamable-HTTP server at `url` (the handshake first), within
@@ -58,11 +84,16 @@ impl Session {
     /// (`docs/gaps.md`).
     pub async fn http(url: &str, deadline: Duration) -> Result<Session, SessionError> {
         let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.to_string());
-        let client = tokio::time::timeout(deadline, ().serve(transport))
+        let notified = Notified::default();
+        let tools_changed = notified.tools_changed.clone();
+        let client = tokio::time::timeout(deadline, notified.serve(transport))
             .await
             .map_err(|_| SessionError::Timeout(deadline))?
             .map_err(|e| SessionError::Handshake(e.to_string()))?;
-        Ok(Session { client })
+        Ok(Session {
+            client,
+            tools_changed,
+        })
     }
 
     /// The server's name and version as it gave them, for logs and `warren mcp check`.
@@ -71,6 +102,11 @@ impl Session {
             .peer_info()
             .and_then(|i| i.server_info.clone())
             .map(|s| format!("{} {}", s.name, s.version))
+    }
+
+    /// Whether the server said its tool list changed since this was last asked (and clears it).
+    pub fn take_tools_changed(&self) -> bool {
+        self.tools_changed.swap(false, Ordering::AcqRel)
     }
 
     /// Every tool the server lists (all pages), each made a [`Definition`] or refused.
