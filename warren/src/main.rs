@@ -181,6 +181,15 @@ enum Command {
 enum McpCommand {
     /// The MCP servers defined in $WARREN_CONFIG_DIR/mcp (default /etc/warren/mcp).
     List,
+    /// Define server NAME from a definition file (checked, then installed as
+    /// $WARREN_CONFIG_DIR/mcp/NAME.toml); its tools are held until accepted.
+    Add {
+        name: String,
+        definition: std::path::PathBuf,
+        /// Replace an existing definition of the same name.
+        #[arg(long)]
+        replace: bool,
+    },
     /// Start a server the way warren does (confined by its own spec) and list its tools:
     /// name, tier, whether its definition is accepted, digest, description.
     Check { name: String },
@@ -230,6 +239,11 @@ fn main() -> ExitCode {
         ),
         Command::Doctor { json } => doctor::doctor(&dirs, json),
         Command::Mcp(McpCommand::List) => mcp::list(),
+        Command::Mcp(McpCommand::Add {
+            name,
+            definition,
+            replace,
+        }) => mcp::add(&name, &definition, replace),
         Command::Mcp(McpCommand::Check { name }) => mcp::check(&dirs, &name),
         Command::Mcp(McpCommand::Accept { name, tools }) => mcp::accept(&dirs, &name, &tools),
         Command::Log {

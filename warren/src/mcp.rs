@@ -62,6 +62,36 @@ pub fn list() -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `warren mcp add NAME FILE`: checks the definition as nsd and mcpfs will read it, then
+/// installs it (0644, written whole) as `<config>/mcp/NAME.toml`.
+pub fn add(name: &str, definition: &std::path::Path, replace: bool) -> Result<ExitCode> {
+    let text = std::fs::read_to_string(definition)
+        .with_context(|| format!("reading {}", definition.display()))?;
+    let config = ServerConfig::parse(name, &definition.display().to_string(), &text)?;
+    if let Transport::Stdio { spec, .. } = &config.transport {
+        warren_ns::parse(&format!("{} spec", definition.display()), spec)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    let dir = config_dir();
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let target = dir.join(format!("{name}.toml"));
+    if target.exists() && !replace {
+        bail!(
+            "{} exists: `warren mcp add --replace` replaces it",
+            target.display()
+        );
+    }
+    let tmp = dir.join(format!(".{name}.toml.tmp"));
+    std::fs::write(&tmp, &text).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
+    std::fs::rename(&tmp, &target).with_context(|| format!("installing {}", target.display()))?;
+    println!(
+        "defined {name} in {}; `warren mcp check {name}` lists its tools, `warren mcp accept {name}` pins them",
+        target.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 /// The server's tools as it lists them now, from a session started the way mcpfs starts it:
 /// nsd reads the definition and runs the server in the namespace its `spec` names, with the
 /// values of its `env` names from the secrets dir.

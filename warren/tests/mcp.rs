@@ -49,6 +49,24 @@ fn check_lists_a_confined_servers_tools_and_accept_pins_them() {
     let (w, config) = up_with_config();
     define_everything(config.path());
     let config = config.path();
+    // `add` checks a definition before installing it, and never replaces one by accident.
+    let bad = w.base.path().join("bad.toml");
+    std::fs::write(&bad, "command = [\"/bin/true\"]\n").unwrap();
+    let (ok, _, err) = mcp(&w, config, &["add", "bad", bad.to_str().unwrap()], &[]);
+    assert!(!ok && err.contains("needs `spec`"), "{err}");
+    let (ok, _, err) = mcp(
+        &w,
+        config,
+        &[
+            "add",
+            "everything",
+            config.join("mcp/everything.toml").to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(!ok && err.contains("--replace"), "{err}");
+    assert!(!config.join("mcp/bad.toml").exists());
+
     let (ok, out, err) = mcp(&w, config, &["list"], &[]);
     assert!(ok, "{err}");
     assert!(out.starts_with("everything\tstdio /usr/bin/node"), "{out}");
