@@ -17,7 +17,7 @@ use warren_daemon::peer::PeerCred;
 use crate::catalog::Catalog;
 use crate::grant::{ConnGrant, GrantRecord, write_reply};
 use crate::services::Services;
-use crate::tree::{ToolTree, TreeLimits};
+use crate::tree::{ResourceFiles, ToolTree, TreeLimits};
 
 /// Where the tools of a handed-over grant come from.
 pub trait CatalogSource: Send + Sync {
@@ -29,6 +29,16 @@ pub trait CatalogSource: Send + Sync {
         record: &mut GrantRecord,
         runtime: &tokio::runtime::Handle,
     ) -> Result<Arc<Catalog>, String>;
+
+    /// Read-only files the grant's tree serves under `resources/` (none by default), for the
+    /// record as nsd wrote it; called before [`CatalogSource::for_grant`].
+    fn resources_for(
+        &self,
+        _record: &GrantRecord,
+        _runtime: &tokio::runtime::Handle,
+    ) -> Option<Arc<dyn ResourceFiles>> {
+        None
+    }
 }
 
 /// toolfs's own tools: a record naming an MCP server is not for it.
@@ -98,14 +108,18 @@ impl Server {
         }
     }
 
-    fn tree(&self, grant: ConnGrant) -> Arc<ToolTree> {
+    fn tree(&self, grant: ConnGrant, resources: Option<Arc<dyn ResourceFiles>>) -> Arc<ToolTree> {
         let open_calls = self.session_counter(&grant.session);
-        Arc::new(ToolTree::new(
+        let tree = ToolTree::new(
             grant,
             self.tree_limits.clone(),
             open_calls,
             self.services.clone(),
-        ))
+        );
+        Arc::new(match resources {
+            Some(files) => tree.with_resources(files),
+            None => tree,
+        })
     }
 
     fn session_counter(&self, session: &str) -> Arc<AtomicUsize> {
@@ -122,8 +136,9 @@ impl Server {
     /// Serves the operator socket forever.
     pub async fn serve_operator(self: Arc<Self>, listener: UnixListener) {
         let server = self.clone();
-        let make =
-            move |peer: PeerCred| Some(server.tree(ConnGrant::operator(&server.catalog, peer.uid)));
+        let make = move |peer: PeerCred| {
+            Some(server.tree(ConnGrant::operator(&server.catalog, peer.uid), None))
+        };
         operator::accept_loop(
             listener,
             OperatorPolicy::from_host(),
@@ -191,9 +206,11 @@ impl Server {
         if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
             return Err("the first fd is not a socket".into());
         }
+        // Asked of the record as nsd wrote it (before `for_grant` may fill in its tool list).
+        let resources = self.source.resources_for(&record, runtime);
         let catalog = self.source.for_grant(&mut record, runtime)?;
         let grant = ConnGrant::from_record(&record, fds.collect(), &catalog)?;
-        let tree = self.tree(grant);
+        let tree = self.tree(grant, resources);
         let stream = UnixStream::from(conn);
         stream.set_nonblocking(true).map_err(|e| e.to_string())?;
         let limits = self.p9_limits.clone();

@@ -39,6 +39,19 @@ enum Node {
     Doc(usize),
     Schema(usize),
     Call(usize),
+    /// `resources/`, when the grant comes with read-only files (an MCP server's resources).
+    Resources,
+    Resource(usize),
+}
+
+/// Read-only files served under `resources/` beside the tools: an MCP server's resources. The
+/// names are fixed for the connection's life; a file's bytes are read when it is opened.
+#[async_trait::async_trait]
+pub trait ResourceFiles: Send + Sync {
+    fn names(&self) -> Vec<String>;
+    /// The bytes of `name` (one of `names`), read for one open. They are the server's data:
+    /// the session is marked as having read untrusted content.
+    async fn read(&self, name: &str, session: &str) -> Result<Vec<u8>>;
 }
 
 const DIR_FILES: [&str; 3] = ["doc", "schema", "call"];
@@ -52,11 +65,15 @@ pub struct ToolFid {
 enum Opened {
     /// A directory or a static file.
     Plain,
+    /// A resource, read when it was opened.
+    Bytes(Vec<u8>),
     Call(Box<CallOpen>),
 }
 
 pub struct ToolTree {
     dispatcher: Arc<Dispatcher>,
+    /// `resources/` and its files, when the grant has them.
+    resources: Option<(Vec<String>, Arc<dyn ResourceFiles>)>,
     tools_file: Vec<u8>,
     limits: TreeLimits,
     open_calls: Arc<AtomicUsize>,
@@ -85,6 +102,7 @@ impl ToolTree {
         tracing::info!(conn = %grant.label, tools = grant.tools.len(), "serving a connection");
         ToolTree {
             dispatcher: Arc::new(Dispatcher::new(grant, services)),
+            resources: None,
             tools_file,
             limits,
             open_calls,
@@ -93,6 +111,37 @@ impl ToolTree {
                 nsec: u64::from(now.subsec_nanos()),
             },
         }
+    }
+
+    /// Serves `files` under `resources/` too.
+    pub fn with_resources(mut self, files: Arc<dyn ResourceFiles>) -> ToolTree {
+        self.resources = Some((files.names(), files));
+        self
+    }
+
+    /// Reads resource `i` for one open: the session has then read untrusted content (its
+    /// context tightens), and the read is receipted (`query`: what was read, its digest). Fail
+    /// closed: a read whose receipt cannot be queued is refused.
+    async fn read_resource(&self, i: usize) -> Result<Vec<u8>> {
+        let (names, files) = self.resources.as_ref().ok_or(Errno::ENOENT)?;
+        let receipt = self.dispatcher.services().receipts.reserve().map_err(|e| {
+            tracing::error!(conn = %self.grant().label, "resource read refused: {e}");
+            Errno::EIO
+        })?;
+        let bytes = files.read(&names[i], self.dispatcher.session()).await?;
+        self.dispatcher.context().mark_untrusted();
+        receipt.send_charged(
+            self.dispatcher.session(),
+            "query",
+            serde_json::json!({"resource": names[i]}),
+            serde_json::json!({"content": crate::envelope::content_digest(&bytes)}),
+            self.grant().budgets.as_ref(),
+        );
+        Ok(bytes)
+    }
+
+    fn resource_name(&self, i: usize) -> &str {
+        self.resources.as_ref().map_or("", |(names, _)| &names[i])
     }
 
     fn grant(&self) -> &ConnGrant {
@@ -111,13 +160,15 @@ impl ToolTree {
             Node::Doc(i) => format!("/{}/doc", self.tool_name(i)),
             Node::Schema(i) => format!("/{}/schema", self.tool_name(i)),
             Node::Call(i) => format!("/{}/call", self.tool_name(i)),
+            Node::Resources => "/resources".into(),
+            Node::Resource(i) => format!("/resources/{}", self.resource_name(i)),
         }
     }
 
     /// The path is hashed, so a file has the same qid path everywhere; a static file's version
     /// is a hash of its content, so `tools` of two different grants never look alike to a cache.
     fn qid(&self, node: Node) -> QId {
-        let typ = if matches!(node, Node::Root | Node::Dir(_)) {
+        let typ = if matches!(node, Node::Root | Node::Dir(_) | Node::Resources) {
             QIdType::DIR
         } else {
             QIdType::FILE
@@ -141,7 +192,14 @@ impl ToolTree {
     fn child(&self, node: Node, name: &str) -> Option<Node> {
         match (node, name) {
             (Node::Root, "..") => Some(Node::Root),
-            (Node::Dir(_), "..") => Some(Node::Root),
+            (Node::Dir(_) | Node::Resources, "..") => Some(Node::Root),
+            // A tool named `resources` is shadowed by the directory (mcpfs never grants both).
+            (Node::Root, "resources") if self.resources.is_some() => Some(Node::Resources),
+            (Node::Resources, name) => self
+                .resources
+                .as_ref()
+                .and_then(|(names, _)| names.iter().position(|n| n == name))
+                .map(Node::Resource),
             // An empty grant shows nothing at all, not even an empty `tools`.
             (Node::Root, "tools") => (!self.grant().tools.is_empty()).then_some(Node::Tools),
             (Node::Root, name) => self
@@ -170,6 +228,17 @@ impl ToolTree {
                         .enumerate()
                         .map(|(i, t)| (t.def.name.clone(), Node::Dir(i))),
                 )
+                .chain(
+                    self.resources
+                        .is_some()
+                        .then(|| ("resources".to_owned(), Node::Resources)),
+                )
+                .collect(),
+            Node::Resources => self
+                .resources
+                .iter()
+                .flat_map(|(names, _)| names.iter().cloned().enumerate())
+                .map(|(i, n)| (n, Node::Resource(i)))
                 .collect(),
             Node::Dir(i) => DIR_FILES
                 .iter()
@@ -183,6 +252,15 @@ impl ToolTree {
             _ => Vec::new(),
         }
     }
+}
+
+/// `count` bytes of `bytes` from `offset` (none past the end).
+fn slice(bytes: &[u8], offset: u64, count: u32) -> Vec<u8> {
+    let start = usize::try_from(offset)
+        .unwrap_or(usize::MAX)
+        .min(bytes.len());
+    let end = start.saturating_add(count as usize).min(bytes.len());
+    bytes[start..end].to_vec()
 }
 
 /// FNV-1a: stable across connections, runs and builds (unlike std's randomly keyed hasher).
@@ -226,11 +304,13 @@ impl FileTree for ToolTree {
                     qids.push(self.qid(node));
                 }
                 None if qids.is_empty() => {
-                    return Err(if matches!(node, Node::Root | Node::Dir(_)) {
-                        Errno::ENOENT
-                    } else {
-                        Errno::ENOTDIR
-                    });
+                    return Err(
+                        if matches!(node, Node::Root | Node::Dir(_) | Node::Resources) {
+                            Errno::ENOENT
+                        } else {
+                            Errno::ENOTDIR
+                        },
+                    );
                 }
                 None => return Ok((qids, None)),
             }
@@ -240,7 +320,9 @@ impl FileTree for ToolTree {
 
     async fn getattr(&self, fid: &ToolFid, _mask: GetAttrMask) -> Result<(QId, Stat)> {
         let (mode, nlink, size) = match fid.node {
-            Node::Root | Node::Dir(_) => (libc::S_IFDIR | 0o555, 2, 0),
+            Node::Root | Node::Dir(_) | Node::Resources => (libc::S_IFDIR | 0o555, 2, 0),
+            // Its size is known only once read: read to the end (the bridge reads directly).
+            Node::Resource(_) => (libc::S_IFREG | 0o444, 1, 0),
             Node::Call(_) => (libc::S_IFREG | 0o666, 1, 0),
             node => (
                 libc::S_IFREG | 0o444,
@@ -279,8 +361,9 @@ impl FileTree for ToolTree {
                 let slot = CallSlot(self.open_calls.clone());
                 Opened::Call(Box::new(CallOpen::new(self.grant().tools[i].clone(), slot)))
             }
-            Node::Root | Node::Dir(_) if writes => return Err(Errno::EISDIR),
+            Node::Root | Node::Dir(_) | Node::Resources if writes => return Err(Errno::EISDIR),
             _ if writes => return Err(Errno::EACCES),
+            Node::Resource(i) => Opened::Bytes(self.read_resource(i).await?),
             _ => Opened::Plain,
         });
         Ok((self.qid(fid.node), 0))
@@ -290,13 +373,10 @@ impl FileTree for ToolTree {
         match &mut fid.open {
             None => Err(Errno::EBADF),
             Some(Opened::Call(call)) => call.read(&self.dispatcher, offset, count).await,
+            Some(Opened::Bytes(bytes)) => Ok(slice(bytes, offset, count)),
             Some(Opened::Plain) => {
                 let bytes = self.static_bytes(fid.node).ok_or(Errno::EISDIR)?;
-                let start = usize::try_from(offset)
-                    .unwrap_or(usize::MAX)
-                    .min(bytes.len());
-                let end = start.saturating_add(count as usize).min(bytes.len());
-                Ok(bytes[start..end].to_vec())
+                Ok(slice(bytes, offset, count))
             }
         }
     }
@@ -304,7 +384,7 @@ impl FileTree for ToolTree {
     async fn write(&self, fid: &mut ToolFid, _offset: u64, data: &[u8]) -> Result<u32> {
         match &mut fid.open {
             Some(Opened::Call(call)) => call.append(data, self.limits.max_arg_bytes),
-            Some(Opened::Plain) => Err(Errno::EACCES),
+            Some(Opened::Plain | Opened::Bytes(_)) => Err(Errno::EACCES),
             None => Err(Errno::EBADF),
         }
     }
@@ -313,7 +393,7 @@ impl FileTree for ToolTree {
         if fid.open.is_none() {
             return Err(Errno::EBADF);
         }
-        if !matches!(fid.node, Node::Root | Node::Dir(_)) {
+        if !matches!(fid.node, Node::Root | Node::Dir(_) | Node::Resources) {
             return Err(Errno::ENOTDIR);
         }
         Ok(self

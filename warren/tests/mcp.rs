@@ -684,3 +684,47 @@ fn a_streamable_http_server_is_mounted_like_a_stdio_one() {
         "{env}"
     );
 }
+
+/// A namespace that mounts a whole server (no tool names) gets its resources as read-only files
+/// under `resources/`, named by URI (`/` as `%2F`); a read returns what the Inspector reads
+/// directly. A mount naming tools gets no `resources/`.
+#[test]
+fn a_whole_server_mount_serves_its_resources_as_read_only_files() {
+    let (w, config) = up_with_config();
+    define_everything(config.path());
+    let (ok, _, err) = mcp(&w, config.path(), &["accept", "everything", "echo"], &[]);
+    assert!(ok, "{err}");
+    let uri = "demo://resource/static/document/architecture.md";
+    let file = "demo:%2F%2Fresource%2Fstatic%2Fdocument%2Farchitecture.md";
+    let (code, out, err) = w.sh(
+        &["--asks", "operator", "--mcp", "everything"],
+        &format!(
+            "ls /mnt/mcp/everything/resources | grep -c . ; echo ---
+             cat '/mnt/mcp/everything/resources/{file}'; echo ---
+             echo x > '/mnt/mcp/everything/resources/{file}' 2>/dev/null || echo READ-ONLY"
+        ),
+    );
+    assert_eq!(code, 0, "{err}");
+    let parts: Vec<&str> = out.split("---\n").collect();
+    assert!(parts[0].trim().parse::<usize>().unwrap() >= 1, "{out}");
+    let peers = repo().join("target/peers/mcp");
+    let js = peers.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    let direct = std::process::Command::new(peers.join("node_modules/.bin/mcp-inspector"))
+        .current_dir(&peers)
+        .args(["--cli", "/usr/bin/node"])
+        .arg(&js)
+        .args(["stdio", "--method", "resources/read", "--uri", uri])
+        .output()
+        .unwrap();
+    let direct: serde_json::Value = serde_json::from_slice(&direct.stdout).unwrap();
+    let text = direct["contents"][0]["text"].as_str().unwrap();
+    assert_eq!(parts[1], text, "the resource as the Inspector reads it");
+    assert!(parts[2].contains("READ-ONLY"), "{out}");
+
+    let (code, out, err) = w.sh(
+        &["--asks", "operator", "--mcp", "everything:echo"],
+        "test -e /mnt/mcp/everything/resources || echo NO-RESOURCES",
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("NO-RESOURCES"), "{out}");
+}

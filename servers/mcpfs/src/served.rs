@@ -15,6 +15,7 @@ use warren_toolfs::catalog::{Catalog, ExternalTool, Runner, ToolDef};
 use warren_toolfs::control::CatalogSource;
 use warren_toolfs::envelope::{Envelope, Status, Taint};
 use warren_toolfs::grant::GrantRecord;
+use warren_toolfs::tree::ResourceFiles;
 
 use crate::config::{ServerConfig, Transport, pins_path, valid_name};
 use crate::{Definition, Outcome, Pins, Session, SessionError};
@@ -111,6 +112,95 @@ impl CatalogSource for Servers {
             });
         }
         Ok(Arc::new(catalog))
+    }
+
+    /// A namespace that mounts the whole server (no tool names) gets its resources too.
+    fn resources_for(
+        &self,
+        record: &GrantRecord,
+        runtime: &tokio::runtime::Handle,
+    ) -> Option<Arc<dyn ResourceFiles>> {
+        let name = record.server.as_deref()?;
+        if !record.tools.is_empty() || !valid_name(name) {
+            return None;
+        }
+        let served = self.served(name);
+        let listed = runtime.block_on(async {
+            let live = served.live(START_DEADLINE).await?;
+            live.session
+                .resources(START_DEADLINE)
+                .await
+                .map_err(|e| e.to_string())
+        });
+        match listed {
+            Ok(resources) if !resources.is_empty() => Some(Arc::new(McpResources {
+                files: resources
+                    .into_iter()
+                    .map(|(uri, _)| (resource_file_name(&uri), uri))
+                    .collect(),
+                served,
+            })),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(server = %name, "no resources: {e}");
+                None
+            }
+        }
+    }
+}
+
+/// A resource's file name: its URI, with `%`, `/` and control characters percent-encoded, so
+/// that every URI is one file name and two URIs never share one.
+pub fn resource_file_name(uri: &str) -> String {
+    let mut out = String::with_capacity(uri.len());
+    for c in uri.chars() {
+        if c == '%' || c == '/' || c.is_control() {
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    if out == "." || out == ".." {
+        out = out.replace('.', "%2E");
+    }
+    out
+}
+
+/// A server's resources as read-only files (`resources/`): listed when the namespace mounts the
+/// whole server, each read from the server when opened.
+struct McpResources {
+    served: Arc<Served>,
+    /// (file name, URI), in the server's order.
+    files: Vec<(String, String)>,
+}
+
+#[async_trait::async_trait]
+impl ResourceFiles for McpResources {
+    fn names(&self) -> Vec<String> {
+        self.files.iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    async fn read(&self, name: &str, _session: &str) -> warren_9p::Result<Vec<u8>> {
+        let uri = self
+            .files
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, u)| u.as_str())
+            .ok_or(warren_9p::Errno::ENOENT)?;
+        let live = self.served.live(START_DEADLINE).await.map_err(|e| {
+            tracing::warn!(server = %self.served.name, "resource {uri}: {e}");
+            warren_9p::Errno::EIO
+        })?;
+        live.session
+            .read_resource(uri, START_DEADLINE)
+            .await
+            .map_err(|e| {
+                tracing::warn!(server = %self.served.name, "resource {uri}: {e}");
+                warren_9p::Errno::EIO
+            })
     }
 }
 
@@ -416,4 +506,21 @@ fn envelope(server: &str, tool: &str, outcome: &Outcome) -> Envelope {
         Taint::Untrusted,
         outcome.text.clone(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resource_file_name;
+
+    #[test]
+    fn every_resource_uri_is_one_file_name_and_no_two_share_one() {
+        assert_eq!(resource_file_name("demo://a/b.md"), "demo:%2F%2Fa%2Fb.md");
+        assert_eq!(resource_file_name("x%2Fy"), "x%252Fy");
+        assert_ne!(resource_file_name("a/b"), resource_file_name("a%2Fb"));
+        assert_eq!(resource_file_name(".."), "%2E%2E");
+        assert_eq!(resource_file_name("a\nb"), "a%0Ab");
+        for uri in ["file:///etc/passwd", "../../x", "a/../../b"] {
+            assert!(!resource_file_name(uri).contains('/'), "{uri}");
+        }
+    }
 }

@@ -128,6 +128,69 @@ impl Session {
             .collect()
     }
 
+    /// The server's resources (all pages) as `(uri, mimeType)`; none when it serves none (or
+    /// does not speak of resources at all).
+    pub async fn resources(
+        &self,
+        deadline: Duration,
+    ) -> Result<Vec<(String, Option<String>)>, SessionError> {
+        let has = self
+            .client
+            .peer_info()
+            .is_some_and(|i| i.capabilities.resources.is_some());
+        if !has {
+            return Ok(Vec::new());
+        }
+        let listed = tokio::time::timeout(deadline, self.client.list_all_resources())
+            .await
+            .map_err(|_| SessionError::Timeout(deadline))?
+            .map_err(|e| SessionError::Protocol(e.to_string()))?;
+        let v =
+            serde_json::to_value(&listed).map_err(|e| SessionError::Malformed(e.to_string()))?;
+        Ok(v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|r| {
+                        let uri = r.get("uri")?.as_str()?.to_string();
+                        let mime = r
+                            .get("mimeType")
+                            .and_then(Value::as_str)
+                            .map(str::to_string);
+                        Some((uri, mime))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// The bytes of resource `uri`: its text contents as UTF-8, its blobs decoded, one after
+    /// another.
+    pub async fn read_resource(
+        &self,
+        uri: &str,
+        deadline: Duration,
+    ) -> Result<Vec<u8>, SessionError> {
+        use base64::Engine;
+        let params = rmcp::model::ReadResourceRequestParams::new(uri.to_string());
+        let read = tokio::time::timeout(deadline, self.client.read_resource(params))
+            .await
+            .map_err(|_| SessionError::Timeout(deadline))?
+            .map_err(|e| SessionError::Protocol(e.to_string()))?;
+        let v = serde_json::to_value(&read).map_err(|e| SessionError::Malformed(e.to_string()))?;
+        let mut bytes = Vec::new();
+        for c in v["contents"].as_array().into_iter().flatten() {
+            if let Some(t) = c.get("text").and_then(Value::as_str) {
+                bytes.extend_from_slice(t.as_bytes());
+            } else if let Some(b) = c.get("blob").and_then(Value::as_str) {
+                let decoded = base64::engine::general_purpose::STANDARD
+                    .decode(b)
+                    .map_err(|e| SessionError::Malformed(format!("a blob is not base64: {e}")))?;
+                bytes.extend_from_slice(&decoded);
+            }
+        }
+        Ok(bytes)
+    }
+
     /// Calls `tool` with `arguments` (already validated and canonical), within `deadline`. A
     /// call that times out is cancelled at the server (`notifications/cancelled`).
     pub async fn call(
