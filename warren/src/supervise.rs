@@ -105,7 +105,37 @@ const DAEMONS: &[Daemon] = &[
         caps: &[],
         gate_client: true,
     },
+    Daemon {
+        binary: "warren-llmfs",
+        args: &[],
+        name: "llmfs",
+        role: Some(Role::Llmfs),
+        // llm.sock: the operator's; llmfs.ctl: each namespace's `mount llm` connection (nsd).
+        // Its backend comes from the environment `warren up` was given (WARREN_LLM_URL,
+        // WARREN_LLM_API, WARREN_LLM_MODEL); its key file is opened here ([`llm_key_fd`]).
+        sockets: &["llm.sock", "llmfs.ctl"],
+        caps: &[],
+        gate_client: false,
+    },
 ];
+
+/// llmfs's API key file (`WARREN_LLM_KEY_FILE`, else `<secrets>/llm.key`), opened here as root:
+/// the secrets dir is receiptd's, so llmfs gets the open file (`WARREN_LLM_KEY_FD`) rather than
+/// a path it could not read. None: no key file (a local backend often needs none).
+fn llm_key_fd(dirs: &Dirs) -> Result<Option<File>> {
+    let path = std::env::var_os("WARREN_LLM_KEY_FILE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| dirs.secrets.join("llm.key"));
+    match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+    {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("open llmfs's key file {}", path.display())),
+    }
+}
 
 pub fn libexec_dir() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("WARREN_LIBEXEC_DIR") {
@@ -496,8 +526,14 @@ fn spawn_daemon(dirs: &Dirs, d: &Daemon, bound: &[Bound]) -> Result<std::process
     } else {
         None
     };
+    let key = if d.role == Some(Role::Llmfs) {
+        llm_key_fd(dirs)?
+    } else {
+        None
+    };
     let mut raw: Vec<i32> = bound.iter().map(|b| b.listener.as_raw_fd()).collect();
     raw.extend(gate.as_ref().map(|g| g.as_raw_fd()));
+    raw.extend(key.as_ref().map(|k| k.as_raw_fd()));
     let uid = d.role.map(Role::uid);
     // The operator group lets daemons reach each other's operator sockets; with no such group,
     // no supplementary group at all (never root's group 0).
@@ -518,6 +554,9 @@ fn spawn_daemon(dirs: &Dirs, d: &Daemon, bound: &[Bound]) -> Result<std::process
         .stdin(std::process::Stdio::null());
     if let Some(g) = &gate {
         cmd.env("WARREN_GATE_FD", g.as_raw_fd().to_string());
+    }
+    if let Some(k) = &key {
+        cmd.env("WARREN_LLM_KEY_FD", k.as_raw_fd().to_string());
     }
     // SAFETY: the closure only makes syscalls (sigaction, sigprocmask, fcntl, prctl, setgroups,
     // setres[ug]id, capset); the caps crate's set operations build small sets, and glibc's fork

@@ -163,6 +163,8 @@ pub enum AskError {
     },
     #[error("cannot reach the backend after {}: {message}", plural(*.tries))]
     Unreachable { tries: u32, message: String },
+    #[error("no model backend is configured (WARREN_LLM_URL was not set for llmfs)")]
+    NoBackend,
     #[error("malformed reply from the backend: {0}")]
     Malformed(String),
     #[error("the backend's reply broke off: {0}")]
@@ -227,6 +229,9 @@ impl Backend {
         deadline: tokio::time::Instant,
         on_event: &mut (dyn FnMut(Event) + Send),
     ) -> Result<Reply, AskError> {
+        if self.config.url.is_empty() {
+            return Err(AskError::NoBackend);
+        }
         let tries = self.config.tries.max(1);
         let mut backoff = self.config.backoff_first;
         let mut last = None;

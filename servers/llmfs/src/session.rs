@@ -59,14 +59,24 @@ pub enum Setting {
 
 pub struct Session {
     token: String,
+    /// Where its model calls are receipted: the namespace's session when the connection was
+    /// handed over for one (`llmfs.ctl`), else a scope named by a digest of the token.
+    scope: String,
     settings: Mutex<Settings>,
     reply: watch::Sender<ReplyLines>,
 }
 
 impl Session {
     pub fn new(token: String, defaults: &Defaults) -> Session {
+        let scope = scope_of(&token);
+        Session::in_scope(token, scope, defaults)
+    }
+
+    /// A session whose model calls are receipted in `scope`.
+    pub fn in_scope(token: String, scope: String, defaults: &Defaults) -> Session {
         Session {
             token,
+            scope,
             settings: Mutex::new(Settings {
                 model: defaults.model.clone().into_bytes(),
                 system: Vec::new(),
@@ -229,7 +239,7 @@ impl Session {
                     session.answered(turn, &request, &reply);
                     if let Some(slot) = slot {
                         slot.send(receipt(
-                            &session.token,
+                            &session.scope,
                             backend.api().as_str(),
                             &request.model,
                             &body,
@@ -387,11 +397,11 @@ fn sha256(bytes: &[u8]) -> String {
 
 /// The model call's receipt: which model, the counts, and digests of what was sent and what came
 /// back — never the text itself.
-fn receipt(token: &str, api: &str, model: &str, body: &Value, reply: &Reply) -> Value {
+fn receipt(scope: &str, api: &str, model: &str, body: &Value, reply: &Reply) -> Value {
     let sent = serde_json::to_vec(body).expect("json");
     let got = serde_json::to_vec(&reply.as_message()).expect("json");
     json!({
-        "scope": scope_of(token),
+        "scope": scope,
         "kind": "query",
         "subject": {
             "server": "llmfs",
