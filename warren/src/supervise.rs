@@ -555,8 +555,10 @@ fn spawn_daemon(dirs: &Dirs, d: &Daemon, bound: &[Bound]) -> Result<std::process
     if let Some(g) = &gate {
         cmd.env("WARREN_GATE_FD", g.as_raw_fd().to_string());
     }
-    if let Some(k) = &key {
-        cmd.env("WARREN_LLM_KEY_FD", k.as_raw_fd().to_string());
+    if d.role == Some(Role::Llmfs) {
+        // Empty: the supervisor found no key file (llmfs must not look in the secrets dir).
+        let fd = key.as_ref().map(|k| k.as_raw_fd().to_string());
+        cmd.env("WARREN_LLM_KEY_FD", fd.unwrap_or_default());
     }
     // SAFETY: the closure only makes syscalls (sigaction, sigprocmask, fcntl, prctl, setgroups,
     // setres[ug]id, capset); the caps crate's set operations build small sets, and glibc's fork

@@ -15,7 +15,7 @@ use warren_llmfs::session::Defaults;
 use warren_llmfs::tree::LlmTree;
 use warren_proto::llm::CONTROL_NAME;
 
-/// The fd of the key file, opened for llmfs by the supervisor.
+/// The fd of the key file, opened for llmfs by the supervisor (empty: it found none).
 const KEY_FD_ENV: &str = "WARREN_LLM_KEY_FD";
 
 /// The key from an inherited fd (`name` is the file it was opened from, for errors).
@@ -108,6 +108,7 @@ fn main() -> anyhow::Result<()> {
     // The supervisor reads the key file as root (the secrets dir is not llmfs's) and hands it
     // over as an fd.
     let key = match std::env::var(KEY_FD_ENV) {
+        Ok(fd) if fd.is_empty() => None,
         Ok(fd) => read_key_fd(&fd, &key_file)?,
         Err(_) => BackendConfig::read_key(&key_file)?,
     };
