@@ -76,9 +76,14 @@ fn an_agent_summarises_a_repository_and_every_call_is_receipted() {
              "usage": {"prompt_tokens": 300, "completion_tokens": 15}}
         ]),
     );
+    // The key file is root's alone (0600): llmfs, under its own uid, gets it from the supervisor.
+    let key_file = base.path().join("llm.key");
+    std::fs::write(&key_file, "sk-test-key\n").unwrap();
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
     let w = Warren::up_with(&[
         ("WARREN_LLM_URL", &script.url()),
         ("WARREN_LLM_MODEL", "scripted"),
+        ("WARREN_LLM_KEY_FILE", key_file.to_str().unwrap()),
     ]);
     let _approver = approve_every_ask(&w);
     let spec = base.path().join("agent.ns");
@@ -125,6 +130,7 @@ fn an_agent_summarises_a_repository_and_every_call_is_receipted() {
     // and each tool result as untrusted data with its digest.
     let requests = script.requests();
     assert_eq!(requests.len(), 3);
+    assert_eq!(requests[0]["authorization"], "Bearer sk-test-key");
     let first = &requests[0]["body"];
     let offered: Vec<&str> = first["tools"]
         .as_array()
