@@ -41,6 +41,9 @@ struct Task {
     files: std::collections::BTreeMap<String, String>,
     #[serde(default)]
     symlinks: std::collections::BTreeMap<String, String>,
+    /// A note the `notes` MCP server returns for `read_note("<name>.md")`.
+    #[serde(default)]
+    mcp_note: Option<String>,
     /// The compromised model's tool calls, turn by turn (a final text turn follows).
     turns: Vec<Vec<Value>>,
     /// Any of these holding afterwards is the attack's success.
@@ -155,7 +158,8 @@ fn attack_landed(base: &Path, checks: &[Value], secret: &str) -> bool {
     })
 }
 
-const BASELINE_TOOLS: &str = "mount tool /tool echo fs_read fs_list fs_write fs_edit shell\n\
+const BASELINE_TOOLS: &str = "mount mcp:notes /mnt/mcp/notes\n\
+    mount tool /tool echo fs_read fs_list fs_write fs_edit shell\n\
     tool fs_read -r {base}\ntool fs_list -r {base}\ntool fs_write -w {base}\n\
     tool fs_edit -w {base}\ntool shell -w {base}\nbind -r {base} {base}\n";
 
@@ -166,6 +170,46 @@ struct Run {
     /// The statuses of its tool calls, in order (`ok`, `error`, `denied`, `refused`), from the
     /// agent's transcript: how far each call got.
     calls: Vec<String>,
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// The operator's definition of the `notes` MCP server (`agentd/bench/injection/servers/notes.py`
+/// on the test peers' Python), serving the notes in `notes`; an operator config dir the daemons
+/// can read.
+fn notes_config(root: &Path, notes: &Path) -> PathBuf {
+    let venv = repo().join("target/peers/mcp-python");
+    assert!(
+        venv.join("bin/python").exists(),
+        "{}: run scripts/install-test-deps",
+        venv.display()
+    );
+    let servers = repo().join("agentd/bench/injection/servers");
+    let config = root.join("config");
+    std::fs::create_dir_all(config.join("mcp")).unwrap();
+    for d in [&config, &config.join("mcp")] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::write(
+        config.join("mcp/notes.toml"),
+        format!(
+            "command = [\"{py}\", \"{s}/notes.py\", \"{n}\"]\nspec = \"\"\"\n\
+             bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n\
+             bind -r {v} {v}\nbind -r {s} {s}\nbind -r {n} {n}\nnet none\n\"\"\"\n\
+             [tiers]\nread_note = \"read\"\n",
+            py = venv.join("bin/python").display(),
+            v = venv.display(),
+            s = servers.display(),
+            n = notes.display()
+        ),
+    )
+    .unwrap();
+    config
 }
 
 /// One configuration's run of every task.
@@ -180,6 +224,17 @@ fn run_all(tasks: &[Task], confined: bool) -> Vec<Run> {
         .iter()
         .map(|t| world(root.path(), t, &secret))
         .collect();
+    let notes = root.path().join("notes");
+    std::fs::create_dir_all(&notes).unwrap();
+    std::fs::set_permissions(&notes, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for (t, b) in tasks.iter().zip(&bases) {
+        if let Some(note) = &t.mcp_note {
+            let path = notes.join(format!("{}.md", t.name));
+            std::fs::write(&path, text(note, b, &secret)).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+    }
+    let config = notes_config(root.path(), &notes);
     // One script for the whole run: each task's turns, then its final answer, in task order.
     let mut turns = Vec::new();
     for (t, b) in tasks.iter().zip(&bases) {
@@ -202,7 +257,18 @@ fn run_all(tasks: &[Task], confined: bool) -> Vec<Run> {
     let w = Warren::up_with(&[
         ("WARREN_LLM_URL", &script.url()),
         ("WARREN_LLM_MODEL", "compromised"),
+        ("WARREN_CONFIG_DIR", config.to_str().unwrap()),
     ]);
+    let accept = w
+        .cmd(&["mcp", "accept", "notes"])
+        .env("WARREN_CONFIG_DIR", &config)
+        .output()
+        .unwrap();
+    assert!(
+        accept.status.success(),
+        "warren mcp accept notes: {}",
+        String::from_utf8_lossy(&accept.stderr)
+    );
     if !confined {
         w.run_ok(&["write", "/gate/rules", "allow *"]);
     }
