@@ -339,6 +339,7 @@ pub fn run(cfg: &Config) -> anyhow::Result<End> {
                 "message": message}));
             let lines = match model.ask(&message) {
                 Ok(l) => l,
+                Err(_) if Instant::now() >= deadline => break 'turns End::Budget("time"),
                 Err(e) => break 'turns End::ModelError(format!("ask: {e}")),
             };
             let reply = read_reply(&lines);
@@ -348,6 +349,10 @@ pub fn run(cfg: &Config) -> anyhow::Result<End> {
                     "arguments": c.arguments})).collect::<Vec<_>>(),
                 "tokens": reply.tokens, "error": reply.error}));
             if let Some(e) = reply.error {
+                // The ask's timeout is the time left: an ask cut by it is the time budget.
+                if Instant::now() >= deadline {
+                    break 'turns End::Budget("time");
+                }
                 break 'turns End::ModelError(e);
             }
             if reply.calls.is_empty() {

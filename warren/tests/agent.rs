@@ -247,9 +247,16 @@ fn the_budget_stops_a_model_that_never_finishes() {
         .collect();
     let again = json!({"tool_calls": [{"id": "r", "name": "fs_read",
                                        "arguments": {"path": "README.md"}}]});
+    // Three runs share the script: the turn budget's (four turns scripted, three taken), the
+    // token budget's (one turn of 5000 tokens against 1000), the time budget's (a model slower
+    // than the 1 s budget).
+    let heavy = json!({"tool_calls": [{"id": "h", "name": "fs_read",
+                                       "arguments": {"path": "README.md"}}],
+                       "usage": {"prompt_tokens": 4000, "completion_tokens": 1000}});
+    let slow = json!({"text": "too late", "delay_ms": 5000});
     let script = Script::start(
         base.path(),
-        &json!([{"tool_calls": flood}, again, again, again]),
+        &json!([{"tool_calls": flood}, again, again, again, heavy, slow]),
     );
     let w = Warren::up_with(&[("WARREN_LLM_URL", &script.url()), ("WARREN_LLM_MODEL", "m")]);
     let spec = base.path().join("agent.ns");
@@ -286,4 +293,48 @@ fn the_budget_stops_a_model_that_never_finishes() {
             .unwrap()
             .contains("100 tool calls in one turn")
     );
+
+    // The fourth scripted turn is skipped: the next run starts at `heavy`.
+    let _ = w.run(&[
+        "agent",
+        "--asks",
+        "operator",
+        "--ns",
+        spec.to_str().unwrap(),
+        "--max-turns",
+        "1",
+        "skip a turn",
+    ]);
+    let run = w.run(&[
+        "agent",
+        "--asks",
+        "operator",
+        "--ns",
+        spec.to_str().unwrap(),
+        "--max-tokens",
+        "1000",
+        "spend tokens",
+    ]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("the tokens budget is spent"), "{stderr}");
+    assert_eq!(
+        script.requests().len(),
+        5,
+        "no ask after the token budget was spent"
+    );
+
+    let run = w.run(&[
+        "agent",
+        "--asks",
+        "operator",
+        "--ns",
+        spec.to_str().unwrap(),
+        "--max-seconds",
+        "1",
+        "answer slowly",
+    ]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("the time budget is spent"), "{stderr}");
 }
