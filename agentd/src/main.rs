@@ -37,6 +37,9 @@ struct Args {
     /// Seconds in all at most.
     #[arg(long, default_value_t = 600)]
     max_seconds: u64,
+    /// The namespace's spec, as the operator wrote it: told to the model in words.
+    #[arg(long)]
+    grant: Option<PathBuf>,
     /// Write the transcript (JSON lines) here.
     #[arg(long)]
     transcript: Option<PathBuf>,
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
     let args = Args::parse();
     let cfg = Config {
         task: args.task,
+        grant: args.grant,
         llm: args.llm,
         tool_root: args.tools,
         mcp_root: args.mcp,
@@ -77,7 +81,8 @@ fn main() -> ExitCode {
             match &end {
                 End::Finished(answer) => {
                     eprintln!("agent: finished");
-                    println!("{answer}");
+                    // The model's words reach a terminal: controls and the like escaped.
+                    println!("{}", warren_daemon::escape::escaped_lines(answer));
                 }
                 End::Budget(which) => eprintln!("agent: stopped: the {which} budget is spent"),
                 End::ModelError(e) => eprintln!("agent: stopped: the model failed: {e}"),

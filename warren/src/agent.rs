@@ -20,6 +20,8 @@ use crate::asks::AsksMode;
 pub const AGENTD_PATH: &str = "/warren/bin/warren-agentd";
 /// Where the transcript file is bound in the namespace (with `--transcript`).
 const TRANSCRIPT_PATH: &str = "/warren/transcript.jsonl";
+/// Where the operator's spec is bound in the namespace, for the agent to tell its model.
+const GRANT_PATH: &str = "/warren/grant.ns";
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct AgentArgs {
@@ -53,7 +55,8 @@ pub struct AgentArgs {
     /// Write the agent's transcript (JSON lines) to this host file (created or emptied).
     #[arg(long)]
     pub transcript: Option<PathBuf>,
-    /// A file (its path in the namespace) given to the model as context, as untrusted data.
+    /// A host file given to the model as context, as untrusted data (bound read-only at the same
+    /// path unless the spec already shows it there).
     #[arg(long)]
     pub context: Vec<String>,
     /// Accept a Landlock ruleset that is not fully enforced. Weaker confinement.
@@ -74,6 +77,8 @@ impl AgentArgs {
             self.max_tokens.to_string(),
             "--max-seconds".into(),
             self.max_seconds.to_string(),
+            "--grant".into(),
+            GRANT_PATH.into(),
         ];
         if let Some(m) = &self.model {
             cmd.extend(["--model".into(), m.clone()]);
@@ -105,10 +110,13 @@ impl AgentArgs {
 }
 
 /// The spec the agent runs in: the operator's, plus the model (unless it mounts one already),
-/// the agent's binary, and the transcript file.
+/// the agent's binary, the operator's spec as a file (`grant`), the transcript file and the
+/// context files the spec does not show already.
 fn agent_spec(
     run: &RunArgs,
+    context: &[String],
     agentd: &Path,
+    grant: &Path,
     transcript: Option<&Path>,
 ) -> Result<warren_ns::Spec, String> {
     let base = run.spec()?;
@@ -122,8 +130,18 @@ fn agent_spec(
     }
     let quote = |p: &Path| warren_ns::spec::quote(&p.to_string_lossy());
     text.push_str(&format!("bind -r {} {AGENTD_PATH}\n", quote(agentd)));
+    text.push_str(&format!("bind -r {} {GRANT_PATH}\n", quote(grant)));
     if let Some(t) = transcript {
         text.push_str(&format!("bind -w {} {TRANSCRIPT_PATH}\n", quote(t)));
+    }
+    for c in context {
+        let shown = base
+            .binds
+            .iter()
+            .any(|b| Path::new(c).starts_with(&b.path) && b.host == b.path);
+        if !shown {
+            text.push_str(&format!("bind -r {0} {0}\n", quote(Path::new(c))));
+        }
     }
     warren_ns::spec::parse("<warren agent>", &text).map_err(|e| e.to_string())
 }
@@ -143,7 +161,26 @@ pub fn agent(dirs: &Dirs, args: &AgentArgs, asks: AsksMode) -> Result<ExitCode> 
         std::fs::set_permissions(t, std::fs::Permissions::from_mode(0o622))?;
     }
     let run = args.run_args();
-    let spec = match agent_spec(&run, &agentd, args.transcript.as_deref()) {
+    // The operator's spec, for the agent to tell its model (readable by the agent's uid).
+    let operator_spec = match run.spec() {
+        Ok(s) => s.to_text(),
+        Err(e) => {
+            eprintln!("{e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let grant = tempfile::Builder::new()
+        .prefix("warren-agent-grant")
+        .tempfile_in(std::env::temp_dir())?;
+    std::fs::write(grant.path(), operator_spec)?;
+    std::fs::set_permissions(grant.path(), std::fs::Permissions::from_mode(0o644))?;
+    let spec = match agent_spec(
+        &run,
+        &args.context,
+        &agentd,
+        grant.path(),
+        args.transcript.as_deref(),
+    ) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("{e}");

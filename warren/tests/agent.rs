@@ -72,7 +72,7 @@ fn an_agent_summarises_a_repository_and_every_call_is_receipted() {
                  "arguments": {"path": summary, "content": "tiny: a library that adds numbers.\n"}}
              ],
              "usage": {"prompt_tokens": 200, "completion_tokens": 30}},
-            {"text": "The summary is in SUMMARY.md: a tiny library that adds numbers.",
+            {"text": "The summary is in SUMMARY.md: a tiny library that adds numbers.\u{1b}[2J",
              "usage": {"prompt_tokens": 300, "completion_tokens": 15}}
         ]),
     );
@@ -119,6 +119,11 @@ fn an_agent_summarises_a_repository_and_every_call_is_receipted() {
         stdout.contains("a tiny library that adds numbers"),
         "{stdout}"
     );
+    // The model's words reach the terminal with its controls escaped.
+    assert!(
+        !stdout.contains('\u{1b}') && stdout.contains("\\u{001B}[2J"),
+        "{stdout}"
+    );
     assert!(stderr.contains("turn 1: call fs_read"), "{stderr}");
     assert!(stderr.contains("turn 2: fs_write → ok"), "{stderr}");
     assert_eq!(
@@ -141,6 +146,10 @@ fn an_agent_summarises_a_repository_and_every_call_is_receipted() {
     assert_eq!(offered, ["fs_list", "fs_read", "fs_write"]);
     let system = first["messages"][0]["content"].as_str().unwrap();
     assert!(system.contains("grants exactly these tools"), "{system}");
+    assert!(
+        system.contains(&format!("`fs_write` may read and write under: {out}")),
+        "{system}"
+    );
     let second = &requests[1]["body"]["messages"];
     let results: Vec<&Value> = second
         .as_array()
