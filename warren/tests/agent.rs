@@ -347,3 +347,72 @@ fn the_budget_stops_a_model_that_never_finishes() {
     assert_eq!(run.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("the time budget is spent"), "{stderr}");
 }
+
+/// The tool calls of one reply run concurrently: the agent's `fs_read` runs (its receipt lands)
+/// while its `fs_write` of the same turn still waits for the operator's answer to its ask.
+#[test]
+fn the_calls_of_one_turn_run_concurrently() {
+    let base = tempfile::Builder::new()
+        .prefix("wagent")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let (repo, out) = repo(base.path());
+    let script = Script::start(
+        base.path(),
+        &json!([
+            {"tool_calls": [
+                {"id": "w", "name": "fs_write",
+                 "arguments": {"path": format!("{out}/a.txt"), "content": "a\n"}},
+                {"id": "r", "name": "fs_read", "arguments": {"path": format!("{repo}/README.md")}}
+            ]},
+            {"text": "both done"}
+        ]),
+    );
+    let w = Warren::up_with(&[("WARREN_LLM_URL", &script.url()), ("WARREN_LLM_MODEL", "m")]);
+    let spec = base.path().join("agent.ns");
+    std::fs::write(
+        &spec,
+        format!(
+            "mount tool /tool fs_read fs_write\ntool fs_read -r {repo}\ntool fs_write -w {out}\n"
+        ),
+    )
+    .unwrap();
+    let agent = w
+        .cmd(&[
+            "agent",
+            "--asks",
+            "operator",
+            "--ns",
+            spec.to_str().unwrap(),
+            "write and read",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (id, request) = common::next_ask(&w, 0);
+    assert_eq!(common::field(&request, "tool"), "fs_write", "{request}");
+    let session = common::field(&request, "session").to_owned();
+    wait_until("fs_read ran while fs_write waits for its ask", || {
+        w.receipts(&session)
+            .iter()
+            .any(|b| b["appender"] == "toolfs" && b["subject"]["tool"] == "fs_read")
+    });
+    let pending = w.run_ok(&["ls", "/gate/pending"]);
+    assert!(
+        String::from_utf8_lossy(&pending.stdout).contains(&id.to_string()),
+        "the ask was still open"
+    );
+    w.run_ok(&[
+        "write",
+        &format!("/gate/pending/{id}/ctl"),
+        &format!("allow once {}", common::fingerprint(&request)),
+    ]);
+    let done = agent.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert_eq!(done.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(format!("{out}/a.txt")).unwrap(),
+        "a\n"
+    );
+}
