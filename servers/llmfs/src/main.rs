@@ -142,6 +142,8 @@ fn main() -> anyhow::Result<()> {
             let socket = args.receipts.unwrap_or_else(|| dirs.socket("receipts"));
             Some(Arc::new(Receipts::start(socket)))
         };
+        // The control socket first: once `llm.sock` answers, both do.
+        let ctl = warren_daemon::operator::listen(&dirs.control(CONTROL_NAME))?;
         let listener = warren_daemon::operator::listen(&dirs.socket("llm"))?;
         tracing::info!(
             runtime = %dirs.runtime.display(),
@@ -149,7 +151,6 @@ fn main() -> anyhow::Result<()> {
             url = %args.url,
             "llmfs ready"
         );
-        let ctl = warren_daemon::operator::listen(&dirs.control(CONTROL_NAME))?;
         let make_tree: Arc<dyn Fn() -> LlmTree + Send + Sync> =
             Arc::new(move || LlmTree::new(backend.clone(), receipts.clone(), defaults.clone()));
         let for_ctl = make_tree.clone();
