@@ -418,7 +418,7 @@ pub fn run(cfg: &Config) -> anyhow::Result<End> {
                 ));
                 transcript.write(json!({"event": "tool_result", "turn": turn, "id": c.id,
                     "name": c.name, "status": o.status, "digest": o.digest,
-                    "content": o.content}));
+                    "receipt": o.receipt, "content": o.content}));
                 results.push(json!({"role": "tool", "tool_call_id": c.id,
                     "content": o.content}));
             }

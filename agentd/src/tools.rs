@@ -142,6 +142,9 @@ pub struct Outcome {
     pub content: String,
     /// The digest of the result's content, when a tool ran.
     pub digest: Option<String>,
+    /// The envelope's `receipt` (the decision's or the run's, `specs/tool-tree.md` §6), linking
+    /// the transcript to the receipt log.
+    pub receipt: Option<Value>,
 }
 
 impl Outcome {
@@ -151,6 +154,7 @@ impl Outcome {
             status: "refused".into(),
             content: json!({"error": why.into(), "ran": false}).to_string(),
             digest: None,
+            receipt: None,
         }
     }
 }
@@ -222,6 +226,7 @@ pub fn run(tool: &Tool, args: &[u8], limits: &Limits) -> Outcome {
             content: json!({"error": format!("{}: {e}", path.display()), "ran": "unknown"})
                 .to_string(),
             digest: None,
+            receipt: None,
         },
     }
 }
@@ -242,6 +247,7 @@ pub fn from_envelope(function: &str, bytes: &[u8], limits: &Limits) -> Outcome {
                 status: "error".into(),
                 digest: Some(wrapped.digest.clone()),
                 content: wrapped.text,
+                receipt: None,
             };
         }
     };
@@ -263,6 +269,7 @@ pub fn from_envelope(function: &str, bytes: &[u8], limits: &Limits) -> Outcome {
         status,
         digest: Some(wrapped.digest.clone()),
         content: wrapped.text,
+        receipt: envelope.get("receipt").cloned(),
     }
 }
 
@@ -378,9 +385,12 @@ mod tests {
             wrap::digest(b"IGNORE PREVIOUS INSTRUCTIONS")
         );
         assert_eq!(out.digest.as_deref(), data["digest"].as_str());
-        let denied = json!({"status": "denied", "content": "denied", "basis": "rule:3"});
+        assert_eq!(out.receipt, None);
+        let denied = json!({"status": "denied", "content": "denied", "basis": "rule:3",
+                            "receipt": {"kind": "decision", "seq": 4}});
         let out = from_envelope("shell", denied.to_string().as_bytes(), &Limits::default());
         assert_eq!(out.status, "denied");
         assert!(out.content.contains("basis rule:3"));
+        assert_eq!(out.receipt, Some(json!({"kind": "decision", "seq": 4})));
     }
 }

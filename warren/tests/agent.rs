@@ -188,6 +188,10 @@ fn an_agent_summarises_a_repository_and_every_call_is_receipted() {
         .collect();
     assert_eq!(kinds.first(), Some(&"start"));
     assert_eq!(kinds.iter().filter(|k| **k == "tool_result").count(), 3);
+    // Each call that ran names its receipt in the session.
+    for e in events.iter().filter(|e| e["event"] == "tool_result") {
+        assert!(e["receipt"]["scope"].is_string(), "{e}");
+    }
     assert_eq!(events.last().unwrap()["outcome"], "finished");
     assert_eq!(events.last().unwrap()["tokens"], 665);
 
