@@ -126,12 +126,14 @@ fn llm_key_fd(dirs: &Dirs) -> Result<Option<File>> {
     let path = std::env::var_os("WARREN_LLM_KEY_FILE")
         .map(PathBuf::from)
         .unwrap_or_else(|| dirs.secrets.join("llm.key"));
+    // No symlink followed, and a FIFO or device never blocks the supervisor: only a regular file.
     match OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(&path)
     {
-        Ok(f) => Ok(Some(f)),
+        Ok(f) if f.metadata()?.is_file() => Ok(Some(f)),
+        Ok(_) => bail!("llmfs's key file {} is not a regular file", path.display()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e).with_context(|| format!("open llmfs's key file {}", path.display())),
     }
