@@ -17,6 +17,8 @@ pub enum Role {
     /// mcpfs: the client of every MCP server (never the servers themselves: each runs in a
     /// namespace of its own).
     Mcpfs,
+    /// llmfs: holds the model's API key and speaks to the model's backend.
+    Llmfs,
 }
 
 pub const DEFAULT_UID_BASE: u32 = 61000;
@@ -29,6 +31,7 @@ impl Role {
             Role::Gate => 3,
             Role::Bridge => 4,
             Role::Mcpfs => 5,
+            Role::Llmfs => 7,
             Role::Worker => 10,
         }
     }

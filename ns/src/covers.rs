@@ -468,6 +468,19 @@ mod tests {
         }
     }
 
+    /// `mount llm`: a child may mount the model only if its parent does (any path).
+    #[test]
+    fn a_child_mounts_llm_only_if_its_parent_does() {
+        let with = spec("mount llm /mnt/llm");
+        assert!(covers(&with, &with).is_ok());
+        assert!(covers(&with, &spec("mount llm /m")).is_ok());
+        let e = covers(&spec(""), &with).unwrap_err();
+        assert!(
+            matches!(&e.0[0], Widened::MountNotInParent { server, .. } if server == "llm"),
+            "{e}"
+        );
+    }
+
     /// A clone's budgets are carved out of its parent's: above them, or dropped, is widening.
     #[test]
     fn a_clone_budget_is_never_above_its_parents() {

@@ -14,6 +14,9 @@
 //!   credentials, handed to nsd with the run request ([`ServedMounts::with_connections`]), so
 //!   nsd never connects as root on an operator's behalf. Its bridge reads real file sizes and
 //!   attaches with the mount's SPEC words as the aname.
+//! - `mount llm` — nsd: a socketpair to llmfs's control socket with the namespace's session
+//!   (`warren_proto::llm`): its model sessions live on that connection and are receipted in the
+//!   namespace's session, in an operator namespace too.
 //! - `mount ns` — nsd: a socketpair to the namespace's own view of `/ns` ([`NsView`]; its
 //!   descendants only, and its `clone` narrows: `crate::narrow`).
 //! - `mount receipts`, and `mount gate|ns` with the operator's authority — only in an operator
@@ -211,7 +214,7 @@ impl ServedMounts {
     pub fn launcher_connects(mount: &Mount, operator: bool) -> bool {
         match mount.server {
             Server::Unix(_) | Server::Tcp { .. } => true,
-            Server::Local(LocalServer::Tool) | Server::Mcp(_) => false,
+            Server::Local(LocalServer::Tool | LocalServer::Llm) | Server::Mcp(_) => false,
             Server::Local(LocalServer::Gate) => operator,
             Server::Local(LocalServer::Receipts | LocalServer::Ns) => operator,
         }
@@ -517,6 +520,9 @@ enum Remake {
     Mcp {
         record: GrantRecord,
     },
+    Llm {
+        grant: warren_proto::llm::LlmGrant,
+    },
 }
 
 impl Remake {
@@ -547,6 +553,14 @@ impl Remake {
                         )
                     })?
             }
+            Remake::Llm { grant } => warren_proto::llm::hand_over(
+                &dirs.control(warren_proto::llm::CONTROL_NAME),
+                grant,
+                theirs.as_fd(),
+            )
+            .map_err(|e| {
+                io::Error::new(e.kind(), format!("hand the /llm connection to llmfs: {e}"))
+            })?,
             Remake::Gate { record } => {
                 warren_gate::control::hand_over(&dirs.control("gate"), record, &theirs).map_err(
                     |e| {
@@ -620,6 +634,14 @@ impl MountServer for ServedMounts {
             Server::Mcp(server) => {
                 let record = self.mcp_grant(server, mount);
                 self.spawn_remade(fuse, mount, Remake::Mcp { record })
+            }
+            Server::Local(LocalServer::Llm) if mount.key.is_none() => {
+                let grant = warren_proto::llm::LlmGrant {
+                    version: 1,
+                    session: self.session.clone(),
+                    namespace: self.namespace.clone(),
+                };
+                self.spawn_remade(fuse, mount, Remake::Llm { grant })
             }
             _ if mount.key.is_some() => Err(io::Error::new(
                 io::ErrorKind::Unsupported,

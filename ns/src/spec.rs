@@ -40,7 +40,7 @@ pub struct Bind {
 /// The server half of a `mount` directive.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Server {
-    /// A local warren server by name: `tool`, `gate`, `receipts`, `ns`.
+    /// A local warren server by name: `tool`, `gate`, `receipts`, `ns`, `llm`.
     Local(LocalServer),
     /// `unix!/path`
     Unix(String),
@@ -56,6 +56,9 @@ pub enum LocalServer {
     Gate,
     Receipts,
     Ns,
+    /// The model served as files (llmfs, `docs/llm.md`): sessions tied to the namespace's own
+    /// connection, receipted in its session.
+    Llm,
 }
 
 impl LocalServer {
@@ -65,6 +68,7 @@ impl LocalServer {
             LocalServer::Gate => "gate",
             LocalServer::Receipts => "receipts",
             LocalServer::Ns => "ns",
+            LocalServer::Llm => "llm",
         }
     }
 }
@@ -412,6 +416,7 @@ fn parse_server(ctx: &LineCtx<'_>, w: &Word) -> Result<Server, SpecError> {
         "gate" => return Ok(Server::Local(LocalServer::Gate)),
         "receipts" => return Ok(Server::Local(LocalServer::Receipts)),
         "ns" => return Ok(Server::Local(LocalServer::Ns)),
+        "llm" => return Ok(Server::Local(LocalServer::Llm)),
         _ => {}
     }
     if let Some(name) = t.strip_prefix("mcp:") {
@@ -460,7 +465,7 @@ fn parse_server(ctx: &LineCtx<'_>, w: &Word) -> Result<Server, SpecError> {
     Err(ctx.err(
         w,
         format!(
-            "unknown server `{t}`: expected tool, gate, receipts, ns, mcp:NAME, unix!/path or tcp!host!port"
+            "unknown server `{t}`: expected tool, gate, receipts, ns, llm, mcp:NAME, unix!/path or tcp!host!port"
         ),
     ))
 }
@@ -642,6 +647,11 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                 let path = check_abs_path(&ctx, path_w, "PATH")?;
                 claim_target(&ctx, path_w, &path, &mut targets)?;
                 let mut names: Vec<String> = Vec::new();
+                if server == Server::Local(LocalServer::Llm)
+                    && let Some(w) = spec_words.first()
+                {
+                    return Err(ctx.err(w, "`mount llm PATH` takes no words after PATH"));
+                }
                 for w in spec_words {
                     check_shown(&ctx, w, "a mount word")?;
                     if server == Server::Local(LocalServer::Tool)
@@ -1084,6 +1094,7 @@ mod tests {
             ("mount tool /tool 'a b'", "not a tool name"),
             ("mount ftp!x /m", "unknown server"),
             ("mount mcp: /m", "not an MCP server name"),
+            ("mount llm /mnt/llm gpt", "takes no words"),
             ("mount mcp:a/b /m", "not an MCP server name"),
             ("mount mcp:e /m echo echo", "granted twice"),
             ("mount mcp:e /m 'a b'", "not a tool name"),

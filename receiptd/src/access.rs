@@ -11,6 +11,9 @@ pub enum Role {
     Toolfs,
     /// mcpfs's uid: an appender of `effect` receipts (MCP servers' tools' calls).
     Mcpfs,
+    /// llmfs's uid: an appender of `query` receipts (model calls), in the scopes of the
+    /// namespaces it serves.
+    Llmfs,
     /// Anyone else the operator socket let in (root or the `warren` group), with its uid.
     Operator(u32),
     /// receiptd itself: `boot` and `checkpoint` receipts.
@@ -23,6 +26,7 @@ pub struct DaemonUids {
     pub gate: Option<u32>,
     pub toolfs: Option<u32>,
     pub mcpfs: Option<u32>,
+    pub llmfs: Option<u32>,
 }
 
 impl Role {
@@ -33,6 +37,8 @@ impl Role {
             Role::Toolfs
         } else if Some(uid) == daemons.mcpfs {
             Role::Mcpfs
+        } else if Some(uid) == daemons.llmfs {
+            Role::Llmfs
         } else {
             Role::Operator(uid)
         }
@@ -44,6 +50,7 @@ impl Role {
             Role::Gate => "gate".into(),
             Role::Toolfs => "toolfs".into(),
             Role::Mcpfs => "mcpfs".into(),
+            Role::Llmfs => "llmfs".into(),
             Role::Operator(uid) => format!("operator:{uid}"),
             Role::Receiptd => "receiptd".into(),
         }

@@ -216,7 +216,10 @@ fn decision_and_effect_only_from_their_daemons_and_the_appender_is_recorded() {
             body["appender"].as_str().unwrap().to_owned()
         })
         .collect();
-    assert_eq!(appenders, ["gate", "toolfs", "mcpfs", "operator:0", "operator:0"]);
+    assert_eq!(
+        appenders,
+        ["gate", "toolfs", "mcpfs", "operator:0", "operator:0"]
+    );
 }
 
 #[test]

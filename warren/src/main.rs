@@ -3,6 +3,7 @@
 //! commands are in `README.md`; how they run the system, in `docs/architecture.md` ("Operating
 //! it").
 
+mod agent;
 mod approvals;
 mod asks;
 mod attach;
@@ -84,6 +85,15 @@ enum Command {
         asks: asks::AsksMode,
         #[command(flatten)]
         args: warren_ns::cli::RunArgs,
+    },
+    /// Run warren's agent on a task in a namespace of its own: its tools are the spec's, its
+    /// model is mounted at /mnt/llm; progress here, the final answer on stdout.
+    Agent {
+        /// Who answers the agent's asks: `terminal` or `operator` (as for `run`).
+        #[arg(long, value_enum, default_value_t)]
+        asks: asks::AsksMode,
+        #[command(flatten)]
+        args: agent::AgentArgs,
     },
     /// Receipts: export a scope's chain, or print the key registry.
     #[command(subcommand)]
@@ -217,6 +227,7 @@ fn main() -> ExitCode {
         Command::Down { force } => supervise::down_with(&dirs, force),
         Command::Status { json } => supervise::status(&dirs, json),
         Command::Run { asks, args } => run::run(&dirs, &args, asks),
+        Command::Agent { asks, args } => agent::agent(&dirs, &args, asks),
         Command::Demo => demo::demo(),
         Command::Approvals => approvals::approvals(&dirs),
         Command::Receipts(ReceiptsCommand::Export { scope }) => receipts::export(&dirs, &scope),

@@ -20,6 +20,18 @@ pub fn run(dirs: &Dirs, args: &RunArgs, asks: AsksMode) -> Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
+    run_spec(dirs, &spec, args, asks, |_| {})
+}
+
+/// [`run`] with the spec already made (`warren agent` adds its mounts to it); `started` is told
+/// of the namespace once its command runs.
+pub fn run_spec(
+    dirs: &Dirs,
+    spec: &warren_ns::Spec,
+    args: &RunArgs,
+    asks: AsksMode,
+    started: impl FnOnce(&warren_ns::launch::client::Launched),
+) -> Result<ExitCode> {
     if !nsd_answers(dirs) {
         match crate::supervise::bring_up(dirs) {
             Err(e) => {
@@ -41,13 +53,14 @@ pub fn run(dirs: &Dirs, args: &RunArgs, asks: AsksMode) -> Result<ExitCode> {
         }
     }
     let follow_asks = |launched: &warren_ns::launch::client::Launched| {
+        started(launched);
         crate::asks::follow(dirs, &launched.session, asks)
             .map_err(|e| format!("following the session's asks: {e:#}"))
     };
     Ok(ExitCode::from(run_through_nsd(
         "warren",
         dirs,
-        &spec,
+        spec,
         &args.command,
         args,
         follow_asks,

@@ -105,7 +105,39 @@ const DAEMONS: &[Daemon] = &[
         caps: &[],
         gate_client: true,
     },
+    Daemon {
+        binary: "warren-llmfs",
+        args: &[],
+        name: "llmfs",
+        role: Some(Role::Llmfs),
+        // llm.sock: the operator's; llmfs.ctl: each namespace's `mount llm` connection (nsd).
+        // Its backend comes from the environment `warren up` was given (WARREN_LLM_URL,
+        // WARREN_LLM_API, WARREN_LLM_MODEL); its key file is opened here ([`llm_key_fd`]).
+        sockets: &["llm.sock", "llmfs.ctl"],
+        caps: &[],
+        gate_client: false,
+    },
 ];
+
+/// llmfs's API key file (`WARREN_LLM_KEY_FILE`, else `<secrets>/llm.key`), opened here as root:
+/// the secrets dir is receiptd's, so llmfs gets the open file (`WARREN_LLM_KEY_FD`) rather than
+/// a path it could not read. None: no key file (a local backend often needs none).
+fn llm_key_fd(dirs: &Dirs) -> Result<Option<File>> {
+    let path = std::env::var_os("WARREN_LLM_KEY_FILE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| dirs.secrets.join("llm.key"));
+    // No symlink followed, and a FIFO or device never blocks the supervisor: only a regular file.
+    match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&path)
+    {
+        Ok(f) if f.metadata()?.is_file() => Ok(Some(f)),
+        Ok(_) => bail!("llmfs's key file {} is not a regular file", path.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("open llmfs's key file {}", path.display())),
+    }
+}
 
 pub fn libexec_dir() -> Result<PathBuf> {
     if let Some(dir) = std::env::var_os("WARREN_LIBEXEC_DIR") {
@@ -496,8 +528,14 @@ fn spawn_daemon(dirs: &Dirs, d: &Daemon, bound: &[Bound]) -> Result<std::process
     } else {
         None
     };
+    let key = if d.role == Some(Role::Llmfs) {
+        llm_key_fd(dirs)?
+    } else {
+        None
+    };
     let mut raw: Vec<i32> = bound.iter().map(|b| b.listener.as_raw_fd()).collect();
     raw.extend(gate.as_ref().map(|g| g.as_raw_fd()));
+    raw.extend(key.as_ref().map(|k| k.as_raw_fd()));
     let uid = d.role.map(Role::uid);
     // The operator group lets daemons reach each other's operator sockets; with no such group,
     // no supplementary group at all (never root's group 0).
@@ -518,6 +556,11 @@ fn spawn_daemon(dirs: &Dirs, d: &Daemon, bound: &[Bound]) -> Result<std::process
         .stdin(std::process::Stdio::null());
     if let Some(g) = &gate {
         cmd.env("WARREN_GATE_FD", g.as_raw_fd().to_string());
+    }
+    if d.role == Some(Role::Llmfs) {
+        // Empty: the supervisor found no key file (llmfs must not look in the secrets dir).
+        let fd = key.as_ref().map(|k| k.as_raw_fd().to_string());
+        cmd.env("WARREN_LLM_KEY_FD", fd.unwrap_or_default());
     }
     // SAFETY: the closure only makes syscalls (sigaction, sigprocmask, fcntl, prctl, setgroups,
     // setres[ug]id, capset); the caps crate's set operations build small sets, and glibc's fork

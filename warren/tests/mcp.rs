@@ -728,3 +728,77 @@ fn a_whole_server_mount_serves_its_resources_as_read_only_files() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("NO-RESOURCES"), "{out}");
 }
+
+/// warren's agent finds a mounted MCP server's granted tools under `/mnt/mcp/NAME`, offers them
+/// to the model as `mcp__NAME__TOOL`, and calls them through their `call` files; the result
+/// reaches the model as untrusted data.
+#[test]
+fn the_agent_calls_a_mounted_mcp_servers_tool() {
+    let script_dir = tempfile::tempdir().unwrap();
+    let script = llm::Script::start(
+        script_dir.path(),
+        &serde_json::json!([
+            {"tool_calls": [{"id": "m1", "name": "mcp__everything__echo",
+                             "arguments": {"message": "hello from the agent"}}]},
+            {"text": "It echoed."}
+        ]),
+    );
+    let config = tempfile::Builder::new()
+        .prefix("wmcp")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        config.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::create_dir_all(config.path().join("mcp")).unwrap();
+    let w = Warren::up_with(&[
+        ("WARREN_CONFIG_DIR", config.path().to_str().unwrap()),
+        ("WARREN_LLM_URL", &script.url()),
+        ("WARREN_LLM_MODEL", "scripted"),
+    ]);
+    define_everything(config.path());
+    let (ok, _, err) = mcp(&w, config.path(), &["accept", "everything", "echo"], &[]);
+    assert!(ok, "{err}");
+    let _approver = approve_every_ask(&w);
+    let run = w.run(&[
+        "agent",
+        "--asks",
+        "operator",
+        "--mcp",
+        "everything:echo",
+        "echo a greeting",
+    ]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(0), "{stderr}");
+    assert!(String::from_utf8_lossy(&run.stdout).contains("It echoed."));
+    let requests = script.requests();
+    assert_eq!(requests.len(), 2, "{stderr}");
+    let offered: Vec<&str> = requests[0]["body"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(offered, ["mcp__everything__echo"]);
+    let result = requests[1]["body"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .expect("the tool's result");
+    let data: serde_json::Value =
+        serde_json::from_str(result["content"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        data["untrusted_data"]["source"],
+        "tool mcp__everything__echo (ok)"
+    );
+    assert!(
+        data["untrusted_data"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("hello from the agent"),
+        "{data}"
+    );
+}

@@ -163,6 +163,8 @@ pub enum AskError {
     },
     #[error("cannot reach the backend after {}: {message}", plural(*.tries))]
     Unreachable { tries: u32, message: String },
+    #[error("no model backend is configured (WARREN_LLM_URL was not set for llmfs)")]
+    NoBackend,
     #[error("malformed reply from the backend: {0}")]
     Malformed(String),
     #[error("the backend's reply broke off: {0}")]
@@ -227,6 +229,9 @@ impl Backend {
         deadline: tokio::time::Instant,
         on_event: &mut (dyn FnMut(Event) + Send),
     ) -> Result<Reply, AskError> {
+        if self.config.url.is_empty() {
+            return Err(AskError::NoBackend);
+        }
         let tries = self.config.tries.max(1);
         let mut backoff = self.config.backoff_first;
         let mut last = None;
@@ -473,11 +478,27 @@ fn openai_body(req: &AskRequest) -> Value {
 }
 
 fn anthropic_body(req: &AskRequest) -> Result<Value, AskError> {
-    let messages = req
-        .messages
-        .iter()
-        .map(anthropic_message)
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut messages: Vec<Value> = Vec::with_capacity(req.messages.len());
+    for m in &req.messages {
+        let converted = anthropic_message(m)?;
+        // The results of one reply's several tool calls go back as one user message of
+        // `tool_result` blocks, as Anthropic's API asks.
+        let is_results = |v: &Value| {
+            v["role"] == "user"
+                && v["content"]
+                    .as_array()
+                    .is_some_and(|b| b.iter().all(|b| b["type"] == "tool_result"))
+        };
+        match messages.last_mut() {
+            Some(last) if is_results(last) && is_results(&converted) => {
+                let blocks = converted["content"].as_array().cloned().unwrap_or_default();
+                if let Some(into) = last["content"].as_array_mut() {
+                    into.extend(blocks);
+                }
+            }
+            _ => messages.push(converted),
+        }
+    }
     let mut body = json!({
         "model": req.model,
         "messages": messages,
@@ -920,6 +941,38 @@ mod tests {
         );
         assert_eq!(body["messages"][2]["role"], "user");
         assert_eq!(body["messages"][2]["content"][0]["tool_use_id"], "c1");
+    }
+
+    /// Several tool results in a row (one reply's calls, answered in one ask) are one user
+    /// message of `tool_result` blocks.
+    #[test]
+    fn consecutive_tool_results_are_one_anthropic_message() {
+        let req = AskRequest {
+            model: "claude".into(),
+            system: None,
+            tools: vec![],
+            messages: vec![
+                json!({"role": "user", "content": "two things"}),
+                json!({"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+                    {"id": "b", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}),
+                json!({"role": "tool", "tool_call_id": "a", "content": "1"}),
+                json!({"role": "tool", "tool_call_id": "b", "content": "2"}),
+                json!({"role": "user", "content": "thanks"}),
+            ],
+            max_tokens: None,
+        };
+        let body = anthropic_body(&req).unwrap();
+        let messages = body["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 4, "{body}");
+        let ids: Vec<&Value> = messages[2]["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| &b["tool_use_id"])
+            .collect();
+        assert_eq!(ids, [&json!("a"), &json!("b")]);
+        assert_eq!(messages[3], json!({"role": "user", "content": "thanks"}));
     }
 
     #[test]

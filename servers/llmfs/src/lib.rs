@@ -3,6 +3,7 @@
 //! model's reply back as JSON lines. `docs/llm.md` describes the tree and its backends.
 
 pub mod backend;
+pub mod control;
 pub mod receipts;
 pub mod session;
 pub mod tree;

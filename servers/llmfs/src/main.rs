@@ -1,5 +1,6 @@
 //! `warren-llmfs`: serves the model as files (`docs/llm.md`) on the operator socket
-//! `<runtime>/llm.sock`, each connection with sessions of its own.
+//! `<runtime>/llm.sock`, and on each namespace's connection nsd hands over on
+//! `<runtime>/llmfs.ctl` (`mount llm PATH`); each connection has sessions of its own.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -12,6 +13,37 @@ use warren_llmfs::backend::{Api, Backend, BackendConfig};
 use warren_llmfs::receipts::Receipts;
 use warren_llmfs::session::Defaults;
 use warren_llmfs::tree::LlmTree;
+use warren_proto::llm::CONTROL_NAME;
+
+/// The fd of the key file, opened for llmfs by the supervisor (empty: it found none).
+const KEY_FD_ENV: &str = "WARREN_LLM_KEY_FD";
+
+/// The key from an inherited fd (`name` is the file it was opened from, for errors).
+fn read_key_fd(fd: &str, name: &std::path::Path) -> anyhow::Result<Option<String>> {
+    use std::io::Read;
+    use std::os::fd::FromRawFd;
+    let fd: i32 = fd
+        .parse()
+        .map_err(|_| anyhow::anyhow!("{KEY_FD_ENV}={fd}: not an fd number"))?;
+    if nix::fcntl::fcntl(
+        // SAFETY: a borrow for one fcntl; an fd that is not open fails with EBADF.
+        unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
+        nix::fcntl::FcntlArg::F_GETFD,
+    )
+    .is_err()
+    {
+        anyhow::bail!("{KEY_FD_ENV}={fd}: not an open fd");
+    }
+    // SAFETY: the supervisor opened this fd for us alone; it is read once, here.
+    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+    let mut key = String::new();
+    file.read_to_string(&mut key)
+        .map_err(|e| anyhow::anyhow!("cannot read the key file {}: {e}", name.display()))?;
+    if key.trim().is_empty() {
+        anyhow::bail!("the key file {} is empty", name.display());
+    }
+    Ok(Some(key.trim().to_owned()))
+}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -22,8 +54,9 @@ struct Args {
     /// Where the sockets live (default: $WARREN_RUNTIME_DIR, else /run/warren).
     #[arg(long)]
     runtime_dir: Option<PathBuf>,
-    /// The backend's base URL (the API paths `/v1/...` are appended).
-    #[arg(long, env = "WARREN_LLM_URL")]
+    /// The backend's base URL (the API paths `/v1/...` are appended). None: every ask ends with
+    /// an error saying so (the supervisor starts llmfs whether or not one was given).
+    #[arg(long, env = "WARREN_LLM_URL", default_value = "")]
     url: String,
     /// The backend's wire API.
     #[arg(long, env = "WARREN_LLM_API", value_enum, default_value_t = Api::Openai)]
@@ -72,7 +105,13 @@ fn main() -> anyhow::Result<()> {
         .key_file
         .clone()
         .unwrap_or_else(|| dirs.secrets.join("llm.key"));
-    let key = BackendConfig::read_key(&key_file)?;
+    // The supervisor reads the key file as root (the secrets dir is not llmfs's) and hands it
+    // over as an fd.
+    let key = match std::env::var(KEY_FD_ENV) {
+        Ok(fd) if fd.is_empty() => None,
+        Ok(fd) => read_key_fd(&fd, &key_file)?,
+        Err(_) => BackendConfig::read_key(&key_file)?,
+    };
     if key.is_none() {
         tracing::warn!(
             "{} does not exist: asking without a key",
@@ -103,6 +142,8 @@ fn main() -> anyhow::Result<()> {
             let socket = args.receipts.unwrap_or_else(|| dirs.socket("receipts"));
             Some(Arc::new(Receipts::start(socket)))
         };
+        // The control socket first: once `llm.sock` answers, both do.
+        let ctl = warren_daemon::operator::listen(&dirs.control(CONTROL_NAME))?;
         let listener = warren_daemon::operator::listen(&dirs.socket("llm"))?;
         tracing::info!(
             runtime = %dirs.runtime.display(),
@@ -110,13 +151,15 @@ fn main() -> anyhow::Result<()> {
             url = %args.url,
             "llmfs ready"
         );
-        let make = move |_peer| {
-            Some(Arc::new(LlmTree::new(
-                backend.clone(),
-                receipts.clone(),
-                defaults.clone(),
-            )))
-        };
+        let make_tree: Arc<dyn Fn() -> LlmTree + Send + Sync> =
+            Arc::new(move || LlmTree::new(backend.clone(), receipts.clone(), defaults.clone()));
+        let for_ctl = make_tree.clone();
+        let make = move |_peer| Some(Arc::new(make_tree()));
+        tokio::spawn(warren_llmfs::control::serve_control(
+            ctl,
+            for_ctl,
+            warren_9p::Limits::default(),
+        ));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
             () = warren_daemon::operator::accept_loop(

@@ -59,14 +59,24 @@ pub enum Setting {
 
 pub struct Session {
     token: String,
+    /// Where its model calls are receipted: the namespace's session when the connection was
+    /// handed over for one (`llmfs.ctl`), else a scope named by a digest of the token.
+    scope: String,
     settings: Mutex<Settings>,
     reply: watch::Sender<ReplyLines>,
 }
 
 impl Session {
     pub fn new(token: String, defaults: &Defaults) -> Session {
+        let scope = scope_of(&token);
+        Session::in_scope(token, scope, defaults)
+    }
+
+    /// A session whose model calls are receipted in `scope`.
+    pub fn in_scope(token: String, scope: String, defaults: &Defaults) -> Session {
         Session {
             token,
+            scope,
             settings: Mutex::new(Settings {
                 model: defaults.model.clone().into_bytes(),
                 system: Vec::new(),
@@ -229,7 +239,7 @@ impl Session {
                     session.answered(turn, &request, &reply);
                     if let Some(slot) = slot {
                         slot.send(receipt(
-                            &session.token,
+                            &session.scope,
                             backend.api().as_str(),
                             &request.model,
                             &body,
@@ -288,8 +298,10 @@ impl Session {
             let mut s = self.settings();
             // The conversation goes on from the message and its answer; a failed ask leaves no
             // trace in it, so asking again does not repeat the message.
-            s.history
-                .push(request.messages.last().cloned().expect("the new message"));
+            // One ask is one or more new messages (a JSON array of them: the results of several
+            // tool calls); the history did not change while it ran (one ask at a time).
+            let new = request.messages[s.history.len().min(request.messages.len())..].to_vec();
+            s.history.extend(new);
             s.history.push(reply.as_message());
             s.usage.prompt_tokens += reply.usage.prompt_tokens;
             s.usage.completion_tokens += reply.usage.completion_tokens;
@@ -348,7 +360,7 @@ fn prepare(
     };
     let system = String::from_utf8_lossy(&s.system).into_owned();
     let mut messages = s.history.clone();
-    messages.push(parse_message(message)?);
+    messages.extend(parse_messages(message)?);
     let request = AskRequest {
         model,
         system: (!system.trim().is_empty()).then_some(system),
@@ -360,6 +372,32 @@ fn prepare(
     // The receipt's place is taken before the model is asked: no place, no ask.
     let slot = receipts.map(Receipts::reserve).transpose()?;
     Ok((request, body, slot))
+}
+
+/// Messages one ask may carry at most (a JSON array of them).
+pub const MAX_MESSAGES_PER_ASK: usize = 256;
+
+/// The new messages of an ask: a JSON array of message objects (each with a `role`: the results
+/// of several tool calls, answered in one ask), else one message as [`parse_message`] reads it.
+pub fn parse_messages(bytes: &[u8]) -> Result<Vec<Value>, String> {
+    if let Ok(Value::Array(items)) = serde_json::from_slice::<Value>(bytes) {
+        if items.is_empty() || items.len() > MAX_MESSAGES_PER_ASK {
+            return Err(format!(
+                "an ask carries 1 to {MAX_MESSAGES_PER_ASK} messages, not {}",
+                items.len()
+            ));
+        }
+        return items
+            .into_iter()
+            .map(|item| match item {
+                Value::Object(m) if m.contains_key("role") => {
+                    parse_message(&serde_json::to_vec(&m).expect("json"))
+                }
+                _ => Err("each message of an array is an object with a `role`".into()),
+            })
+            .collect();
+    }
+    parse_message(bytes).map(|m| vec![m])
 }
 
 /// A JSON message (an object with a `role`), else the text as a user message.
@@ -387,11 +425,11 @@ fn sha256(bytes: &[u8]) -> String {
 
 /// The model call's receipt: which model, the counts, and digests of what was sent and what came
 /// back — never the text itself.
-fn receipt(token: &str, api: &str, model: &str, body: &Value, reply: &Reply) -> Value {
+fn receipt(scope: &str, api: &str, model: &str, body: &Value, reply: &Reply) -> Value {
     let sent = serde_json::to_vec(body).expect("json");
     let got = serde_json::to_vec(&reply.as_message()).expect("json");
     json!({
-        "scope": scope_of(token),
+        "scope": scope,
         "kind": "query",
         "subject": {
             "server": "llmfs",
@@ -470,6 +508,13 @@ mod tests {
         assert!(parse_message(br#"{"role": "system", "content": "x"}"#).is_err());
         assert!(parse_message(b" \n").is_err());
         assert!(parse_message(b"\xff").is_err());
+        let two = json!([{"role": "tool", "tool_call_id": "a", "content": "1"},
+                         {"role": "tool", "tool_call_id": "b", "content": "2"}]);
+        assert_eq!(parse_messages(two.to_string().as_bytes()).unwrap().len(), 2);
+        assert!(parse_messages(b"[]").is_err());
+        assert!(parse_messages(br#"[{"role": "system", "content": "x"}]"#).is_err());
+        assert!(parse_messages(br#"[1]"#).is_err());
+        assert_eq!(parse_messages(b"plain").unwrap().len(), 1);
     }
 
     #[test]

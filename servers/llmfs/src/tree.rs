@@ -83,6 +83,9 @@ pub struct LlmTree {
     receipts: Option<Arc<Receipts>>,
     defaults: Defaults,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// The namespace session this connection was handed over for (`llmfs.ctl`): every session
+    /// minted here is receipted in its scope. None: the operator socket.
+    scope: Option<String>,
     mtime: Time,
 }
 
@@ -96,11 +99,18 @@ impl LlmTree {
             receipts,
             defaults,
             sessions: Mutex::new(HashMap::new()),
+            scope: None,
             mtime: Time {
                 sec: now.as_secs(),
                 nsec: u64::from(now.subsec_nanos()),
             },
         }
+    }
+
+    /// This connection's sessions are receipted in `scope` (a namespace's session).
+    pub fn in_scope(mut self, scope: String) -> Self {
+        self.scope = Some(scope);
+        self
     }
 
     fn sessions(&self) -> MutexGuard<'_, HashMap<String, Arc<Session>>> {
@@ -118,7 +128,10 @@ impl LlmTree {
         let token = hex::encode(bits);
         sessions.insert(
             token.clone(),
-            Arc::new(Session::new(token.clone(), &self.defaults)),
+            Arc::new(match &self.scope {
+                Some(scope) => Session::in_scope(token.clone(), scope.clone(), &self.defaults),
+                None => Session::new(token.clone(), &self.defaults),
+            }),
         );
         Ok(token)
     }

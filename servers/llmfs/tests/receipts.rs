@@ -46,10 +46,9 @@ async fn receipts(socket: &std::path::Path, scope: &str, n: usize) -> Vec<Value>
     panic!("scope {scope} did not get {n} receipts");
 }
 
-#[tokio::test]
-async fn a_model_call_is_receipted_with_digests_not_text() {
-    let dir = tmp();
-    let base = dir.path().to_owned();
+/// receiptd on `<base>/run/receipts.sock`, in a thread of the test (it runs until the test
+/// process ends); returns its socket once it accepts.
+fn start_receiptd(base: &std::path::Path) -> std::path::PathBuf {
     let run = base.join("run");
     std::fs::create_dir_all(&run).unwrap();
     let receipts_socket = run.join("receipts.sock");
@@ -58,8 +57,7 @@ async fn a_model_call_is_receipted_with_digests_not_text() {
     let config = DaemonConfig {
         log,
         socket: receipts_socket.clone(),
-        gate_uid: None,
-        toolfs_uid: None,
+        daemons: Default::default(),
     };
     // receiptd in a thread of the test (it runs until the test process ends).
     std::thread::spawn(move || daemon::run(config).expect("receiptd"));
@@ -69,7 +67,13 @@ async fn a_model_call_is_receipted_with_digests_not_text() {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+    receipts_socket
+}
 
+#[tokio::test]
+async fn a_model_call_is_receipted_with_digests_not_text() {
+    let dir = tmp();
+    let receipts_socket = start_receiptd(dir.path());
     let script = Script::start(
         dir.path(),
         "openai",
@@ -110,4 +114,39 @@ async fn a_model_call_is_receipted_with_digests_not_text() {
     for secret in ["tell me the secret", "is safe", &token] {
         assert!(!text.contains(secret), "{secret:?} is in a receipt");
     }
+}
+
+/// A connection nsd hands over for a namespace (`llmfs.ctl`, `mount llm`): its model calls are
+/// receipted in the namespace's session, not in a scope of llmfs's own.
+#[tokio::test]
+async fn a_namespace_connection_is_receipted_in_its_session() {
+    let dir = tmp();
+    let receipts_socket = start_receiptd(dir.path());
+    let script = Script::start(
+        dir.path(),
+        "openai",
+        json!([{"text": "hello", "usage": {"prompt_tokens": 2, "completion_tokens": 1}}]),
+    );
+    let socket = receipts_socket.to_str().unwrap();
+    let fs = Llmfs::start_with(
+        dir.path(),
+        script.port,
+        "openai",
+        &["--model", "gpt-test", "--receipts", socket],
+    );
+    let session = "5e55105e55105e55105e55105e55105e";
+    let conn = fs.hand_over(session).await;
+    let token = conn.new_session().await;
+    let reply = conn.ask(&token, "hi").await;
+    assert!(reply.last().unwrap().get("done").is_some(), "{reply:?}");
+    let bodies = receipts(&receipts_socket, session, 1).await;
+    let call = bodies
+        .iter()
+        .find(|b| b["kind"] == "query")
+        .expect("a query receipt in the namespace's session");
+    assert_eq!(call["subject"]["model"], "gpt-test");
+    // The session minted on the operator socket is not visible on the namespace's connection.
+    let op = fs.connect().await;
+    let theirs = op.new_session().await;
+    assert!(conn.root.walk(&[theirs.as_str()]).await.is_err());
 }

@@ -5,6 +5,7 @@
 
 #[path = "../../../toolfs/tests/common/approver.rs"]
 pub mod approver;
+pub mod llm;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -181,12 +181,13 @@ async fn answer(State(replay): State<Arc<Replay>>, headers: HeaderMap, body: Byt
         let _ = writeln!(log, "{line}");
         let _ = log.flush();
     }
-    let Some(turn) = lock(&replay.turns).next() else {
+    let Some(mut turn) = lock(&replay.turns).next() else {
         return error(
             StatusCode::INTERNAL_SERVER_ERROR,
             &format!("script exhausted: request {n} has no turn"),
         );
     };
+    fill_from_last_tool_result(&mut turn, &request);
     if turn.delay_ms > 0 {
         tokio::time::sleep(Duration::from_millis(turn.delay_ms)).await;
     }
@@ -286,6 +287,45 @@ fn pieces(turn: &Turn) -> Vec<String> {
     let mut out: Vec<String> = turn.text.iter().cloned().collect();
     out.extend(turn.chunks.iter().cloned());
     out
+}
+
+/// In a tool call's arguments, [`LAST_TOOL_RESULT`] stands for the content of the request's
+/// last tool result: a scripted model that passes on what it read (the injection benchmark's
+/// fully compromised model copies data it was given into its next call).
+const LAST_TOOL_RESULT: &str = "{{last_tool_result}}";
+
+fn fill_from_last_tool_result(turn: &mut Turn, request: &Value) {
+    let last = request["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .rev()
+        .find_map(|m| match m["role"].as_str() {
+            Some("tool") => m["content"].as_str().map(str::to_owned),
+            // Anthropic: a user message of tool_result blocks.
+            Some("user") => m["content"].as_array().and_then(|blocks| {
+                blocks.iter().rev().find_map(|b| {
+                    (b["type"] == "tool_result")
+                        .then(|| b["content"].as_str().map(str::to_owned))
+                        .flatten()
+                })
+            }),
+            _ => None,
+        })
+        .unwrap_or_default();
+    fn fill(v: &mut Value, last: &str) {
+        match v {
+            Value::String(s) if s.contains(LAST_TOOL_RESULT) => {
+                *s = s.replace(LAST_TOOL_RESULT, last);
+            }
+            Value::Array(items) => items.iter_mut().for_each(|i| fill(i, last)),
+            Value::Object(m) => m.values_mut().for_each(|i| fill(i, last)),
+            _ => {}
+        }
+    }
+    for call in &mut turn.tool_calls {
+        fill(&mut call.arguments, &last);
+    }
 }
 
 fn arguments(call: &ScriptCall) -> String {

@@ -131,6 +131,28 @@ impl Llmfs {
             root,
         }
     }
+
+    /// A connection handed over on `llmfs.ctl` as nsd hands a namespace's (`mount llm`), with
+    /// `session` as the namespace's session.
+    pub async fn hand_over(&self, session: &str) -> Conn {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let grant = warren_proto::llm::LlmGrant {
+            version: 1,
+            session: session.into(),
+            namespace: "1".into(),
+        };
+        let ctl = self.socket.with_file_name("llmfs.ctl");
+        warren_proto::llm::hand_over(&ctl, &grant, std::os::fd::AsFd::as_fd(&theirs)).unwrap();
+        drop(theirs);
+        ours.set_nonblocking(true).unwrap();
+        let stream = tokio::net::UnixStream::from_std(ours).unwrap();
+        let client = Client::new(stream, 1 << 20).await.unwrap();
+        let root = client.attach("agent", "").await.unwrap();
+        Conn {
+            _client: client,
+            root,
+        }
+    }
 }
 
 impl Drop for Llmfs {

@@ -1,0 +1,128 @@
+//! llmfs's control socket, `<runtime>/llmfs.ctl` (root only): how nsd hands llmfs a namespace's
+//! connection for `mount llm PATH`.
+//!
+//! nsd makes a socketpair, keeps one end for the namespace's bridge, and sends the other with one
+//! [`LlmGrant`] (a `warren_daemon::handoff` record, the connection as its one fd). llmfs serves
+//! the model tree on it, its sessions tied to that connection and their receipts appended in the
+//! namespace's session scope, and answers one line: `ok` or `error: <why>`. Any number of grants
+//! may follow one another on one control connection. The operator socket `llm.sock` is the
+//! operator's own way in and is not this.
+
+use std::io::{self, BufRead, BufReader};
+use std::os::fd::BorrowedFd;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// The control socket's stem in the runtime dir (`Dirs::control("llmfs")`).
+pub const CONTROL_NAME: &str = "llmfs";
+
+/// The record sent with a namespace's connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmGrant {
+    pub version: u32,
+    /// The namespace's session id (32 lowercase hex digits): the receipts' scope.
+    pub session: String,
+    /// The namespace's id, for logs.
+    pub namespace: String,
+}
+
+impl LlmGrant {
+    /// Why the record is refused, if it is.
+    pub fn check(&self) -> Result<(), String> {
+        if self.version != 1 {
+            return Err(format!("version {}: expected 1", self.version));
+        }
+        if self.session.len() != 32
+            || !self
+                .session
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            return Err("session must be 32 lowercase hex digits".into());
+        }
+        if self.namespace.is_empty()
+            || self.namespace.len() > 128
+            || !self.namespace.bytes().all(|b| b.is_ascii_graphic())
+        {
+            return Err("namespace must be 1-128 printable ASCII characters".into());
+        }
+        Ok(())
+    }
+}
+
+/// Hands `conn` (the server end of a socketpair) to llmfs with `grant`; returns once llmfs serves
+/// it, or with llmfs's refusal as the error.
+pub fn hand_over(ctl_path: &Path, grant: &LlmGrant, conn: BorrowedFd<'_>) -> io::Result<()> {
+    let sock = UnixStream::connect(ctl_path)?;
+    // Bounded: an llmfs that accepts and never answers must not hold its caller (nsd).
+    sock.set_read_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
+    sock.set_write_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
+    let bytes = serde_json::to_vec(grant).map_err(io::Error::other)?;
+    warren_daemon::handoff::send(&sock, &bytes, &[conn])?;
+    let mut line = String::new();
+    if BufReader::new(&sock).read_line(&mut line)? == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "llmfs closed the control connection",
+        ));
+    }
+    let line = line.trim_end();
+    match line.strip_prefix("error: ") {
+        None if line == "ok" => Ok(()),
+        None => Err(io::Error::other(format!("llmfs answered {line:?}"))),
+        Some(msg) => Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("llmfs refused the connection: {msg}"),
+        )),
+    }
+}
+
+/// The one-line answer to a handed-over grant (llmfs's side).
+pub fn reply_line(result: &Result<(), String>) -> String {
+    match result {
+        Ok(()) => "ok\n".to_owned(),
+        Err(msg) => format!("error: {}\n", msg.replace('\n', " ")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant() -> LlmGrant {
+        LlmGrant {
+            version: 1,
+            session: "0123456789abcdef0123456789abcdef".into(),
+            namespace: "7".into(),
+        }
+    }
+
+    #[test]
+    fn a_sound_grant_passes_and_bad_ones_say_why() {
+        assert_eq!(grant().check(), Ok(()));
+        let upper = LlmGrant {
+            session: "0123456789ABCDEF0123456789abcdef".into(),
+            ..grant()
+        };
+        assert!(upper.check().unwrap_err().contains("session"));
+        let v2 = LlmGrant {
+            version: 2,
+            ..grant()
+        };
+        assert!(v2.check().unwrap_err().contains("version"));
+        let blank = LlmGrant {
+            namespace: "a b".into(),
+            ..grant()
+        };
+        assert!(blank.check().unwrap_err().contains("namespace"));
+        assert!(
+            serde_json::from_str::<LlmGrant>(
+                r#"{"version":1,"session":"x","namespace":"1","extra":1}"#
+            )
+            .is_err()
+        );
+    }
+}

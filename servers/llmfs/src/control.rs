@@ -1,0 +1,86 @@
+//! The control socket `<runtime>/llmfs.ctl`: nsd hands over a namespace's connection with its
+//! session (`warren_proto::llm`); the tree served on it is a fresh [`LlmTree`] whose sessions
+//! live and die with that connection and are receipted in the namespace's session scope.
+//! Root peers in llmfs's pid namespace only.
+
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+use tokio::net::UnixListener;
+use warren_daemon::accept::{into_blocking, next_peer, refusal, root_only};
+use warren_proto::llm::{LlmGrant, reply_line};
+
+use crate::tree::LlmTree;
+
+/// Serves the control socket forever; `make` builds the tree for a connection (with no scope).
+pub async fn serve_control(
+    listener: UnixListener,
+    make: Arc<dyn Fn() -> LlmTree + Send + Sync>,
+    limits: warren_9p::Limits,
+) {
+    loop {
+        let sock = next_peer(&listener, "llmfs.ctl", |s| refusal(s.as_fd(), root_only)).await;
+        let sock = match into_blocking(sock) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("llmfs.ctl: {e}");
+                continue;
+            }
+        };
+        let (make, limits) = (make.clone(), limits.clone());
+        let runtime = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || {
+            loop {
+                let (record, fds) = match warren_daemon::handoff::recv(&sock) {
+                    Ok(got) => got,
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return,
+                    Err(e) => {
+                        tracing::warn!("llmfs.ctl: {e}; closing the control connection");
+                        return;
+                    }
+                };
+                let result = accept(&record, fds, &*make, &limits, &runtime);
+                if let Err(msg) = &result {
+                    tracing::warn!("llmfs.ctl: refused a connection: {msg}");
+                }
+                if (&sock).write_all(reply_line(&result).as_bytes()).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+fn accept(
+    record: &[u8],
+    fds: Vec<OwnedFd>,
+    make: &(dyn Fn() -> LlmTree + Send + Sync),
+    limits: &warren_9p::Limits,
+    runtime: &tokio::runtime::Handle,
+) -> Result<(), String> {
+    let [conn]: [OwnedFd; 1] = fds
+        .try_into()
+        .map_err(|_| "one fd (the connection) per record".to_owned())?;
+    let grant: LlmGrant = serde_json::from_slice(record).map_err(|e| format!("bad record: {e}"))?;
+    grant.check()?;
+    let st = nix::sys::stat::fstat(&conn).map_err(|e| format!("connection fd: {e}"))?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return Err("the fd is not a socket".into());
+    }
+    let stream = std::os::unix::net::UnixStream::from(conn);
+    stream.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let _guard = runtime.enter();
+    let stream = tokio::net::UnixStream::from_std(stream).map_err(|e| e.to_string())?;
+    let tree = Arc::new(make().in_scope(grant.session.clone()));
+    let limits = limits.clone();
+    let label = format!("namespace {}", grant.namespace);
+    tracing::info!(peer = %label, "serving a namespace's connection");
+    runtime.spawn(async move {
+        match warren_9p::serve(tree, stream, limits).await {
+            Ok(()) => tracing::info!(peer = %label, "connection closed"),
+            Err(e) => tracing::info!(peer = %label, "connection ended: {e}"),
+        }
+    });
+    Ok(())
+}

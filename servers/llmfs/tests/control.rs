@@ -1,0 +1,66 @@
+//! llmfs's control socket (`llmfs.ctl`, how nsd hands over a namespace's `mount llm`
+//! connection), and llmfs with no backend configured.
+
+mod common;
+
+use std::os::fd::AsFd;
+
+use common::{Llmfs, Script, error_of, tmp};
+use serde_json::json;
+use warren_proto::llm::{LlmGrant, hand_over};
+
+const SESSION: &str = "0123456789abcdef0123456789abcdef";
+
+/// A bad record and an fd that is not a socket are refused with the reason; nothing is served,
+/// and the socket goes on serving sound grants.
+#[tokio::test]
+async fn a_bad_grant_is_refused_and_says_why() {
+    let dir = tmp();
+    let script = Script::start(dir.path(), "openai", json!([{"text": "hi"}]));
+    let fs = Llmfs::start(dir.path(), script.port, "openai", &["--model", "m"]);
+    let ctl = fs.socket.with_file_name("llmfs.ctl");
+    let (_ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let bad = LlmGrant {
+        version: 1,
+        session: "not-a-session".into(),
+        namespace: "1".into(),
+    };
+    let e = hand_over(&ctl, &bad, theirs.as_fd()).unwrap_err();
+    assert!(
+        e.to_string().contains("session must be 32 lowercase hex"),
+        "{e}"
+    );
+    let good = LlmGrant {
+        session: SESSION.into(),
+        ..bad
+    };
+    let file = std::fs::File::open("/dev/null").unwrap();
+    let e = hand_over(&ctl, &good, file.as_fd()).unwrap_err();
+    assert!(e.to_string().contains("not a socket"), "{e}");
+    let conn = fs.hand_over(SESSION).await;
+    let token = conn.new_session().await;
+    let reply = conn.ask(&token, "hello").await;
+    assert_eq!(reply[0], json!({"text": "hi"}));
+}
+
+/// Started with no backend URL (as the supervisor starts it when `warren up` was given none),
+/// llmfs serves its tree and every ask ends with one error line saying so.
+#[tokio::test]
+async fn with_no_backend_an_ask_says_none_is_configured() {
+    let dir = tmp();
+    let script = Script::start(dir.path(), "openai", json!([]));
+    let fs = Llmfs::start(
+        dir.path(),
+        script.port,
+        "openai",
+        &["--model", "m", "--url", ""],
+    );
+    let conn = fs.connect().await;
+    let token = conn.new_session().await;
+    let reply = conn.ask(&token, "hello").await;
+    assert!(
+        error_of(&reply).contains("no model backend is configured"),
+        "{reply:?}"
+    );
+    assert!(script.requests().is_empty());
+}

@@ -1,0 +1,422 @@
+//! `warren agent`: warren's own agent in a namespace nsd builds, its model the scripted backend
+//! behind llmfs (`mount llm /mnt/llm`), its tools the spec's. Needs root, /dev/fuse and the
+//! workspace's binaries (warren-llmfs, warren-llm-script, warren-agentd among them).
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use common::llm::Script;
+use common::{Warren, approve_every_ask, wait_until};
+use serde_json::{Value, json};
+use warren_daemon::identity::Role;
+
+/// A small repository to summarise, readable by the tools' workers, and an output directory
+/// owned by the worker uid (fs_write writes as its root's owner, never root).
+fn repo(base: &Path) -> (String, String) {
+    let repo = base.join("repo");
+    std::fs::create_dir_all(repo.join("src")).unwrap();
+    std::fs::write(
+        repo.join("README.md"),
+        "# tiny\nA tiny library that adds numbers.\n",
+    )
+    .unwrap();
+    std::fs::write(
+        repo.join("src/lib.rs"),
+        "pub fn add(a: i32, b: i32) -> i32 { a + b }\n",
+    )
+    .unwrap();
+    let out = base.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let uid = Role::Worker.uid();
+    nix::unistd::chown(&out, Some(uid.into()), Some(uid.into())).unwrap();
+    for d in [base, &repo, &repo.join("src"), &out] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    (
+        repo.to_str().unwrap().to_owned(),
+        out.to_str().unwrap().to_owned(),
+    )
+}
+
+fn session_of(stderr: &str) -> String {
+    let at = stderr
+        .find("(session ")
+        .unwrap_or_else(|| panic!("no session in: {stderr}"));
+    stderr[at + 9..at + 9 + 32].to_owned()
+}
+
+/// The agent reads a repository through `fs_list`/`fs_read` (two calls in one turn, run
+/// concurrently), writes a summary through `fs_write` once the operator allows it, and finishes;
+/// every model call and every tool call is receipted in the namespace's session, and the
+/// exported chain verifies.
+#[test]
+fn an_agent_summarises_a_repository_and_every_call_is_receipted() {
+    let base = tempfile::Builder::new()
+        .prefix("wagent")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let (repo, out) = repo(base.path());
+    let summary = format!("{out}/SUMMARY.md");
+    let script = Script::start(
+        base.path(),
+        &json!([
+            {"tool_calls": [
+                {"id": "c1", "name": "fs_list", "arguments": {"path": repo}},
+                {"id": "c2", "name": "fs_read", "arguments": {"path": format!("{repo}/README.md")}}
+             ],
+             "usage": {"prompt_tokens": 100, "completion_tokens": 20}},
+            {"tool_calls": [
+                {"id": "c3", "name": "fs_write",
+                 "arguments": {"path": summary, "content": "tiny: a library that adds numbers.\n"}}
+             ],
+             "usage": {"prompt_tokens": 200, "completion_tokens": 30}},
+            {"text": "The summary is in SUMMARY.md: a tiny library that adds numbers.\u{1b}[2J",
+             "usage": {"prompt_tokens": 300, "completion_tokens": 15}}
+        ]),
+    );
+    // The key file is root's alone (0600): llmfs, under its own uid, gets it from the supervisor.
+    let key_file = base.path().join("llm.key");
+    std::fs::write(&key_file, "sk-test-key\n").unwrap();
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let w = Warren::up_with(&[
+        ("WARREN_LLM_URL", &script.url()),
+        ("WARREN_LLM_MODEL", "scripted"),
+        ("WARREN_LLM_KEY_FILE", key_file.to_str().unwrap()),
+    ]);
+    let _approver = approve_every_ask(&w);
+    let spec = base.path().join("agent.ns");
+    std::fs::write(
+        &spec,
+        format!(
+            "mount tool /tool fs_list fs_read fs_write\ntool fs_list -r {repo}\n\
+             tool fs_read -r {repo}\ntool fs_write -w {out}\n"
+        ),
+    )
+    .unwrap();
+    let transcript = base.path().join("transcript.jsonl");
+    let run = w.run(&[
+        "agent",
+        "--asks",
+        "operator",
+        "--ns",
+        spec.to_str().unwrap(),
+        "--transcript",
+        transcript.to_str().unwrap(),
+        "Summarise the repository into SUMMARY.md",
+    ]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr),
+    );
+    assert_eq!(
+        run.status.code(),
+        Some(0),
+        "stdout: {stdout}\nstderr: {stderr}"
+    );
+    assert!(
+        stdout.contains("a tiny library that adds numbers"),
+        "{stdout}"
+    );
+    // The model's words reach the terminal with its controls escaped.
+    assert!(
+        !stdout.contains('\u{1b}') && stdout.contains("\\u{001B}[2J"),
+        "{stdout}"
+    );
+    assert!(stderr.contains("turn 1: call fs_read"), "{stderr}");
+    assert!(stderr.contains("turn 2: fs_write → ok"), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(&summary).unwrap(),
+        "tiny: a library that adds numbers.\n"
+    );
+
+    // What the model was given: the granted tools as native definitions, the grant in words,
+    // and each tool result as untrusted data with its digest.
+    let requests = script.requests();
+    assert_eq!(requests.len(), 3);
+    assert_eq!(requests[0]["authorization"], "Bearer sk-test-key");
+    let first = &requests[0]["body"];
+    let offered: Vec<&str> = first["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["function"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(offered, ["fs_list", "fs_read", "fs_write"]);
+    let system = first["messages"][0]["content"].as_str().unwrap();
+    assert!(system.contains("grants exactly these tools"), "{system}");
+    assert!(
+        system.contains(&format!("`fs_write` may read and write under: {out}")),
+        "{system}"
+    );
+    let second = &requests[1]["body"]["messages"];
+    let results: Vec<&Value> = second
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .collect();
+    assert_eq!(results.len(), 2, "{second}");
+    let read: Value = serde_json::from_str(results[1]["content"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        read["untrusted_data"]["source"], "tool fs_read (ok)",
+        "{read}"
+    );
+    assert!(
+        read["untrusted_data"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("adds numbers")
+    );
+    assert!(
+        read["untrusted_data"]["digest"]
+            .as_str()
+            .unwrap()
+            .starts_with("sha256:")
+    );
+
+    // The transcript: every step, ending finished.
+    let events: Vec<Value> = std::fs::read_to_string(&transcript)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds.first(), Some(&"start"));
+    assert_eq!(kinds.iter().filter(|k| **k == "tool_result").count(), 3);
+    // Each call that ran names its receipt in the session.
+    for e in events.iter().filter(|e| e["event"] == "tool_result") {
+        assert!(e["receipt"]["scope"].is_string(), "{e}");
+    }
+    assert_eq!(events.last().unwrap()["outcome"], "finished");
+    assert_eq!(events.last().unwrap()["tokens"], 665);
+
+    // Receipts: three model calls appended by llmfs, and the tool calls' decisions and runs,
+    // all in the namespace's session; the exported chain verifies.
+    let session = session_of(&stderr);
+    let model_calls = |bodies: &[Value]| {
+        bodies
+            .iter()
+            .filter(|b| b["subject"]["server"] == "llmfs")
+            .count()
+    };
+    wait_until("three model-call receipts", || {
+        model_calls(&w.receipts(&session)) == 3
+    });
+    let bodies = w.receipts(&session);
+    for b in bodies.iter().filter(|b| b["subject"]["server"] == "llmfs") {
+        assert_eq!(b["appender"], "llmfs", "{b}");
+        assert_eq!(b["kind"], "query");
+        assert_eq!(b["subject"]["model"], "scripted");
+    }
+    let ran: Vec<&str> = bodies
+        .iter()
+        .filter(|b| b["appender"] == "toolfs" && b["kind"] != "withdrawn")
+        .map(|b| b["subject"]["tool"].as_str().unwrap())
+        .collect();
+    for tool in ["fs_list", "fs_read", "fs_write"] {
+        assert!(ran.contains(&tool), "{tool} not receipted as run: {ran:?}");
+    }
+    assert!(
+        bodies
+            .iter()
+            .any(|b| b["kind"] == "decision" && b["subject"]["tool"] == "fs_write"),
+        "no decision receipt for fs_write"
+    );
+    w.run_ok(&["write", "/receipts/ctl", "checkpoint"]);
+    let dir = tempfile::tempdir().unwrap();
+    let (export, keys) = (dir.path().join("export"), dir.path().join("keys"));
+    std::fs::write(&export, w.run_ok(&["receipts", "export", &session]).stdout).unwrap();
+    std::fs::write(&keys, w.run_ok(&["receipts", "keys"]).stdout).unwrap();
+    let verify = w.run(&[
+        "verify",
+        export.to_str().unwrap(),
+        "--keys",
+        keys.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        verify.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&verify.stderr)
+    );
+}
+
+/// A model that never stops calling tools is stopped by the turn budget (exit 1), and one
+/// that asks for 100 tool calls in one turn gets an error for each, none of them run.
+#[test]
+fn the_budget_stops_a_model_that_never_finishes() {
+    let base = tempfile::Builder::new()
+        .prefix("wagent")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let (repo, _) = repo(base.path());
+    let flood: Vec<Value> = (0..100)
+        .map(|i| json!({"id": format!("f{i}"), "name": "fs_read", "arguments": {"path": "README.md"}}))
+        .collect();
+    let again = json!({"tool_calls": [{"id": "r", "name": "fs_read",
+                                       "arguments": {"path": "README.md"}}]});
+    // Three runs share the script: the turn budget's (four turns scripted, three taken), the
+    // token budget's (one turn of 5000 tokens against 1000), the time budget's (a model slower
+    // than the 1 s budget).
+    let heavy = json!({"tool_calls": [{"id": "h", "name": "fs_read",
+                                       "arguments": {"path": "README.md"}}],
+                       "usage": {"prompt_tokens": 4000, "completion_tokens": 1000}});
+    let slow = json!({"text": "too late", "delay_ms": 5000});
+    let script = Script::start(
+        base.path(),
+        &json!([{"tool_calls": flood}, again, again, again, heavy, slow]),
+    );
+    let w = Warren::up_with(&[("WARREN_LLM_URL", &script.url()), ("WARREN_LLM_MODEL", "m")]);
+    let spec = base.path().join("agent.ns");
+    std::fs::write(
+        &spec,
+        format!("mount tool /tool fs_read\ntool fs_read -r {repo}\n"),
+    )
+    .unwrap();
+    let run = w.run(&[
+        "agent",
+        "--asks",
+        "operator",
+        "--ns",
+        spec.to_str().unwrap(),
+        "--max-turns",
+        "3",
+        "read forever",
+    ]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("the turns budget is spent"), "{stderr}");
+    let requests = script.requests();
+    assert_eq!(requests.len(), 3, "the fourth turn was never asked");
+    let answers: Vec<&Value> = requests[1]["body"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .collect();
+    assert_eq!(answers.len(), 100);
+    assert!(
+        answers[0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("100 tool calls in one turn")
+    );
+
+    // The fourth scripted turn is skipped: the next run starts at `heavy`.
+    let _ = w.run(&[
+        "agent",
+        "--asks",
+        "operator",
+        "--ns",
+        spec.to_str().unwrap(),
+        "--max-turns",
+        "1",
+        "skip a turn",
+    ]);
+    let run = w.run(&[
+        "agent",
+        "--asks",
+        "operator",
+        "--ns",
+        spec.to_str().unwrap(),
+        "--max-tokens",
+        "1000",
+        "spend tokens",
+    ]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("the tokens budget is spent"), "{stderr}");
+    assert_eq!(
+        script.requests().len(),
+        5,
+        "no ask after the token budget was spent"
+    );
+
+    let run = w.run(&[
+        "agent",
+        "--asks",
+        "operator",
+        "--ns",
+        spec.to_str().unwrap(),
+        "--max-seconds",
+        "1",
+        "answer slowly",
+    ]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("the time budget is spent"), "{stderr}");
+}
+
+/// The tool calls of one reply run concurrently: the agent's `fs_read` runs (its receipt lands)
+/// while its `fs_write` of the same turn still waits for the operator's answer to its ask.
+#[test]
+fn the_calls_of_one_turn_run_concurrently() {
+    let base = tempfile::Builder::new()
+        .prefix("wagent")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let (repo, out) = repo(base.path());
+    let script = Script::start(
+        base.path(),
+        &json!([
+            {"tool_calls": [
+                {"id": "w", "name": "fs_write",
+                 "arguments": {"path": format!("{out}/a.txt"), "content": "a\n"}},
+                {"id": "r", "name": "fs_read", "arguments": {"path": format!("{repo}/README.md")}}
+            ]},
+            {"text": "both done"}
+        ]),
+    );
+    let w = Warren::up_with(&[("WARREN_LLM_URL", &script.url()), ("WARREN_LLM_MODEL", "m")]);
+    let spec = base.path().join("agent.ns");
+    std::fs::write(
+        &spec,
+        format!(
+            "mount tool /tool fs_read fs_write\ntool fs_read -r {repo}\ntool fs_write -w {out}\n"
+        ),
+    )
+    .unwrap();
+    let agent = w
+        .cmd(&[
+            "agent",
+            "--asks",
+            "operator",
+            "--ns",
+            spec.to_str().unwrap(),
+            "write and read",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (id, request) = common::next_ask(&w, 0);
+    assert_eq!(common::field(&request, "tool"), "fs_write", "{request}");
+    let session = common::field(&request, "session").to_owned();
+    wait_until("fs_read ran while fs_write waits for its ask", || {
+        w.receipts(&session)
+            .iter()
+            .any(|b| b["appender"] == "toolfs" && b["subject"]["tool"] == "fs_read")
+    });
+    let pending = w.run_ok(&["ls", "/gate/pending"]);
+    assert!(
+        String::from_utf8_lossy(&pending.stdout).contains(&id.to_string()),
+        "the ask was still open"
+    );
+    w.run_ok(&[
+        "write",
+        &format!("/gate/pending/{id}/ctl"),
+        &format!("allow once {}", common::fingerprint(&request)),
+    ]);
+    let done = agent.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert_eq!(done.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(format!("{out}/a.txt")).unwrap(),
+        "a\n"
+    );
+}
