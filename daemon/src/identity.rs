@@ -17,6 +17,9 @@ pub enum Role {
     /// mcpfs: the client of every MCP server (never the servers themselves: each runs in a
     /// namespace of its own).
     Mcpfs,
+    /// exportfs: this host's trees served to its peers over TCP (it holds the host key's
+    /// handshake, never a grant: nsd makes each peer's connection).
+    Exportfs,
 }
 
 pub const DEFAULT_UID_BASE: u32 = 61000;
@@ -29,6 +32,7 @@ impl Role {
             Role::Gate => 3,
             Role::Bridge => 4,
             Role::Mcpfs => 5,
+            Role::Exportfs => 8,
             Role::Worker => 10,
         }
     }
