@@ -116,6 +116,21 @@ fn serve(weaker_landlock: bool) -> ExitCode {
                 return ExitCode::from(1);
             }
         }
+        // exportfs's peers: each authenticated peer's /tool, built from its peers entry.
+        let export_path = dirs.control(warren_exportfs::control::CONTROL);
+        match warren_daemon::operator::listen(&export_path) {
+            Ok(l) => {
+                tokio::spawn(warren_ns::launch::export::accept_loop(
+                    l,
+                    dirs.clone(),
+                    warren_exportfs::peers::peers_path(),
+                ));
+            }
+            Err(e) => {
+                eprintln!("warren-nsd: listen {}: {e}", export_path.display());
+                return ExitCode::from(1);
+            }
+        }
         tokio::spawn(warren_ns::launch::server::accept_loop(
             run_listener,
             warren_daemon::operator::OperatorPolicy::from_host(),

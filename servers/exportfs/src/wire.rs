@@ -20,6 +20,7 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use snow::{HandshakeState, StatelessTransportState};
@@ -254,10 +255,34 @@ impl From<io::Error> for DialError {
     }
 }
 
+/// How long the dialler waits for each step of the handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A link whose peer stops acknowledging (or answering keepalives) for this long is dropped,
+/// so calls waiting on it fail instead of hanging.
+pub const LINK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Keepalives and an unacknowledged-data limit: a peer that vanishes without a FIN or RST (a
+/// cable pulled, a host frozen) ends the link within [`LINK_TIMEOUT`].
+fn keep_alive(tcp: &TcpStream) {
+    use nix::sys::socket::{setsockopt, sockopt};
+    let _ = tcp.set_nodelay(true);
+    let _ = setsockopt(tcp, sockopt::KeepAlive, &true);
+    let _ = setsockopt(tcp, sockopt::TcpKeepIdle, &10);
+    let _ = setsockopt(tcp, sockopt::TcpKeepInterval, &5);
+    let _ = setsockopt(tcp, sockopt::TcpKeepCount, &4);
+    let _ = setsockopt(
+        tcp,
+        sockopt::TcpUserTimeout,
+        &(LINK_TIMEOUT.as_millis() as u32),
+    );
+}
+
 /// Dials side: runs the handshake on `tcp` as `key`, requires the server to be `peer`, and asks
 /// for `tree`.
 pub fn dial(tcp: TcpStream, key: &HostKey, peer: &Peer, tree: &str) -> Result<Link, DialError> {
-    let _ = tcp.set_nodelay(true);
+    keep_alive(&tcp);
+    tcp.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    tcp.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
     let mut tcp = tcp;
     let mut hs = handshake(key, true)?;
     let mut buf = vec![0u8; MAX_FRAME];
@@ -296,7 +321,11 @@ pub fn dial(tcp: TcpStream, key: &HostKey, peer: &Peer, tree: &str) -> Result<Li
         serde_json::from_slice(&link.recv()?).map_err(|e| proto(format!("server welcome: {e}")))?;
     match welcome.error {
         Some(why) => Err(DialError::Refused(why)),
-        None => Ok(link),
+        None => {
+            link.tcp.set_read_timeout(None)?;
+            link.tcp.set_write_timeout(None)?;
+            Ok(link)
+        }
     }
 }
 
@@ -309,7 +338,7 @@ pub struct Accepted {
 }
 
 pub fn accept(tcp: TcpStream, key: &HostKey) -> io::Result<Accepted> {
-    let _ = tcp.set_nodelay(true);
+    keep_alive(&tcp);
     let mut tcp = tcp;
     let mut hs = handshake(key, false)?;
     let mut buf = vec![0u8; MAX_FRAME];
