@@ -166,9 +166,9 @@ fn hosts(b_grants: &str) -> Hosts {
     let a_key = keys_init(&a);
     let b_key = keys_init(&b);
     write_peers(&b_config, &format!("a {a_key} {b_grants}\n"));
-    write_peers(&a_config, &format!("b {b_key}\n"));
     let (exportfs, port) = export(&b, &b_config, &link.netns, &link.inside_ip);
     let addr = format!("tcp!{}!{port}", link.inside_ip);
+    write_peers(&a_config, &format!("b {b_key} addr:{addr}\n"));
     Hosts {
         a,
         b,
@@ -275,6 +275,26 @@ fn a_tool_the_entry_does_not_grant_is_absent_and_a_tree_it_does_not_grant_is_ref
     );
     assert_eq!(code, 1, "{out}\n{err}");
     assert!(!out.contains("SHELL") && !out.contains("shell"), "{out}");
+    // The same through `warren run --import`, the address from A's peers entry for b.
+    let out =
+        h.a.cmd(&[
+            "run",
+            "--import",
+            "b:tool:/n/b/tool",
+            "--",
+            "/bin/cat",
+            "/n/b/tool/tools",
+        ])
+        .env("WARREN_CONFIG_DIR", &h.a_config)
+        .output()
+        .unwrap();
+    let (code, out, err) = (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.starts_with("echo") && !out.contains("shell"), "{out}");
     let spec = h.spec(" dir");
     let (code, out, err) = h.a.sh(&["--ns", &spec], "true");
     assert_ne!(code, 0, "{out}");
