@@ -115,6 +115,7 @@ async fn main() {
         key: s,
         peers: peers.clone(),
         auth_deadline: std::time::Duration::from_secs(10),
+        recheck: server::RECHECK,
         backend: Arc::new(Demo(tokio::runtime::Handle::current())),
     };
     std::thread::spawn(move || server::serve(listener, config));

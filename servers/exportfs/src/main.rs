@@ -78,6 +78,7 @@ fn main() -> ExitCode {
             key,
             peers: peers_path,
             auth_deadline: cli.auth_deadline,
+            recheck: server::RECHECK,
             backend,
         },
     );

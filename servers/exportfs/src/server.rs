@@ -33,8 +33,14 @@ pub struct Config {
     pub peers: PathBuf,
     /// A connection that has not authenticated by then is dropped.
     pub auth_deadline: Duration,
+    /// How often a live link's peer is looked up again: a link whose entry is gone, names
+    /// another key or no longer grants its tree is cut.
+    pub recheck: Duration,
     pub backend: Arc<dyn Backend>,
 }
+
+/// The default [`Config::recheck`].
+pub const RECHECK: Duration = Duration::from_secs(5);
 
 #[derive(Default)]
 struct Failures(Mutex<HashMap<IpAddr, (u32, Instant)>>);
@@ -89,11 +95,13 @@ pub fn serve(listener: TcpListener, config: Config) {
                 let outcome = authenticate(tcp, &config, &|| failures.record(ip));
                 pending.fetch_sub(1, Ordering::SeqCst);
                 match outcome {
-                    Ok((link, backend, peer)) => {
+                    Ok((link, backend, peer, tree)) => {
                         tracing::info!(%addr, peer = %peer.name, "serving");
+                        let watch = watch_revocation(&config, &link, peer.clone(), tree);
                         if let Err(e) = link.relay(backend) {
                             tracing::info!(%addr, peer = %peer.name, "link ended: {e}");
                         }
+                        drop(watch);
                     }
                     Err(why) => {
                         tracing::warn!(%addr, "refused: {why}");
@@ -113,7 +121,7 @@ fn authenticate(
     tcp: TcpStream,
     config: &Config,
     failed: &dyn Fn(),
-) -> Result<(wire::Link, UnixStream, Peer), String> {
+) -> Result<(wire::Link, UnixStream, Peer, String), String> {
     let (done, watch) = mpsc::channel::<()>();
     let watched = tcp.try_clone().map_err(|e| e.to_string())?;
     let deadline = config.auth_deadline;
@@ -164,11 +172,45 @@ fn authenticate(
                 return Err(why);
             }
         };
+        let tree = accepted.tree.clone();
         let link = accepted.welcome().map_err(|e| e.to_string())?;
-        Ok((link, backend, peer))
+        Ok((link, backend, peer, tree))
     })();
     let _ = done.send(());
     result
+}
+
+/// Cuts `link` when its peer's entry stops granting it: checked every [`Config::recheck`] until
+/// the returned sender is dropped (the link ended).
+fn watch_revocation(
+    config: &Config,
+    link: &wire::Link,
+    peer: Peer,
+    tree: String,
+) -> Option<mpsc::Sender<()>> {
+    let tcp = link.tcp().try_clone().ok()?;
+    let (ended, watch) = mpsc::channel::<()>();
+    let (peers, every) = (config.peers.clone(), config.recheck);
+    std::thread::Builder::new()
+        .name("exportfs-recheck".into())
+        .spawn(move || {
+            while let Err(mpsc::RecvTimeoutError::Timeout) = watch.recv_timeout(every) {
+                let still = Peers::load(&peers)
+                    .map_err(|e| e.to_string())
+                    .and_then(|p| {
+                        p.by_key(&peer.key)
+                            .ok_or_else(|| "its key is no longer in the peers file".to_owned())
+                            .and_then(|now| now.grants(&tree))
+                    });
+                if let Err(why) = still {
+                    tracing::warn!(peer = %peer.name, "link cut: {why}");
+                    let _ = tcp.shutdown(Shutdown::Both);
+                    return;
+                }
+            }
+        })
+        .ok()?;
+    Some(ended)
 }
 
 /// A listening address: `tcp!HOST!PORT` (port 0: any free port).

@@ -143,6 +143,11 @@ impl Link {
         Ok(plain)
     }
 
+    /// The link's TCP socket (to shut it down from elsewhere).
+    pub fn tcp(&self) -> &TcpStream {
+        &self.tcp
+    }
+
     /// Relays the 9P stream between this link and `plain` until either side ends, on two
     /// threads; then shuts both down, so a call waiting on the other side fails at once.
     pub fn relay(self, plain: UnixStream) -> io::Result<()> {

@@ -73,6 +73,7 @@ fn serve(host: &Host, deadline: Duration) -> u16 {
         key: host.key(),
         peers: host.peers.clone(),
         auth_deadline: deadline,
+        recheck: Duration::from_millis(100),
         backend: Arc::new(Echo),
     };
     std::thread::spawn(move || server::serve(listener, config));
@@ -244,4 +245,26 @@ fn a_dropped_link_ends_the_local_side_at_once() {
     // The 9P side sees the end (the bridge's client then fails calls in flight).
     assert_eq!((&ours).read(&mut buf).unwrap_or(0), 0);
     relay.join().unwrap().ok();
+}
+
+#[test]
+fn removing_a_peers_line_cuts_its_live_link() {
+    let (a, b, port) = pair();
+    let link = dial(port, &a.key(), &a.peer("b"), "tool").unwrap();
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    std::thread::spawn(move || link.relay(theirs));
+    let mut w = ours.try_clone().unwrap();
+    w.write_all(b"before").unwrap();
+    let mut got = [0u8; 6];
+    (&ours).read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"before");
+    // Revoked: the live link ends (the 9P side sees the end), and a new one is refused.
+    b.trust("");
+    let mut rest = Vec::new();
+    (&ours).read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "{rest:?}");
+    let err = dial(port, &a.key(), &a.peer("b"), "tool")
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("unknown key"), "{err}");
 }
