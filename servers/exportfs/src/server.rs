@@ -160,6 +160,11 @@ fn authenticate(
             refuse(accepted, &format!("{why}: not in this host's peers file"));
             return Err(why);
         };
+        if !crate::peers::valid_name(&accepted.tree) {
+            let why = format!("peer {} asked for a tree with a bad name", peer.name);
+            refuse(accepted, &why);
+            return Err(why);
+        }
         if let Err(why) = peer.grants(&accepted.tree) {
             refuse(accepted, &why);
             return Err(why);

@@ -246,7 +246,13 @@ impl std::fmt::Display for DialError {
                 "the server's key is not the peer's: the peers file names {expected}, the \
                  server presented {presented} (a different host, or someone in between)"
             ),
-            DialError::Refused(why) => write!(f, "the server refused: {why}"),
+            // The server's words, escaped: a hostile server must not write to the operator's
+            // terminal.
+            DialError::Refused(why) => write!(
+                f,
+                "the server refused: {}",
+                warren_daemon::escape::escape(why)
+            ),
             DialError::Io(e) => write!(f, "{e}"),
         }
     }

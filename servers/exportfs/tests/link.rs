@@ -268,3 +268,17 @@ fn removing_a_peers_line_cuts_its_live_link() {
         .expect("refused");
     assert!(err.to_string().contains("unknown key"), "{err}");
 }
+
+/// A server's refusal reaches the operator's terminal: its control characters are escaped.
+#[test]
+fn a_servers_refusal_is_escaped_and_a_bad_tree_name_is_refused_unechoed() {
+    let (a, _b, port) = pair();
+    let err = dial(port, &a.key(), &a.peer("b"), "tool\u{1b}[2J")
+        .err()
+        .expect("refused");
+    let text = err.to_string();
+    assert!(text.contains("a tree with a bad name"), "{text}");
+    assert!(!text.contains('\u{1b}'), "{text:?}");
+    let refused = DialError::Refused("evil\u{1b}[2Jtext".into()).to_string();
+    assert!(!refused.contains('\u{1b}'), "{refused:?}");
+}
