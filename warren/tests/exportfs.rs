@@ -350,3 +350,59 @@ fn a_dropped_link_fails_the_call_in_flight_instead_of_hanging() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The shipped exportfs unit runs `warren export` with flags that parse, with the directories
+/// the code reads, and passes `systemd-analyze verify` beside warren's own unit.
+#[test]
+fn the_exportfs_unit_runs_warren_export_and_passes_systemd_analyze() {
+    let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/systemd");
+    let unit = std::fs::read_to_string(units.join("warren-exportfs.service")).unwrap();
+    let exec: Vec<&str> = unit
+        .lines()
+        .filter_map(|l| l.strip_prefix("ExecStart="))
+        .collect();
+    assert_eq!(exec.len(), 1, "{exec:?}");
+    let words: Vec<&str> = exec[0].split_whitespace().collect();
+    assert_eq!(words[..3], ["/usr/local/bin/warren", "export", "--listen"]);
+    let help = Command::new(env!("CARGO_BIN_EXE_warren"))
+        .args(["export", "--listen", "tcp!127.0.0.1!1", "--help"])
+        .output()
+        .unwrap();
+    assert!(help.status.success(), "{help:?}");
+    for var in [
+        "WARREN_RUNTIME_DIR=/run/warren",
+        "WARREN_DATA_DIR=/var/lib/warren",
+        "WARREN_SECRETS_DIR=/etc/warren/secrets",
+        "WARREN_CONFIG_DIR=/etc/warren",
+    ] {
+        assert!(unit.contains(&format!("Environment={var}\n")), "{var}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["warren.service", "warren-exportfs.service"] {
+        let text = std::fs::read_to_string(units.join(name)).unwrap();
+        std::fs::write(
+            dir.path().join(name),
+            text.replace("/usr/local/bin/warren", env!("CARGO_BIN_EXE_warren")),
+        )
+        .unwrap();
+    }
+    let man1 = dir.path().join("man/man1");
+    let man = Command::new(env!("CARGO_BIN_EXE_warren"))
+        .args(["man", "--dir"])
+        .arg(&man1)
+        .output()
+        .unwrap();
+    assert!(man.status.success(), "{man:?}");
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(dir.path().join("warren-exportfs.service"))
+        .env("MANPATH", dir.path().join("man"))
+        .env("SYSTEMD_UNIT_PATH", format!("{}:", dir.path().display()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "systemd-analyze verify: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
