@@ -680,7 +680,12 @@ impl MountServer for ServedMounts {
             }
             Server::Tcp { .. } if mount.key.is_some() => {
                 let conn = self.import(mount)?;
-                self.spawn_bridge(fuse, conn, mount, Presentation::CallFiles, None)
+                // A peer's `tool` is a /tool tree; any other tree is a directory of files.
+                let presentation = match mount.spec.first().map(String::as_str) {
+                    None | Some("tool") => Presentation::CallFiles,
+                    Some(_) => Presentation::FileServer,
+                };
+                self.spawn_bridge(fuse, conn, mount, presentation, None)
             }
             _ if mount.key.is_some() => Err(io::Error::new(
                 io::ErrorKind::InvalidInput,

@@ -406,3 +406,46 @@ fn the_exportfs_unit_runs_warren_export_and_passes_systemd_analyze() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `dir:docs:/PATH` in B's entry for A: A mounts B's directory read-only and reads it; writes
+/// fail, and what B's others may not read stays unread.
+#[test]
+fn a_peer_reads_a_granted_directory_and_cannot_write_it() {
+    let shared = tempfile::Builder::new()
+        .prefix("wexpd")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(shared.path().join("notes.md"), "from b\n").unwrap();
+    std::fs::set_permissions(
+        shared.path().join("notes.md"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    std::fs::write(shared.path().join("private"), "b only\n").unwrap();
+    std::fs::set_permissions(
+        shared.path().join("private"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    let h = hosts(&format!("dir:docs:{}", shared.path().display()));
+    let path = h.a.base.path().join("docs.ns");
+    std::fs::write(&path, format!("mount -k b {} /n/b/docs docs\n", h.addr)).unwrap();
+    let (code, out, err) = h.a.sh(
+        &["--ns", path.to_str().unwrap()],
+        "ls /n/b/docs; cat /n/b/docs/notes.md; \
+         cat /n/b/docs/private || echo PRIVATE-REFUSED; \
+         echo x > /n/b/docs/notes.md || echo WRITE-REFUSED; \
+         echo x > /n/b/docs/new || echo CREATE-REFUSED",
+    );
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.starts_with("notes.md\nprivate\nfrom b\n"), "{out}");
+    for refused in ["PRIVATE-REFUSED", "WRITE-REFUSED", "CREATE-REFUSED"] {
+        assert!(out.contains(refused), "{refused}: {out}\n{err}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(shared.path().join("notes.md")).unwrap(),
+        "from b\n"
+    );
+    assert!(!shared.path().join("new").exists());
+}

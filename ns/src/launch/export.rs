@@ -6,7 +6,7 @@
 //! record and the roots' fds), with the session the peer's key names, so the gate decides and
 //! receiptd keeps every remote call as it does a local namespace's.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
@@ -15,7 +15,7 @@ use warren_daemon::Dirs;
 use warren_daemon::accept::{into_blocking, next_peer, refusal};
 use warren_daemon::identity::Role;
 use warren_daemon::peer::PeerCred;
-use warren_exportfs::control::{ExportRequest, REQUEST_VERSION, answer};
+use warren_exportfs::control::{ExportRequest, Made, REQUEST_VERSION, answer};
 use warren_exportfs::keys::PublicKey;
 use warren_exportfs::peers::Peers;
 use warren_gate::lineage::Lineage;
@@ -56,7 +56,7 @@ pub async fn accept_loop(listener: UnixListener, dirs: Dirs, peers: PathBuf) {
     }
 }
 
-fn serve(sock: &UnixStream, dirs: &Dirs, peers: &std::path::Path) -> Result<OwnedFd, String> {
+fn serve(sock: &UnixStream, dirs: &Dirs, peers: &std::path::Path) -> Result<Made, String> {
     let (record, fds) = warren_daemon::handoff::recv(sock).map_err(|e| e.to_string())?;
     if !fds.is_empty() {
         return Err("an export request carries no fds".into());
@@ -81,6 +81,16 @@ fn serve(sock: &UnixStream, dirs: &Dirs, peers: &std::path::Path) -> Result<Owne
     }
     peer.grants(&req.tree)?;
     let guard = Guard::new(dirs).map_err(|e| e.to_string())?;
+    if let Some(path) = peer.dir(&req.tree) {
+        // A directory tree: its handle, opened and checked here; exportfs serves it read-only.
+        let what = format!("peer {} tree {}", peer.name, req.tree);
+        let dir = crate::handles::open_dir(path).map_err(|e| format!("{what} {path}: {e}"))?;
+        guard
+            .check_as(&what, dir.as_fd(), path)
+            .map_err(|e| e.to_string())?;
+        tracing::info!(peer = %peer.name, tree = %req.tree, "a peer's directory");
+        return Ok(Made::Directory(dir));
+    }
     let mut tools = Vec::new();
     let mut roots = Vec::new();
     for name in &peer.tools {
@@ -123,5 +133,7 @@ fn serve(sock: &UnixStream, dirs: &Dirs, peers: &std::path::Path) -> Result<Owne
         server: None,
     };
     tracing::info!(peer = %peer.name, key = %peer.key.fingerprint(), "a peer's /tool");
-    tool_connection(dirs, &record, &roots).map_err(|e| e.to_string())
+    tool_connection(dirs, &record, &roots)
+        .map(Made::Connection)
+        .map_err(|e| e.to_string())
 }

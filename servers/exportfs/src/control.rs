@@ -4,11 +4,13 @@
 //! exportfs (its uid, or root) sends one [`ExportRequest`] naming an authenticated peer and the
 //! tree it asked for; nsd reads the peers file itself, builds the grant record from the peer's
 //! entry, hands one end of a socketpair with it to toolfs (as for a namespace's `mount tool`),
-//! and answers `ok` with the other end, or `error: WHY`. So a compromised exportfs can get no
-//! more than some peer's entry grants, and never talks to toolfs's root-only control socket.
+//! and answers `ok` with the other end; for a `dir:` tree it opens the directory itself and
+//! answers `dir` with its handle, which exportfs serves read-only (`crate::dir`); or `error: WHY`.
+//! So a compromised exportfs can get no more than some peer's entry grants, and never talks to
+//! toolfs's root-only control socket.
 
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
@@ -30,18 +32,41 @@ pub struct ExportRequest {
     pub tree: String,
 }
 
-/// exportfs's backend: asks nsd.
+/// exportfs's backend: asks nsd; serves a directory nsd hands over on `runtime`.
 pub struct NsdBackend {
     pub socket: PathBuf,
+    pub runtime: tokio::runtime::Handle,
+}
+
+/// What nsd answers: a 9P connection, or a directory for exportfs to serve.
+pub enum Made {
+    Connection(OwnedFd),
+    Directory(OwnedFd),
 }
 
 impl crate::server::Backend for NsdBackend {
     fn connect(&self, peer: &Peer, tree: &str) -> Result<UnixStream, String> {
-        ask(&self.socket, peer, tree).map_err(|e| e.to_string())
+        match ask(&self.socket, peer, tree).map_err(|e| e.to_string())? {
+            Made::Connection(fd) => Ok(UnixStream::from(fd)),
+            Made::Directory(dir) => serve_dir(&self.runtime, dir).map_err(|e| e.to_string()),
+        }
     }
 }
 
-fn ask(socket: &PathBuf, peer: &Peer, tree: &str) -> io::Result<UnixStream> {
+/// A 9P connection to `dir` served read-only on `runtime`.
+pub fn serve_dir(runtime: &tokio::runtime::Handle, dir: OwnedFd) -> io::Result<UnixStream> {
+    let (ours, theirs) = UnixStream::pair()?;
+    let tree = std::sync::Arc::new(crate::dir::ReadOnlyDir::new(dir));
+    runtime.spawn(async move {
+        if let Err(e) = warren_9p::serve_fd(tree, theirs.into(), warren_9p::Limits::default()).await
+        {
+            tracing::debug!("a directory's connection ended: {e}");
+        }
+    });
+    Ok(ours)
+}
+
+fn ask(socket: &PathBuf, peer: &Peer, tree: &str) -> io::Result<Made> {
     let sock = UnixStream::connect(socket)
         .map_err(|e| io::Error::new(e.kind(), format!("connect {}: {e}", socket.display())))?;
     sock.set_read_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
@@ -53,9 +78,13 @@ fn ask(socket: &PathBuf, peer: &Peer, tree: &str) -> io::Result<UnixStream> {
     })?;
     warren_daemon::handoff::send(&sock, &record, &[])?;
     let (reply, mut fds) = warren_daemon::handoff::recv(&sock)?;
-    if reply == b"ok" && fds.len() == 1 {
+    if fds.len() == 1 && (reply == b"ok" || reply == b"dir") {
         let fd = fds.pop().expect("one fd");
-        return Ok(UnixStream::from(fd));
+        return Ok(if reply == b"ok" {
+            Made::Connection(fd)
+        } else {
+            Made::Directory(fd)
+        });
     }
     let text = String::from_utf8_lossy(&reply);
     Err(io::Error::other(
@@ -64,9 +93,10 @@ fn ask(socket: &PathBuf, peer: &Peer, tree: &str) -> io::Result<UnixStream> {
 }
 
 /// nsd's answer on the export socket.
-pub fn answer(sock: &UnixStream, result: Result<std::os::fd::OwnedFd, String>) -> io::Result<()> {
+pub fn answer(sock: &UnixStream, result: Result<Made, String>) -> io::Result<()> {
     match result {
-        Ok(fd) => warren_daemon::handoff::send(sock, b"ok", &[fd.as_fd()]),
+        Ok(Made::Connection(fd)) => warren_daemon::handoff::send(sock, b"ok", &[fd.as_fd()]),
+        Ok(Made::Directory(fd)) => warren_daemon::handoff::send(sock, b"dir", &[fd.as_fd()]),
         Err(why) => warren_daemon::handoff::send(sock, format!("error: {why}").as_bytes(), &[]),
     }
 }

@@ -6,8 +6,10 @@
 //! - [`wire`]: the Noise XX handshake and the encrypted frames.
 //! - [`server`]: the listener, its deadline and rate limit.
 //! - [`control`]: how exportfs gets a peer's tree from nsd.
+//! - [`dir`]: a host directory served read-only.
 
 pub mod control;
+pub mod dir;
 pub mod keys;
 pub mod peers;
 pub mod server;

@@ -69,8 +69,21 @@ fn main() -> ExitCode {
     );
     // The test harness and the operator read the bound address from stdout's first line.
     println!("listening {local}");
+    // Directories granted as trees are served on this runtime (the links run on threads).
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("warren-exportfs: runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let backend = Arc::new(control::NsdBackend {
         socket: dirs.control(control::CONTROL),
+        runtime: runtime.handle().clone(),
     });
     server::serve(
         listener,

@@ -8,6 +8,8 @@
 //!
 //! - `tool:NAMES` — the peer may mount this host's `tool` tree, holding exactly these tools.
 //! - `root:TOOL:/PATH` — a read-only root for a granted tool (as a spec's `tool NAME -r PATH`).
+//! - `dir:NAME:/PATH` — the host directory PATH served read-only as the peer's tree NAME (what
+//!   others may read of it: `crate::dir`).
 //! - `asks:local` (the default) or `asks:remote` — whether the peer's host may answer the asks
 //!   its calls raise here (recorded; only `local` is served, docs/gaps.md).
 //! - `addr:tcp!HOST!PORT` — where the peer serves its own trees (`warren run --import`).
@@ -46,21 +48,36 @@ pub struct Peer {
     pub tools: Vec<String>,
     /// Read-only roots: (tool, host path).
     pub roots: Vec<(String, String)>,
+    /// Host directories served read-only: (tree name, host path).
+    pub dirs: Vec<(String, String)>,
     pub asks: Asks,
     /// Where the peer serves its trees: `tcp!HOST!PORT`.
     pub addr: Option<String>,
 }
 
 impl Peer {
+    /// The host directory served as tree `tree`, if the entry grants one.
+    pub fn dir(&self, tree: &str) -> Option<&str> {
+        self.dirs
+            .iter()
+            .find(|(name, _)| name == tree)
+            .map(|(_, path)| path.as_str())
+    }
+
     /// Whether this entry lets the peer mount `tree`; the error says what it may mount.
     pub fn grants(&self, tree: &str) -> Result<(), String> {
-        if tree == "tool" && !self.tools.is_empty() {
+        if (tree == "tool" && !self.tools.is_empty()) || self.dir(tree).is_some() {
             return Ok(());
         }
-        let granted = if self.tools.is_empty() {
+        let trees: Vec<String> = (!self.tools.is_empty())
+            .then(|| "`tool`".to_owned())
+            .into_iter()
+            .chain(self.dirs.iter().map(|(name, _)| format!("`{name}`")))
+            .collect();
+        let granted = if trees.is_empty() {
             "nothing".to_owned()
         } else {
-            "`tool`".to_owned()
+            trees.join(", ")
         };
         Err(format!(
             "peer {} ({}) is not granted tree `{tree}` (its entry grants {granted})",
@@ -148,6 +165,7 @@ impl Peers {
                 key,
                 tools: Vec::new(),
                 roots: Vec::new(),
+                dirs: Vec::new(),
                 asks: Asks::Local,
                 addr: None,
             };
@@ -171,10 +189,25 @@ impl Peers {
                         let (tool, path) = value
                             .split_once(':')
                             .ok_or_else(|| at(format!("`{word}`: root:TOOL:/PATH")))?;
-                        if !valid_tool(tool) || !path.starts_with('/') || path.contains("/../") {
+                        if !valid_tool(tool) || !clean_path(path) {
                             return Err(at(format!("`{word}`: root:TOOL:/PATH")));
                         }
                         peer.roots.push((tool.to_owned(), path.to_owned()));
+                    }
+                    "dir" => {
+                        let (tree, path) = value
+                            .split_once(':')
+                            .ok_or_else(|| at(format!("`{word}`: dir:NAME:/PATH")))?;
+                        if !valid_name(tree) || tree == "tool" || !clean_path(path) {
+                            return Err(at(format!(
+                                "`{word}`: dir:NAME:/PATH (NAME a tree name other than `tool`, \
+                                 PATH absolute without `.` or `..`)"
+                            )));
+                        }
+                        if peer.dirs.iter().any(|(t, _)| t == tree) {
+                            return Err(at(format!("tree {tree} granted twice")));
+                        }
+                        peer.dirs.push((tree.to_owned(), path.to_owned()));
                     }
                     "asks" => {
                         peer.asks = match value {
@@ -211,6 +244,11 @@ impl Peers {
     pub fn by_x25519(&self, x25519: &[u8]) -> Option<&Peer> {
         self.0.iter().find(|p| p.key.x25519() == x25519)
     }
+}
+
+/// An absolute path without `.` or `..` components.
+fn clean_path(path: &str) -> bool {
+    path.starts_with('/') && !path.split('/').any(|c| c == "." || c == "..")
 }
 
 /// `tcp!HOST!PORT` → (host, port).
@@ -259,6 +297,10 @@ mod tests {
         assert!(a.grants("tool").is_ok());
         let refused = a.grants("dir").unwrap_err();
         assert!(refused.contains("not granted tree `dir`"), "{refused}");
+        let p = Peers::parse(&format!("a {key_a} dir:docs:/srv/docs")).unwrap();
+        let a = p.by_name("a").unwrap();
+        assert_eq!(a.dir("docs"), Some("/srv/docs"));
+        assert!(a.grants("docs").is_ok() && a.grants("tool").is_err());
     }
 
     #[test]
@@ -272,6 +314,10 @@ mod tests {
             format!("a {key_a} tool:x bogus:1"),
             format!("a {key_a}\nb {key_a}"),
             format!("a {key_a} addr:tcp!h!0"),
+            format!("a {key_a} root:fs_read:/srv/../etc tool:fs_read"),
+            format!("a {key_a} dir:tool:/srv"),
+            format!("a {key_a} dir:docs:srv"),
+            format!("a {key_a} dir:docs:/a dir:docs:/b"),
         ] {
             let e = Peers::parse(&bad).unwrap_err();
             assert!(e.starts_with("line "), "{bad}: {e}");
