@@ -87,13 +87,13 @@ pub fn serve(listener: TcpListener, config: Config) {
             let _ = tcp.shutdown(Shutdown::Both);
             continue;
         }
-        let (config, failures, pending) = (config.clone(), failures.clone(), pending.clone());
+        let (config, failures, slots) = (config.clone(), failures.clone(), pending.clone());
         let spawned = std::thread::Builder::new()
             .name("exportfs-conn".into())
             .spawn(move || {
                 let ip = addr.ip();
                 let outcome = authenticate(tcp, &config, &|| failures.record(ip));
-                pending.fetch_sub(1, Ordering::SeqCst);
+                slots.fetch_sub(1, Ordering::SeqCst);
                 match outcome {
                     Ok((link, backend, peer, tree)) => {
                         tracing::info!(%addr, peer = %peer.name, "serving");
@@ -109,6 +109,8 @@ pub fn serve(listener: TcpListener, config: Config) {
                 }
             });
         if let Err(e) = spawned {
+            // The closure (and its connection) was dropped unrun: give its slot back.
+            pending.fetch_sub(1, Ordering::SeqCst);
             tracing::warn!("spawn: {e}");
         }
     }
