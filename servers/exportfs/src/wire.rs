@@ -291,6 +291,18 @@ fn keep_alive(tcp: &TcpStream) {
 /// Dials side: runs the handshake on `tcp` as `key`, requires the server to be `peer`, and asks
 /// for `tree`.
 pub fn dial(tcp: TcpStream, key: &HostKey, peer: &Peer, tree: &str) -> Result<Link, DialError> {
+    let during = |e: io::Error| match e.kind() {
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => io::Error::new(
+            e.kind(),
+            "the server closed the connection during the handshake (not an exportfs, or it \
+             refuses this address after failed attempts)",
+        ),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("the server did not answer the handshake within {HANDSHAKE_TIMEOUT:?}"),
+        ),
+        _ => e,
+    };
     keep_alive(&tcp);
     tcp.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
     tcp.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
@@ -299,8 +311,8 @@ pub fn dial(tcp: TcpStream, key: &HostKey, peer: &Peer, tree: &str) -> Result<Li
     let mut buf = vec![0u8; MAX_FRAME];
     let mut frame = vec![0u8; MAX_FRAME];
     let n = hs.write_message(&[], &mut buf).map_err(proto)?;
-    write_frame(&mut tcp, &buf[..n])?;
-    let msg = read_frame(&mut tcp, &mut frame)?;
+    write_frame(&mut tcp, &buf[..n]).map_err(during)?;
+    let msg = read_frame(&mut tcp, &mut frame).map_err(during)?;
     let n = hs
         .read_message(msg, &mut buf)
         .map_err(|e| proto(format!("handshake: {e}")))?;
@@ -320,7 +332,7 @@ pub fn dial(tcp: TcpStream, key: &HostKey, peer: &Peer, tree: &str) -> Result<Li
     })
     .map_err(proto)?;
     let n = hs.write_message(&hello, &mut buf).map_err(proto)?;
-    write_frame(&mut tcp, &buf[..n])?;
+    write_frame(&mut tcp, &buf[..n]).map_err(during)?;
     let transport = hs.into_stateless_transport_mode().map_err(proto)?;
     let mut link = Link {
         tcp,
@@ -328,8 +340,8 @@ pub fn dial(tcp: TcpStream, key: &HostKey, peer: &Peer, tree: &str) -> Result<Li
         send_nonce: 0,
         recv_nonce: 0,
     };
-    let welcome: Welcome =
-        serde_json::from_slice(&link.recv()?).map_err(|e| proto(format!("server welcome: {e}")))?;
+    let welcome: Welcome = serde_json::from_slice(&link.recv().map_err(during)?)
+        .map_err(|e| proto(format!("server welcome: {e}")))?;
     match welcome.error {
         Some(why) => Err(DialError::Refused(why)),
         None => {

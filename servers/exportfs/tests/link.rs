@@ -230,6 +230,10 @@ fn repeated_failures_from_one_address_are_closed_unanswered() {
         .err()
         .expect("closed");
     assert!(matches!(err, DialError::Io(_)), "{err}");
+    assert!(
+        err.to_string().contains("closed the connection during the handshake"),
+        "{err}"
+    );
 }
 
 #[test]
