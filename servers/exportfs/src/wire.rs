@@ -29,7 +29,7 @@ use crate::keys::{HostKey, PublicKey};
 use crate::peers::Peer;
 
 pub const NOISE_PARAMS: &str = "Noise_XX_25519_ChaChaPoly_BLAKE2s";
-const PROLOGUE: &[u8] = b"warren-exportfs 1";
+pub const PROLOGUE: &[u8] = b"warren-exportfs 1";
 /// The protocol version in [`Identity`] and [`Hello`].
 pub const VERSION: u32 = 1;
 const MAX_FRAME: usize = 65535;

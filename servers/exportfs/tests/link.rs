@@ -231,7 +231,8 @@ fn repeated_failures_from_one_address_are_closed_unanswered() {
         .expect("closed");
     assert!(matches!(err, DialError::Io(_)), "{err}");
     assert!(
-        err.to_string().contains("closed the connection during the handshake"),
+        err.to_string()
+            .contains("closed the connection during the handshake"),
         "{err}"
     );
 }
@@ -285,4 +286,47 @@ fn a_servers_refusal_is_escaped_and_a_bad_tree_name_is_refused_unechoed() {
     assert!(!text.contains('\u{1b}'), "{text:?}");
     let refused = DialError::Refused("evil\u{1b}[2Jtext".into()).to_string();
     assert!(!refused.contains('\u{1b}'), "{refused:?}");
+}
+
+/// A dialler that completes the handshake with its own key but names another in its hello
+/// (a known peer's, to borrow its grant), or sends a hello that is not one: both refused, and
+/// the server goes on serving.
+#[test]
+fn a_hello_naming_a_key_the_dialler_did_not_prove_is_refused() {
+    let (a, b, port) = pair();
+    let stranger = Host::new();
+    let b_public = b.key().public();
+    for payload in [
+        serde_json::to_vec(&wire::Hello {
+            version: wire::VERSION,
+            key: a.key().public().to_string(),
+            tree: "tool".into(),
+        })
+        .unwrap(),
+        b"{not json".to_vec(),
+    ] {
+        let mut tcp = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let secret = stranger.key().x25519_secret();
+        let mut hs = snow::Builder::new(wire::NOISE_PARAMS.parse().unwrap())
+            .prologue(wire::PROLOGUE)
+            .unwrap()
+            .local_private_key(&secret)
+            .unwrap()
+            .build_initiator()
+            .unwrap();
+        let (mut buf, mut frame) = (vec![0u8; 65535], vec![0u8; 65535]);
+        let n = hs.write_message(&[], &mut buf).unwrap();
+        wire::write_frame(&mut tcp, &buf[..n]).unwrap();
+        let msg = wire::read_frame(&mut tcp, &mut frame).unwrap().to_vec();
+        hs.read_message(&msg, &mut buf).unwrap();
+        assert_eq!(hs.get_remote_static().unwrap(), b_public.x25519());
+        let n = hs.write_message(&payload, &mut buf).unwrap();
+        wire::write_frame(&mut tcp, &buf[..n]).unwrap();
+        // No welcome: the server closes without serving anything.
+        tcp.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let mut rest = [0u8; 64];
+        assert_eq!(tcp.read(&mut rest).unwrap_or(0), 0, "{payload:?}");
+    }
+    let link = dial(port, &a.key(), &a.peer("b"), "tool").unwrap();
+    assert_eq!(round_trip(link, b"fine"), b"fine");
 }
