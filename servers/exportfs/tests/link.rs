@@ -330,3 +330,48 @@ fn a_hello_naming_a_key_the_dialler_did_not_prove_is_refused() {
     let link = dial(port, &a.key(), &a.peer("b"), "tool").unwrap();
     assert_eq!(round_trip(link, b"fine"), b"fine");
 }
+
+/// A server that proves its own key but names the peer's in its identity (a man in the middle
+/// claiming to be b): the dialler refuses before it says who it is.
+#[test]
+fn a_server_naming_a_key_it_did_not_prove_is_refused() {
+    let (a, b) = (Host::new(), Host::new());
+    a.trust(&b.entry("b", ""));
+    let mitm = Host::new();
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let claimed = b.key().public().to_string();
+    let secret = mitm.key().x25519_secret();
+    let server = std::thread::spawn(move || {
+        let (mut tcp, _) = listener.accept().unwrap();
+        let mut hs = snow::Builder::new(wire::NOISE_PARAMS.parse().unwrap())
+            .prologue(wire::PROLOGUE)
+            .unwrap()
+            .local_private_key(&secret)
+            .unwrap()
+            .build_responder()
+            .unwrap();
+        let (mut buf, mut frame) = (vec![0u8; 65535], vec![0u8; 65535]);
+        let msg = wire::read_frame(&mut tcp, &mut frame).unwrap().to_vec();
+        hs.read_message(&msg, &mut buf).unwrap();
+        let identity = serde_json::to_vec(&wire::Identity {
+            version: wire::VERSION,
+            key: claimed,
+        })
+        .unwrap();
+        let n = hs.write_message(&identity, &mut buf).unwrap();
+        wire::write_frame(&mut tcp, &buf[..n]).unwrap();
+        // Whatever comes next: the dialler must have sent no identity of its own.
+        let mut rest = Vec::new();
+        let _ = tcp.read_to_end(&mut rest);
+        rest
+    });
+    let err = dial(port, &a.key(), &a.peer("b"), "tool")
+        .err()
+        .expect("refused");
+    assert!(
+        err.to_string().contains("is not the key it proved"),
+        "{err}"
+    );
+    assert!(server.join().unwrap().is_empty(), "the dialler said more");
+}
