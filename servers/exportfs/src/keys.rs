@@ -141,7 +141,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_key_round_trips_as_text_and_its_x25519_halves_agree() {
+    fn a_key_round_trips_as_text_and_is_never_made_over_another() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("host.key");
         let key = HostKey::create(&path).unwrap();
@@ -155,6 +155,24 @@ mod tests {
         assert_eq!(PublicKey::parse(&text).unwrap(), key.public());
         assert_eq!(key.public().session().len(), 32);
         assert!(key.public().fingerprint().starts_with("SHA256:"));
+    }
+
+    #[test]
+    fn a_key_others_may_read_or_a_symlink_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.key");
+        HostKey::create(&path).unwrap();
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let link = dir.path().join("link.key");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        assert!(HostKey::load(&link).is_err(), "a symlink is not followed");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = HostKey::load(&path).err().expect("refused");
+        assert!(e.to_string().contains("only its owner can read"), "{e}");
     }
 
     #[test]
