@@ -19,6 +19,9 @@ pub enum Role {
     Mcpfs,
     /// llmfs: holds the model's API key and speaks to the model's backend.
     Llmfs,
+    /// exportfs: this host's trees served to its peers over TCP (it holds the host key's
+    /// handshake, never a grant: nsd makes each peer's connection).
+    Exportfs,
 }
 
 pub const DEFAULT_UID_BASE: u32 = 61000;
@@ -32,6 +35,7 @@ impl Role {
             Role::Bridge => 4,
             Role::Mcpfs => 5,
             Role::Llmfs => 7,
+            Role::Exportfs => 8,
             Role::Worker => 10,
         }
     }

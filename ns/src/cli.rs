@@ -24,6 +24,10 @@ pub struct RunArgs {
     /// or only those listed (`NAME:TOOL,TOOL`). Repeat for more servers.
     #[arg(long = "mcp", value_name = "NAME[:TOOL,…]")]
     pub mcp: Vec<String>,
+    /// Mount peer PEER's TREE (e.g. `tool`) at PATH, over the encrypted link to the address its
+    /// peers entry names (`mount -k PEER tcp!HOST!PORT PATH TREE`). Repeat for more.
+    #[arg(long = "import", value_name = "PEER:TREE:PATH")]
+    pub imports: Vec<String>,
     /// Bind a host path read-only at the same path.
     #[arg(long = "ro")]
     pub ro: Vec<String>,
@@ -66,6 +70,7 @@ impl RunArgs {
             ro: self.ro.clone(),
             rw: self.rw.clone(),
             net_loopback: self.net.as_deref() == Some("loopback"),
+            imports: self.imports.clone(),
             bare: self.bare,
         };
         spec_from_cli(base.as_ref(), &grants).map_err(|e| e.to_string())

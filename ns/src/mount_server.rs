@@ -372,6 +372,52 @@ impl ServedMounts {
         Ok(())
     }
 
+    /// `mount -k PEER tcp!HOST!PORT PATH [TREE]`: on the connection the launcher made, the
+    /// handshake as this host's key, the server's key checked against PEER's entry in the peers
+    /// file, and TREE (default `tool`) asked for; the bridge gets the decrypted 9P stream on a
+    /// socketpair whose other end a relay thread here encrypts (docs/distribution.md).
+    fn import(&self, mount: &Mount) -> io::Result<OwnedFd> {
+        use warren_exportfs::{keys, peers, wire};
+        let name = mount.key.as_deref().unwrap_or_default();
+        let tree = mount.spec.first().map_or("tool", String::as_str);
+        let refused = |kind: io::ErrorKind, why: String| {
+            io::Error::new(
+                kind,
+                format!("mount -k {name} {} at {}: {why}", mount.server, mount.path),
+            )
+        };
+        let peers_path = peers::peers_path();
+        let peers = peers::Peers::load(&peers_path)
+            .map_err(|e| refused(io::ErrorKind::PermissionDenied, e.to_string()))?;
+        let peer = peers.by_name(name).ok_or_else(|| {
+            refused(
+                io::ErrorKind::NotFound,
+                format!("no peer {name} in {}", peers_path.display()),
+            )
+        })?;
+        let key = keys::HostKey::load(&keys::host_key_path(&self.dirs.secrets))
+            .map_err(|e| refused(e.kind(), e.to_string()))?;
+        let tcp = std::net::TcpStream::from(self.launcher_connection(mount)?);
+        let link = wire::dial(tcp, &key, peer, tree).map_err(|e| {
+            let kind = match e {
+                wire::DialError::Io(ref io) => io.kind(),
+                _ => io::ErrorKind::PermissionDenied,
+            };
+            refused(kind, e.to_string())
+        })?;
+        tracing::info!(peer = %name, %tree, path = %mount.path, "imported a peer's tree");
+        let (ours, bridges) = UnixStream::pair()?;
+        let path = mount.path.clone();
+        std::thread::Builder::new()
+            .name("import-relay".into())
+            .spawn(move || {
+                if let Err(e) = link.relay(ours) {
+                    tracing::warn!("the link serving {path} ended: {e}");
+                }
+            })?;
+        Ok(OwnedFd::from(bridges))
+    }
+
     /// Calls `on_death` (once, on a thread of its own) when a bridge of this namespace dies
     /// while the namespace runs — killed, or failed — with why; at once if one already has.
     /// A bridge that ends because its mount went away (the namespace ended) is no death.
@@ -531,16 +577,7 @@ impl Remake {
     fn connect(&self, dirs: &Dirs) -> io::Result<OwnedFd> {
         let (ours, theirs) = UnixStream::pair()?;
         match self {
-            Remake::Tool { record, roots } => {
-                let root_fds: Vec<BorrowedFd<'_>> = roots.iter().map(|f| f.as_fd()).collect();
-                warren_toolfs::hand_over(&dirs.control("toolfs"), record, theirs.as_fd(), &root_fds)
-                    .map_err(|e| {
-                        io::Error::new(
-                            e.kind(),
-                            format!("hand the /tool connection to toolfs: {e}"),
-                        )
-                    })?
-            }
+            Remake::Tool { record, roots } => return tool_connection(dirs, record, roots),
             Remake::Mcp { record } => {
                 warren_toolfs::hand_over(&dirs.control("mcpfs"), record, theirs.as_fd(), &[])
                     .map_err(|e| {
@@ -574,6 +611,26 @@ impl Remake {
         }
         Ok(OwnedFd::from(ours))
     }
+}
+
+/// A `/tool` connection for `record`: one end handed to toolfs's control socket with the
+/// record and `roots`, the other returned (a namespace's bridge, or a peer's link).
+pub fn tool_connection(
+    dirs: &Dirs,
+    record: &GrantRecord,
+    roots: &[OwnedFd],
+) -> io::Result<OwnedFd> {
+    let (ours, theirs) = UnixStream::pair()?;
+    let root_fds: Vec<BorrowedFd<'_>> = roots.iter().map(|f| f.as_fd()).collect();
+    warren_toolfs::hand_over(&dirs.control("toolfs"), record, theirs.as_fd(), &root_fds).map_err(
+        |e| {
+            io::Error::new(
+                e.kind(),
+                format!("hand the /tool connection to toolfs: {e}"),
+            )
+        },
+    )?;
+    Ok(OwnedFd::from(ours))
 }
 
 /// How long a reconnect waits for a restarting daemon's control socket to take the grant.
@@ -643,10 +700,19 @@ impl MountServer for ServedMounts {
                 };
                 self.spawn_remade(fuse, mount, Remake::Llm { grant })
             }
+            Server::Tcp { .. } if mount.key.is_some() => {
+                let conn = self.import(mount)?;
+                // A peer's `tool` is a /tool tree; any other tree is a directory of files.
+                let presentation = match mount.spec.first().map(String::as_str) {
+                    None | Some("tool") => Presentation::CallFiles,
+                    Some(_) => Presentation::FileServer,
+                };
+                self.spawn_bridge(fuse, conn, mount, presentation, None)
+            }
             _ if mount.key.is_some() => Err(io::Error::new(
-                io::ErrorKind::Unsupported,
+                io::ErrorKind::InvalidInput,
                 format!(
-                    "mount -k of {} at {}: keyed (exportfs) connections are not served yet",
+                    "mount -k of {} at {}: a peer is reached over tcp!HOST!PORT",
                     mount.server, mount.path
                 ),
             )),

@@ -621,7 +621,7 @@ mod tests {
     fn every_widening_is_refused_by_name() {
         let (_t, p) = tree();
         let parent = spec(&format!(
-            "bind -r {d} /data\nmount tool /tool echo\nmount ns /ns\nmount -k k1 unix!{d} /srv\nnet none\nlimit pids=64 mem=1G",
+            "bind -r {d} /data\nmount tool /tool echo\nmount ns /ns\nmount -k k1 tcp!h1!564 /srv\nnet none\nlimit pids=64 mem=1G",
             d = p("data")
         ));
         let base = "mount tool /tool echo\nlimit pids=64 mem=1G";
@@ -633,10 +633,7 @@ mod tests {
             ("mount tcp!127.0.0.1!564 /t", "tcp!127.0.0.1!564"),
             ("mount unix!/run/x.sock /u", "unix!/run/x.sock"),
             ("mount gate /gate", "mount of `gate`"),
-            (
-                &*format!("mount -k k2 unix!{} /srv", p("data")),
-                "mount of `unix!",
-            ),
+            ("mount -k k2 tcp!h1!564 /srv", "tcp!h1!564"),
             ("mount receipts /r", "mount of `receipts`"),
             ("limit pids=65 mem=1G", "pids=65"),
             ("env SECRET", "env SECRET"),
@@ -653,8 +650,7 @@ mod tests {
         narrow_from(
             &parent,
             &spec(&format!(
-                "{base}\nmount ns /ns\nmount -k k1 unix!{} /srv",
-                p("data")
+                "{base}\nmount ns /ns\nmount -k k1 tcp!h1!564 /srv"
             )),
         )
         .unwrap();

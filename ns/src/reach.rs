@@ -5,8 +5,8 @@
 //! user's 0700 home). Instead nsd opens every bind source with the operator's filesystem
 //! credentials — fsuid, fsgid and supplementary groups, set on a thread of its own, as Linux
 //! keeps them per thread — and builds from those handles (`crate::handles`), never from the
-//! names again: bind sources and tool roots alike. Absolute key paths are checked the same way
-//! (no keyed mount is served yet).
+//! names again: bind sources and tool roots alike. A keyed mount's `-k` names a peer in the
+//! operator's peers file, not a path, so there is nothing of it to open here.
 
 use std::ffi::CString;
 use std::io;
@@ -82,28 +82,16 @@ pub fn as_operator<T: Send>(uid: u32, f: impl FnOnce() -> T + Send) -> io::Resul
 }
 
 /// `spec` made buildable for operator `uid`: every bind source and tool root opened once, as
-/// they would open it, and held (`crate::handles`); absolute key paths checked the same way.
-/// Refused, naming the path, when they cannot.
+/// they would open it, and held (`crate::handles`). Refused, naming the path, when they cannot.
 pub fn open_as(spec: &Spec, uid: u32, guard: &Guard) -> io::Result<Built> {
     as_operator(uid, || {
-        let built = open_spec(spec, guard).map_err(|e| match e {
+        open_spec(spec, guard).map_err(|e| match e {
             OpenError::Unreachable { what, path, source } => io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 format!("uid {uid} cannot reach {what} `{path}` on the host: {source}"),
             ),
             refused => refused.into(),
-        })?;
-        for m in &spec.mounts {
-            if let Some(key) = m.key.as_deref().filter(|k| k.starts_with('/')) {
-                std::fs::File::open(key).map_err(|e| {
-                    io::Error::new(
-                        io::ErrorKind::PermissionDenied,
-                        format!("uid {uid} cannot reach key `{key}` on the host: {e}"),
-                    )
-                })?;
-            }
-        }
-        Ok(built)
+        })
     })?
 }
 

@@ -102,6 +102,9 @@ pub struct CliGrants {
     pub ro: Vec<String>,
     pub rw: Vec<String>,
     pub net_loopback: bool,
+    /// `PEER:TREE:PATH`: `mount -k PEER ADDR PATH TREE`, ADDR the peer's `addr:` in the peers
+    /// file.
+    pub imports: Vec<String>,
     /// Skip the default read-only /usr, /bin, /lib, /lib64.
     pub bare: bool,
 }
@@ -144,10 +147,48 @@ pub fn spec_from_cli(base: Option<&Spec>, grants: &CliGrants) -> Result<Spec, Sp
             tools.join(" ")
         ));
     }
+    for i in &grants.imports {
+        text.push_str(&import_line(i)?);
+    }
     if grants.net_loopback {
         text.push_str("net loopback\n");
     }
     spec::parse("<command line>", &text)
+}
+
+/// `--import PEER:TREE:PATH` as a spec line, with the address the peers file gives PEER.
+fn import_line(import: &str) -> Result<String, SpecError> {
+    let refused = |why: String| SpecError {
+        file: "<command line>".into(),
+        line: 1,
+        column: 1,
+        width: 8,
+        message: why,
+        source_line: format!("--import {import}"),
+    };
+    let mut parts = import.splitn(3, ':');
+    let (Some(peer), Some(tree), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(refused("expected PEER:TREE:PATH".into()));
+    };
+    let path_file = warren_exportfs::peers::peers_path();
+    let peers =
+        warren_exportfs::peers::Peers::load(&path_file).map_err(|e| refused(e.to_string()))?;
+    let entry = peers
+        .by_name(peer)
+        .ok_or_else(|| refused(format!("no peer {peer} in {}", path_file.display())))?;
+    let addr = entry.addr.as_deref().ok_or_else(|| {
+        refused(format!(
+            "peer {peer} has no addr:tcp!HOST!PORT in {}",
+            path_file.display()
+        ))
+    })?;
+    Ok(format!(
+        "mount -k {} {} {} {}\n",
+        quote(peer),
+        quote(addr),
+        quote(path),
+        quote(tree)
+    ))
 }
 
 /// The host /etc files a namespace gets (never /etc whole): the dynamic loader's cache, name

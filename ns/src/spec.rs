@@ -84,7 +84,7 @@ impl fmt::Display for Server {
     }
 }
 
-/// `mount [-k KEYFILE] SERVER PATH [SPEC…]`
+/// `mount [-k PEER] SERVER PATH [SPEC…]`
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mount {
     pub key: Option<String>,
@@ -619,12 +619,18 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                     && w.text == "-k"
                 {
                     let Some((k, tail2)) = tail.split_first() else {
-                        return Err(ctx.err(w, "-k needs a KEYFILE"));
+                        return Err(ctx.err(w, "-k needs a PEER (a name in the peers file)"));
                     };
-                    if k.text.is_empty() {
-                        return Err(ctx.err(k, "bad KEYFILE"));
+                    check_shown(&ctx, k, "PEER")?;
+                    if !warren_exportfs::peers::valid_name(&k.text) {
+                        return Err(ctx.err(
+                            k,
+                            format!(
+                                "`{}` is not a peer name (lowercase letters, digits, `._-`)",
+                                k.text
+                            ),
+                        ));
                     }
-                    check_shown(&ctx, k, "KEYFILE")?;
                     key = Some(k.text.clone());
                     rest = tail2;
                 }
@@ -634,10 +640,7 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                 if server_w.text.starts_with('-') {
                     return Err(ctx.err(
                         server_w,
-                        format!(
-                            "unknown mount flag `{}` (expected -k KEYFILE)",
-                            server_w.text
-                        ),
+                        format!("unknown mount flag `{}` (expected -k PEER)", server_w.text),
                     ));
                 }
                 let server = parse_server(&ctx, server_w)?;
@@ -665,6 +668,23 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                         }
                     }
                     names.push(w.text.clone());
+                }
+                if key.is_some() {
+                    if !matches!(server, Server::Tcp { .. }) {
+                        return Err(
+                            ctx.err(server_w, "-k PEER names a peer reached over tcp!HOST!PORT")
+                        );
+                    }
+                    if names.len() > 1
+                        || names.iter().any(|t| !warren_exportfs::peers::valid_name(t))
+                    {
+                        return Err(ctx.err_at(
+                            ctx.end(),
+                            1,
+                            "mount -k PEER tcp!HOST!PORT PATH takes at most one word: the \
+                             peer's tree (default `tool`)",
+                        ));
+                    }
                 }
                 if server == Server::Local(LocalServer::Tool) && names.is_empty() {
                     return Err(ctx.err(
@@ -988,7 +1008,7 @@ mod tests {
             mount tool /tool fs_read fs_list\n\
             tool fs_read  -r /home/me/repo          # the tools' own authority\n\
             tool fs_list  -r /home/me/repo\n\
-            mount -k keys/gpu.key tcp!gpu1!5640 /mnt/llm\n\
+            mount -k gpu1 tcp!gpu1!5640 /mnt/llm\n\
             net none\n";
         let s = parse("reviewer.ns", text).unwrap();
         assert_eq!(s.tool_grants(), vec!["fs_read", "fs_list"]);
@@ -1000,7 +1020,7 @@ mod tests {
                 port: 5640
             }
         );
-        assert_eq!(s.mounts[1].key.as_deref(), Some("keys/gpu.key"));
+        assert_eq!(s.mounts[1].key.as_deref(), Some("gpu1"));
         assert_eq!(s.net, Some(Net::None));
     }
 
@@ -1102,7 +1122,10 @@ mod tests {
             ("mount tcp!h!0 /m", "bad port"),
             ("mount tcp!h!70000 /m", "bad port"),
             ("mount unix!rel /m", "absolute"),
-            ("mount -k", "KEYFILE"),
+            ("mount -k", "PEER"),
+            ("mount -k Gpu tcp!h!1 /m", "not a peer name"),
+            ("mount -k gpu unix!/s /m", "tcp!HOST!PORT"),
+            ("mount -k gpu tcp!h!1 /m tool dir", "at most one word"),
             ("tool x -r /a", "no `mount tool` line grants"),
             ("mount tool /t x\ntool x -x /a", "expected -r or -w"),
             ("mount tool /t x\ntool x -r", "at least one HOSTPATH"),
@@ -1229,7 +1252,7 @@ mod tests {
             ("[a-z0-9.-]{1,8}", 1u16..).prop_map(|(host, port)| Server::Tcp { host, port }),
         ];
         let other_mount = (
-            prop::option::of("[a-z./]{1,8}"),
+            prop::option::of("[a-z0-9][a-z0-9._-]{0,7}"),
             server,
             // Mount words hold no control, bidi or invisible code point (those are refused).
             prop::collection::vec("[^\n\r\0]{0,5}", 0..3).prop_map(|words| {
@@ -1259,8 +1282,12 @@ mod tests {
                     spec: names.clone(),
                 }];
                 for (i, (key, server, spec)) in others.into_iter().enumerate() {
+                    // A keyed mount is a peer's tcp! server with at most one tree word.
+                    let keyed = matches!(server, Server::Tcp { .. })
+                        && spec.len() <= 1
+                        && spec.iter().all(|w| warren_exportfs::peers::valid_name(w));
                     mounts.push(Mount {
-                        key,
+                        key: key.filter(|_| keyed),
                         server,
                         path: format!("/mnt/m{i}"),
                         spec,

@@ -78,7 +78,7 @@ cases = [
     ('wide-gate', 'mount gate /gate\n'),
     ('wide-unix', 'mount unix!/run/x.sock /u\n'),
     ('wide-tcp', 'mount tcp!127.0.0.1!564 /t\n'),
-    ('wide-key', 'mount -k k1 ns /ns\n'),
+    ('wide-key', 'mount -k k1 tcp!127.0.0.1!564 /t\n'),
     ('wide-dotdot', 'bind -r /data/../etc /e\n'),
     ('run-a', SYS + 'bind -r /data/a /a\nbind -w /data/c /c\nmount ns /ns\n'),
     ('run-b', SYS + 'bind -r /data/a /a\n'),
@@ -358,7 +358,7 @@ fn narrowing_from_inside_a_namespace() {
         ),
         (
             "wide-key",
-            "mount of `ns` at /ns is not one of the parent's",
+            "mount of `tcp!127.0.0.1!564` at /t is not one of the parent's",
         ),
     ] {
         let got = said(name);

@@ -98,6 +98,7 @@ impl AgentArgs {
             ns: self.ns.clone(),
             tools: self.tools.clone(),
             mcp: self.mcp.clone(),
+            imports: Vec::new(),
             ro: self.ro.clone(),
             rw: self.rw.clone(),
             net: None,

@@ -11,6 +11,7 @@ mod completions;
 mod demo;
 mod doctor;
 mod files;
+mod keys;
 mod log;
 mod mcp;
 mod namespaces;
@@ -173,6 +174,18 @@ enum Command {
     /// The operator's MCP servers: define, check and accept their tools.
     #[command(subcommand)]
     Mcp(McpCommand),
+    /// This host's identity for serving and importing trees across hosts.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+    /// Serve this host's trees to the peers in $WARREN_CONFIG_DIR/peers (foreground).
+    Export {
+        /// Where to listen: tcp!ADDR!PORT (port 0: any free port, printed).
+        #[arg(long)]
+        listen: String,
+        /// A connection that has not authenticated by then is dropped (e.g. 10s).
+        #[arg(long)]
+        auth_deadline: Option<String>,
+    },
     /// What this host's kernel offers warren, and which weaker mode, if any, it would need.
     Doctor {
         #[arg(long)]
@@ -185,6 +198,14 @@ enum Command {
         #[arg(long)]
         ready_fd: Option<i32>,
     },
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Make this host's Ed25519 key in the secrets dir (root, 0600).
+    Init,
+    /// Print this host's public key and its fingerprint.
+    Show,
 }
 
 #[derive(Subcommand)]
@@ -249,6 +270,12 @@ fn main() -> ExitCode {
             },
         ),
         Command::Doctor { json } => doctor::doctor(&dirs, json),
+        Command::Keys(KeysCommand::Init) => keys::init(&dirs),
+        Command::Keys(KeysCommand::Show) => keys::show(&dirs),
+        Command::Export {
+            listen,
+            auth_deadline,
+        } => keys::export(&listen, auth_deadline.as_deref()),
         Command::Mcp(McpCommand::List) => mcp::list(),
         Command::Mcp(McpCommand::Add {
             name,

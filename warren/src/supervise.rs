@@ -81,7 +81,14 @@ const DAEMONS: &[Daemon] = &[
         // ns.run: `warren run`'s launchers (warren_ns::launch; not 9P, so not `*.sock`).
         // nsd-workers.ctl: toolfs asks for its tool workers there (root and toolfs's group).
         // nsd-mcp.ctl: mcpfs has its MCP servers started there (root and mcpfs's group).
-        sockets: &["ns.sock", "ns.run", "nsd-workers.ctl", "nsd-mcp.ctl"],
+        // nsd-export.ctl: exportfs has its peers' trees made there (root and exportfs's group).
+        sockets: &[
+            "ns.sock",
+            "ns.run",
+            "nsd-workers.ctl",
+            "nsd-mcp.ctl",
+            "nsd-export.ctl",
+        ],
         caps: &[],
         gate_client: false,
     },
@@ -490,6 +497,8 @@ fn bind_sockets(dirs: &Dirs, d: &Daemon) -> Result<Vec<Bound>> {
             (0o660, Role::Toolfs.uid())
         } else if name == "nsd-mcp.ctl" {
             (0o660, Role::Mcpfs.uid())
+        } else if name == "nsd-export.ctl" {
+            (0o660, Role::Exportfs.uid())
         } else if name.ends_with(".ctl") {
             (0o600, 0)
         } else {

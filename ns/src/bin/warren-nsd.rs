@@ -26,13 +26,13 @@ enum Command {
     },
     /// Run CMD confined, building the namespace in this process (standalone; `warren run`
     /// asks a serving nsd instead).
-    Run(warren_ns::cli::RunArgs),
+    Run(Box<warren_ns::cli::RunArgs>),
 }
 
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Serve { weaker_landlock } => serve(weaker_landlock),
-        Command::Run(args) => run_once(args),
+        Command::Run(args) => run_once(*args),
     }
 }
 
@@ -113,6 +113,21 @@ fn serve(weaker_landlock: bool) -> ExitCode {
             }
             Err(e) => {
                 eprintln!("warren-nsd: listen {}: {e}", mcp_path.display());
+                return ExitCode::from(1);
+            }
+        }
+        // exportfs's peers: each authenticated peer's /tool, built from its peers entry.
+        let export_path = dirs.control(warren_exportfs::control::CONTROL);
+        match warren_daemon::operator::listen(&export_path) {
+            Ok(l) => {
+                tokio::spawn(warren_ns::launch::export::accept_loop(
+                    l,
+                    dirs.clone(),
+                    warren_exportfs::peers::peers_path(),
+                ));
+            }
+            Err(e) => {
+                eprintln!("warren-nsd: listen {}: {e}", export_path.display());
                 return ExitCode::from(1);
             }
         }

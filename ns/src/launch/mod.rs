@@ -21,6 +21,7 @@
 
 pub mod attach;
 pub mod client;
+pub mod export;
 pub mod mcp;
 pub mod server;
 

@@ -1,0 +1,139 @@
+//! nsd's export socket, `<runtime>/nsd-export.ctl`: exportfs has an authenticated peer's tree
+//! made here, never choosing what it holds (`warren_exportfs::control`).
+//!
+//! nsd reads the peers file itself and builds the `/tool` grant from the peer's entry exactly as
+//! for a namespace's `mount tool` (a socketpair handed to toolfs's control socket with the
+//! record and the roots' fds), with the session the peer's key names, so the gate decides and
+//! receiptd keeps every remote call as it does a local namespace's.
+
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+
+use tokio::net::UnixListener;
+use warren_daemon::Dirs;
+use warren_daemon::accept::{into_blocking, next_peer, refusal};
+use warren_daemon::identity::Role;
+use warren_daemon::peer::PeerCred;
+use warren_exportfs::control::{ExportRequest, Made, REQUEST_VERSION, answer};
+use warren_exportfs::keys::PublicKey;
+use warren_exportfs::peers::Peers;
+use warren_gate::lineage::Lineage;
+use warren_toolfs::{GrantRecord, RootGrant, ToolGrant};
+
+use crate::confine::guard::Guard;
+use crate::mount_server::{member, tool_connection};
+use crate::spec::Limits;
+
+/// Who may ask: exportfs's uid or root.
+fn exportfs_or_root(cred: &PeerCred) -> Option<String> {
+    (cred.uid != 0 && cred.uid != Role::Exportfs.uid())
+        .then(|| format!("uid {} is neither exportfs nor root", cred.uid))
+}
+
+/// Serves the export socket for ever, each request on a thread of its own.
+pub async fn accept_loop(listener: UnixListener, dirs: Dirs, peers: PathBuf) {
+    loop {
+        let sock = next_peer(&listener, "export socket", |s| {
+            refusal(s.as_fd(), exportfs_or_root)
+        })
+        .await;
+        let sock = match into_blocking(sock) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("export socket: {e}");
+                continue;
+            }
+        };
+        let (dirs, peers) = (dirs.clone(), peers.clone());
+        std::thread::spawn(move || {
+            let result = serve(&sock, &dirs, &peers);
+            if let Err(why) = &result {
+                tracing::warn!("export socket: refused: {why}");
+            }
+            let _ = answer(&sock, result);
+        });
+    }
+}
+
+fn serve(sock: &UnixStream, dirs: &Dirs, peers: &std::path::Path) -> Result<Made, String> {
+    let (record, fds) = warren_daemon::handoff::recv(sock).map_err(|e| e.to_string())?;
+    if !fds.is_empty() {
+        return Err("an export request carries no fds".into());
+    }
+    let req: ExportRequest =
+        serde_json::from_slice(&record).map_err(|e| format!("export request: {e}"))?;
+    if req.version != REQUEST_VERSION {
+        return Err(format!("export request version {}", req.version));
+    }
+    let peers = Peers::load(peers).map_err(|e| e.to_string())?;
+    let peer = peers
+        .by_name(&req.peer)
+        .ok_or_else(|| format!("no peer {} in the peers file", req.peer))?;
+    let key = PublicKey::parse(&req.key)?;
+    if key != peer.key {
+        return Err(format!(
+            "peer {} authenticated with {}, but its entry names {}",
+            peer.name,
+            key.fingerprint(),
+            peer.key.fingerprint()
+        ));
+    }
+    peer.grants(&req.tree)?;
+    let guard = Guard::new(dirs).map_err(|e| e.to_string())?;
+    if let Some(path) = peer.dir(&req.tree) {
+        // A directory tree: its handle, opened and checked here; exportfs serves it read-only.
+        let what = format!("peer {} tree {}", peer.name, req.tree);
+        let dir = crate::handles::open_dir(path).map_err(|e| format!("{what} {path}: {e}"))?;
+        guard
+            .check_as(&what, dir.as_fd(), path)
+            .map_err(|e| e.to_string())?;
+        tracing::info!(peer = %peer.name, tree = %req.tree, "a peer's directory");
+        return Ok(Made::Directory(dir));
+    }
+    let mut tools = Vec::new();
+    let mut roots = Vec::new();
+    for name in &peer.tools {
+        let mut granted = Vec::new();
+        for (_, path) in peer.roots.iter().filter(|(t, _)| t == name) {
+            let what = format!("peer {} tool {name} root", peer.name);
+            let dir = crate::handles::open_dir(path).map_err(|e| format!("{what} {path}: {e}"))?;
+            guard
+                .check_as(&what, dir.as_fd(), path)
+                .map_err(|e| e.to_string())?;
+            roots.push(dir);
+            granted.push(RootGrant {
+                path: path.clone(),
+                writable: false,
+            });
+        }
+        tools.push(ToolGrant {
+            name: name.clone(),
+            roots: granted,
+            network: false,
+        });
+    }
+    let session = peer.key.session();
+    let namespace = format!("peer:{}", peer.name);
+    let command = vec!["exportfs".to_owned(), peer.key.fingerprint()];
+    let worker = Role::Worker.uid();
+    let record = GrantRecord {
+        version: 1,
+        lineage: Some(Lineage(vec![member(
+            &session,
+            &namespace,
+            &command,
+            &Limits::default(),
+        )])),
+        session,
+        namespace,
+        tools,
+        worker_uid: worker,
+        worker_gid: worker,
+        server: None,
+    };
+    tracing::info!(peer = %peer.name, key = %peer.key.fingerprint(), "a peer's /tool");
+    tool_connection(dirs, &record, &roots)
+        .map(Made::Connection)
+        .map_err(|e| e.to_string())
+}

@@ -1,0 +1,451 @@
+//! Two warren "hosts" on one machine, joined by a veth pair: host A is the root network
+//! namespace, host B's exportfs listens inside a network namespace of its own (`ip netns`), each
+//! with its own runtime, data, secrets and config dirs. From `warren run` on A, `mount -k b
+//! tcp!IP!PORT /n/b/tool` shows exactly what B's peers entry grants A, B's gate decides every
+//! call (an exec-tier call waits for B's operator) and B's receiptd keeps the receipts, under
+//! the session A's key names.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use common::*;
+use warren_exportfs::keys::PublicKey;
+
+/// A network namespace with a veth pair to the root one: `10.231.N.1` outside (host A),
+/// `10.231.N.2` inside (host B). Deleted (with its veth) on drop.
+struct Link {
+    netns: String,
+    inside_ip: String,
+}
+
+impl Link {
+    fn new() -> Link {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let c = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let pid = std::process::id();
+        let netns = format!("wexp{pid}-{c}");
+        let (outside, inside) = (
+            format!("wxa{}-{c}", pid % 10000),
+            format!("wxb{}-{c}", pid % 10000),
+        );
+        let (net, host) = (pid % 200 + 20, 4 * (c % 60));
+        let ip = |args: &[&str]| {
+            let out = Command::new("ip").args(args).output().unwrap();
+            assert!(
+                out.status.success(),
+                "ip {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        ip(&["netns", "add", &netns]);
+        let link = Link {
+            netns: netns.clone(),
+            inside_ip: format!("10.231.{net}.{}", host + 2),
+        };
+        ip(&[
+            "link", "add", &outside, "type", "veth", "peer", "name", &inside,
+        ]);
+        ip(&["link", "set", &inside, "netns", &netns]);
+        ip(&[
+            "addr",
+            "add",
+            &format!("10.231.{net}.{}/30", host + 1),
+            "dev",
+            &outside,
+        ]);
+        ip(&["link", "set", &outside, "up"]);
+        let inside_addr = format!("10.231.{net}.{}/30", host + 2);
+        ip(&["-n", &netns, "addr", "add", &inside_addr, "dev", &inside]);
+        ip(&["-n", &netns, "link", "set", &inside, "up"]);
+        ip(&["-n", &netns, "link", "set", "lo", "up"]);
+        link
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.netns])
+            .status();
+    }
+}
+
+fn write_peers(config: &Path, text: &str) {
+    let path = config.join("peers");
+    std::fs::write(&path, text).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+}
+
+fn up(base_config: &str) -> Warren {
+    Warren::up_with(&[("WARREN_CONFIG_DIR", base_config)])
+}
+
+/// `warren keys init` → the public key.
+fn keys_init(w: &Warren) -> PublicKey {
+    let out = w.run_ok(&["keys", "init"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let shown = w.run_ok(&["keys", "show"]);
+    assert_eq!(shown.stdout, out.stdout, "show prints what init made");
+    PublicKey::parse(text.lines().next().unwrap()).unwrap()
+}
+
+/// B's `warren export`, inside `netns`; returns the child and the port it listens on.
+fn export(w: &Warren, config: &Path, netns: &str, ip: &str) -> (Child, u16) {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", netns, env!("CARGO_BIN_EXE_warren")])
+        .args([
+            "export",
+            "--listen",
+            &format!("tcp!{ip}!0"),
+            "--auth-deadline",
+            "2s",
+        ])
+        .env("WARREN_RUNTIME_DIR", w.runtime())
+        .env("WARREN_DATA_DIR", w.base.path().join("data"))
+        .env("WARREN_SECRETS_DIR", w.base.path().join("secrets"))
+        .env("WARREN_CONFIG_DIR", config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(w.base.path().join("exportfs.log")).unwrap());
+    let mut child = cmd.spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .trim()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "warren export printed `{line}`: {}",
+                std::fs::read_to_string(w.base.path().join("exportfs.log")).unwrap_or_default()
+            )
+        });
+    (child, port)
+}
+
+struct Hosts {
+    a: Warren,
+    b: Warren,
+    a_key: PublicKey,
+    a_config: PathBuf,
+    exportfs: Child,
+    addr: String,
+    _link: Link,
+    _configs: tempfile::TempDir,
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        let _ = self.exportfs.kill();
+        let _ = self.exportfs.wait();
+    }
+}
+
+/// A and B up, keys made, each in the other's peers file (B grants A `b_grants`), B exporting.
+fn hosts(b_grants: &str) -> Hosts {
+    let link = Link::new();
+    let configs = tempfile::Builder::new()
+        .prefix("wexp")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let (a_config, b_config) = (configs.path().join("a"), configs.path().join("b"));
+    for d in [configs.path(), &a_config, &b_config] {
+        std::fs::create_dir_all(d).unwrap();
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let a = up(a_config.to_str().unwrap());
+    let b = up(b_config.to_str().unwrap());
+    let a_key = keys_init(&a);
+    let b_key = keys_init(&b);
+    write_peers(&b_config, &format!("a {a_key} {b_grants}\n"));
+    let (exportfs, port) = export(&b, &b_config, &link.netns, &link.inside_ip);
+    let addr = format!("tcp!{}!{port}", link.inside_ip);
+    write_peers(&a_config, &format!("b {b_key} addr:{addr}\n"));
+    Hosts {
+        a,
+        b,
+        a_key,
+        a_config,
+        exportfs,
+        addr,
+        _link: link,
+        _configs: configs,
+    }
+}
+
+/// The kinds of a session's receipts on `w` so far (none while it has no log yet).
+fn receipt_kinds(w: &Warren, session: &str) -> Vec<String> {
+    let listed = w.run(&["ls", "/receipts"]);
+    if !String::from_utf8_lossy(&listed.stdout).contains(session) {
+        return Vec::new();
+    }
+    w.receipts(session)
+        .iter()
+        .map(|b| b["kind"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+impl Hosts {
+    fn spec(&self, extra: &str) -> String {
+        let path = self.a.base.path().join("import.ns");
+        std::fs::write(
+            &path,
+            format!("mount -k b {} /n/b/tool{extra}\n", self.addr),
+        )
+        .unwrap();
+        path.to_str().unwrap().to_owned()
+    }
+}
+
+#[test]
+fn a_peer_sees_exactly_its_grant_and_b_decides_and_receipts_its_calls() {
+    let work = tempfile::Builder::new()
+        .prefix("wexpw")
+        .tempdir_in("/tmp")
+        .unwrap();
+    common::open_to_shell_workers(work.path());
+    let dir = work.path().to_str().unwrap();
+    let h = hosts(&format!("tool:echo,shell root:shell:{dir}"));
+    let spec = h.spec("");
+    let (code, out, err) = h.a.sh(
+        &["--ns", &spec],
+        r#"cat /n/b/tool/tools; echo ---;
+           exec 3<>/n/b/tool/echo/call; printf '{"text":"across"}' >&3; cat <&3; echo"#,
+    );
+    assert_eq!(code, 0, "{out}\n{err}");
+    let (tools, call) = out.split_once("---\n").unwrap();
+    let names: Vec<&str> = tools
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(names, ["echo", "shell"], "{tools}");
+    let envelope: serde_json::Value = serde_json::from_str(call.trim()).unwrap();
+    assert_eq!(envelope["status"], "ok", "{call}");
+    assert!(call.contains("across"), "{call}");
+
+    // B's receipts, under the session A's key names: the decision and the run.
+    let session = h.a_key.session();
+    wait_until("B's receipts of A's echo call", || {
+        receipt_kinds(&h.b, &session).iter().any(|k| k == "query")
+    });
+    let kinds = receipt_kinds(&h.b, &session);
+    assert!(kinds.iter().any(|k| k == "decision"), "{kinds:?}");
+
+    // An exec-tier call asks on B's gate, and runs once B's operator allows it.
+    let agent = h.a.spawn_run(&[
+        "--ns",
+        &spec,
+        "--",
+        "/bin/sh",
+        "-c",
+        &format!(
+            r#"exec 3<>/n/b/tool/shell/call; printf '{{"command":"true","cwd":"{dir}"}}' >&3; cat <&3"#
+        ),
+    ]);
+    let (id, request) = next_ask(&h.b, 0);
+    assert!(request.contains("tool shell"), "{request}");
+    assert_eq!(field(&request, "session"), session, "{request}");
+    let fp = fingerprint(&request).to_string();
+    h.b.run_ok(&[
+        "write",
+        &format!("/gate/pending/{id}/ctl"),
+        &format!("allow once {fp}"),
+    ]);
+    let out = agent.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains(r#""status":"ok""#), "{stdout}");
+}
+
+#[test]
+fn a_tool_the_entry_does_not_grant_is_absent_and_a_tree_it_does_not_grant_is_refused() {
+    let h = hosts("tool:echo");
+    let spec = h.spec("");
+    let (code, out, err) = h.a.sh(
+        &["--ns", &spec],
+        "cat /n/b/tool/tools; test -e /n/b/tool/shell && echo SHELL",
+    );
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(!out.contains("SHELL") && !out.contains("shell"), "{out}");
+    // The same through `warren run --import`, the address from A's peers entry for b.
+    let out =
+        h.a.cmd(&[
+            "run",
+            "--import",
+            "b:tool:/n/b/tool",
+            "--",
+            "/bin/cat",
+            "/n/b/tool/tools",
+        ])
+        .env("WARREN_CONFIG_DIR", &h.a_config)
+        .output()
+        .unwrap();
+    let (code, out, err) = (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.starts_with("echo") && !out.contains("shell"), "{out}");
+    let spec = h.spec(" dir");
+    let (code, out, err) = h.a.sh(&["--ns", &spec], "true");
+    assert_ne!(code, 0, "{out}");
+    assert!(err.contains("not granted tree `dir`"), "{err}");
+}
+
+#[test]
+fn a_server_with_another_key_is_refused_naming_both_fingerprints() {
+    let h = hosts("tool:echo");
+    // B's entry on A now names some other key: whoever answers at B's address is not b.
+    let other = tempfile::tempdir().unwrap();
+    let other_key = warren_exportfs::keys::HostKey::create(&other.path().join("k")).unwrap();
+    write_peers(&h.a_config, &format!("b {}\n", other_key.public()));
+    let spec = h.spec("");
+    let (code, _out, err) = h.a.sh(&["--ns", &spec], "true");
+    assert_ne!(code, 0);
+    assert!(err.contains(&other_key.public().fingerprint()), "{err}");
+    let b_key =
+        warren_exportfs::keys::HostKey::load(&h.b.base.path().join("secrets").join("host.key"))
+            .unwrap();
+    assert!(err.contains(&b_key.public().fingerprint()), "{err}");
+}
+
+#[test]
+fn a_dropped_link_fails_the_call_in_flight_instead_of_hanging() {
+    let work = tempfile::Builder::new()
+        .prefix("wexpw")
+        .tempdir_in("/tmp")
+        .unwrap();
+    common::open_to_shell_workers(work.path());
+    let dir = work.path().to_str().unwrap();
+    let mut h = hosts(&format!("tool:shell root:shell:{dir}"));
+    let spec = h.spec("");
+    // An exec-tier call waits on B's gate for an answer that never comes.
+    let agent = h.a.spawn_run(&[
+        "--ns",
+        &spec,
+        "--",
+        "/bin/sh",
+        "-c",
+        &format!(
+            r#"exec 3<>/n/b/tool/shell/call; printf '{{"command":"true","cwd":"{dir}"}}' >&3; cat <&3; echo "exit=$?""#
+        ),
+    ]);
+    next_ask(&h.b, 0);
+    let _ = h.exportfs.kill();
+    let _ = h.exportfs.wait();
+    let out = agent.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("exit=1") && !stdout.contains("status"),
+        "the read failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The shipped exportfs unit runs `warren export` with flags that parse, with the directories
+/// the code reads, and passes `systemd-analyze verify` beside warren's own unit.
+#[test]
+fn the_exportfs_unit_runs_warren_export_and_passes_systemd_analyze() {
+    let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dist/systemd");
+    let unit = std::fs::read_to_string(units.join("warren-exportfs.service")).unwrap();
+    let exec: Vec<&str> = unit
+        .lines()
+        .filter_map(|l| l.strip_prefix("ExecStart="))
+        .collect();
+    assert_eq!(exec.len(), 1, "{exec:?}");
+    let words: Vec<&str> = exec[0].split_whitespace().collect();
+    assert_eq!(words[..3], ["/usr/local/bin/warren", "export", "--listen"]);
+    let help = Command::new(env!("CARGO_BIN_EXE_warren"))
+        .args(["export", "--listen", "tcp!127.0.0.1!1", "--help"])
+        .output()
+        .unwrap();
+    assert!(help.status.success(), "{help:?}");
+    for var in [
+        "WARREN_RUNTIME_DIR=/run/warren",
+        "WARREN_DATA_DIR=/var/lib/warren",
+        "WARREN_SECRETS_DIR=/etc/warren/secrets",
+        "WARREN_CONFIG_DIR=/etc/warren",
+    ] {
+        assert!(unit.contains(&format!("Environment={var}\n")), "{var}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["warren.service", "warren-exportfs.service"] {
+        let text = std::fs::read_to_string(units.join(name)).unwrap();
+        std::fs::write(
+            dir.path().join(name),
+            text.replace("/usr/local/bin/warren", env!("CARGO_BIN_EXE_warren")),
+        )
+        .unwrap();
+    }
+    let man1 = dir.path().join("man/man1");
+    let man = Command::new(env!("CARGO_BIN_EXE_warren"))
+        .args(["man", "--dir"])
+        .arg(&man1)
+        .output()
+        .unwrap();
+    assert!(man.status.success(), "{man:?}");
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(dir.path().join("warren-exportfs.service"))
+        .env("MANPATH", dir.path().join("man"))
+        .env("SYSTEMD_UNIT_PATH", format!("{}:", dir.path().display()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "systemd-analyze verify: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `dir:docs:/PATH` in B's entry for A: A mounts B's directory read-only and reads it; writes
+/// fail, and what B's others may not read stays unread.
+#[test]
+fn a_peer_reads_a_granted_directory_and_cannot_write_it() {
+    let shared = tempfile::Builder::new()
+        .prefix("wexpd")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(shared.path().join("notes.md"), "from b\n").unwrap();
+    std::fs::set_permissions(
+        shared.path().join("notes.md"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    std::fs::write(shared.path().join("private"), "b only\n").unwrap();
+    std::fs::set_permissions(
+        shared.path().join("private"),
+        std::fs::Permissions::from_mode(0o600),
+    )
+    .unwrap();
+    let h = hosts(&format!("dir:docs:{}", shared.path().display()));
+    let path = h.a.base.path().join("docs.ns");
+    std::fs::write(&path, format!("mount -k b {} /n/b/docs docs\n", h.addr)).unwrap();
+    let (code, out, err) = h.a.sh(
+        &["--ns", path.to_str().unwrap()],
+        "ls /n/b/docs; cat /n/b/docs/notes.md; \
+         cat /n/b/docs/private || echo PRIVATE-REFUSED; \
+         echo x > /n/b/docs/notes.md || echo WRITE-REFUSED; \
+         echo x > /n/b/docs/new || echo CREATE-REFUSED",
+    );
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.starts_with("notes.md\nprivate\nfrom b\n"), "{out}");
+    for refused in ["PRIVATE-REFUSED", "WRITE-REFUSED", "CREATE-REFUSED"] {
+        assert!(out.contains(refused), "{refused}: {out}\n{err}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(shared.path().join("notes.md")).unwrap(),
+        "from b\n"
+    );
+    assert!(!shared.path().join("new").exists());
+}
