@@ -18,8 +18,15 @@ pub use privilege::harden;
 
 /// Logs to stderr, filtered by `WARREN_LOG` (default `info`), each line tagged with the daemon.
 pub fn init_tracing(name: &'static str) {
+    init_tracing_with(name, "info");
+}
+
+/// As [`init_tracing`], with `default` as the filter when `WARREN_LOG` is unset (e.g.
+/// `info,rmcp=warn`: a library that logs every message of a hostile peer at info would let the
+/// peer write warren's log).
+pub fn init_tracing_with(name: &'static str, default: &str) {
     use tracing_subscriber::{EnvFilter, fmt};
-    let filter = EnvFilter::try_from_env("WARREN_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_env("WARREN_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     let _ = fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

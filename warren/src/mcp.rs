@@ -176,7 +176,7 @@ pub fn check(dirs: &Dirs, name: &str) -> Result<ExitCode> {
         writeln!(
             out,
             "{}\t{}\t{}\t{}\t{}",
-            d.name,
+            warren_daemon::escape::escape(&d.name),
             d.tier(config.tier_of(&d.name)).as_str(),
             standing_word(&standing),
             d.digest(),

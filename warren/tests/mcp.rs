@@ -343,9 +343,12 @@ fn mcp_calls_are_decided_before_the_server_sees_them_and_a_failed_server_comes_b
     );
     let (id, request) = next_ask(&w, 0);
     assert!(request.contains("mcp:notes:search"), "{request}");
+    // The gate decides MCP tools at its dynamic class (asks unless a rule allows).
     assert!(
-        request.contains("exec"),
-        "an unlisted tool is exec tier: {request}"
+        request
+            .lines()
+            .any(|l| l.contains("tier") && l.contains("dynamic")),
+        "{request}"
     );
     let answered = w.run(&["write", &format!("/gate/pending/{id}/ctl"), "deny"]);
     assert!(answered.status.success());
@@ -417,6 +420,27 @@ fn mcp_calls_are_decided_before_the_server_sees_them_and_a_failed_server_comes_b
     );
     assert_eq!(code, 0, "{err}");
     let (pulled, after) = out.split_once("---\n").unwrap();
+    // Its stderr is a pipe mcpfs reads, never warren's log file; its lines reach the log escaped.
+    let (code, out, err) = w.sh(
+        &["--asks", "operator", "--ns", spec.to_str().unwrap()],
+        &call("stderr_probe", "{}"),
+    );
+    assert_eq!(code, 0, "{err}");
+    let probe = envelope_of(&out);
+    assert!(
+        probe["content"].as_str().unwrap().starts_with("pipe:"),
+        "{probe}"
+    );
+    wait_until("the server's stderr line is in the log", || {
+        std::fs::read_to_string(w.runtime().join("warren.log"))
+            .unwrap_or_default()
+            .contains("red probe")
+    });
+    let log = std::fs::read(w.runtime().join("warren.log")).unwrap();
+    assert!(
+        !log.windows(4).any(|win| win == b"\x1b[7m"),
+        "a server's terminal escape reached the log raw"
+    );
     assert_eq!(envelope_of(pulled)["content"], "pulled", "{out}");
     let held = envelope_of(after);
     assert_eq!(held["status"], "denied", "{held}");

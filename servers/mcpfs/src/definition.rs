@@ -53,12 +53,19 @@ pub enum Unservable {
     #[error("the tool has no name")]
     NoName,
     #[error(
-        "tool name {0:?} cannot be a file name (`/`, a control character, `.`, `..` or `tools`)"
+        "tool name {0:?} is not served: a tool name is 1 to 128 letters, digits, `_`, `.` or `-`, and not `.`, `..`, `tools` or `resources`"
     )]
     BadName(String),
     #[error("tool {0:?}: inputSchema is not a JSON object")]
     BadSchema(String),
+    #[error("tool {0:?}: its {1} is over {2} bytes")]
+    TooLarge(String, &'static str, usize),
 }
+
+/// The most bytes of a tool's description.
+pub const MAX_DESCRIPTION_BYTES: usize = 64 * 1024;
+/// The most bytes of a tool's inputSchema (as JSON).
+pub const MAX_SCHEMA_BYTES: usize = 256 * 1024;
 
 impl Definition {
     /// From one entry of a `tools/list` result.
@@ -68,12 +75,17 @@ impl Definition {
             .and_then(Value::as_str)
             .ok_or(Unservable::NoName)?
             .to_string();
+        // A file name, and a name the gate takes as `mcp:<server>:<name>` (letters, digits and
+        // `_.-` only): a tool the gate would refuse to decide is not served at all.
         if name.is_empty()
             || name == "."
             || name == ".."
             || name == "tools"
+            || name == "resources"
             || name.len() > 128
-            || name.chars().any(|c| c == '/' || c.is_control())
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b))
         {
             return Err(Unservable::BadName(name));
         }
@@ -81,6 +93,20 @@ impl Definition {
             Some(s @ Value::Object(_)) => s.clone(),
             _ => return Err(Unservable::BadSchema(name)),
         };
+        if tool
+            .get("description")
+            .and_then(Value::as_str)
+            .is_some_and(|d| d.len() > MAX_DESCRIPTION_BYTES)
+        {
+            return Err(Unservable::TooLarge(
+                name,
+                "description",
+                MAX_DESCRIPTION_BYTES,
+            ));
+        }
+        if serde_json::to_vec(&input_schema).map_or(usize::MAX, |b| b.len()) > MAX_SCHEMA_BYTES {
+            return Err(Unservable::TooLarge(name, "inputSchema", MAX_SCHEMA_BYTES));
+        }
         Ok(Definition {
             description: tool
                 .get("description")

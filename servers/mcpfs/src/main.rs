@@ -34,7 +34,8 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    warren_daemon::init_tracing("mcpfs");
+    // rmcp logs each message of a server at info: a hostile server would fill the log.
+    warren_daemon::init_tracing_with("mcpfs", "info,rmcp=warn");
     warren_daemon::harden()?;
     let gate_fd = gate::take_inherited_fd()?;
     let runtime_dir = args.runtime_dir.unwrap_or_else(|| Dirs::from_env().runtime);

@@ -20,8 +20,11 @@ use warren_toolfs::tree::ResourceFiles;
 use crate::config::{ServerConfig, Transport, pins_path, valid_name};
 use crate::{Definition, Outcome, Pins, Session, SessionError};
 
-/// How long a server has to start, answer the handshake and list its tools.
-const START_DEADLINE: Duration = Duration::from_secs(30);
+/// How long a server has to start, answer the handshake and list its tools: within the time
+/// nsd waits for mcpfs to take a grant (`warren_daemon::handoff::REPLY_TIMEOUT`), so that a
+/// server too slow to start is reported as such, not as a refused handoff.
+const START_DEADLINE: Duration =
+    warren_daemon::handoff::REPLY_TIMEOUT.saturating_sub(Duration::from_secs(2));
 /// The longest wait between two starts of a server that keeps dying.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
@@ -89,6 +92,16 @@ impl CatalogSource for Servers {
                 Err(e) => tracing::warn!(server = %name, tool = %def.name, "not served: {e}"),
             }
         }
+        // A server that lists a name twice gets its first definition served (and a warning), not
+        // every namespace's mount refused.
+        let mut seen = std::collections::HashSet::new();
+        defs.retain(|d| {
+            let first = seen.insert(d.name.clone());
+            if !first {
+                tracing::warn!(server = %name, tool = %d.name, "listed twice: the first definition is served");
+            }
+            first
+        });
         let catalog = Catalog::from_defs(defs)?;
         if record.tools.is_empty() {
             // No names: every tool the operator accepted.
@@ -272,6 +285,7 @@ impl Served {
         let mut slot = self.live.lock().await;
         if let Some(live) = slot.as_ref()
             && !live.ended.load(Ordering::Acquire)
+            && !live.session.is_closed()
         {
             return Ok(live.clone());
         }
@@ -381,11 +395,10 @@ impl Served {
         let pipe = || nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| e.to_string());
         let (server_in, to_server) = pipe()?;
         let (from_server, server_out) = pipe()?;
-        // Its stderr is mcpfs's: warren's log.
-        let stderr: OwnedFd = std::io::stderr()
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|e| e.to_string())?;
+        // Its stderr is a pipe mcpfs reads, never a file of warren's: its lines reach warren's
+        // log escaped, cut and rate-limited ([`relay_stderr`]).
+        let (from_stderr, stderr) = pipe()?;
+        relay_stderr(&self.name, from_stderr);
         let (nsd, name) = (self.nsd.clone(), self.name.clone());
         let namespace = tokio::task::spawn_blocking(move || {
             warren_proto::launch::start_server(
@@ -407,6 +420,69 @@ impl Served {
             .map_err(|e| e.to_string())?;
         Ok((session, namespace))
     }
+}
+
+/// The most bytes of one stderr line of a server that reach the log.
+const STDERR_LINE_BYTES: usize = 512;
+/// The most stderr lines of one server start that reach the log per minute; the rest are
+/// counted and dropped.
+const STDERR_LINES_PER_MINUTE: u32 = 120;
+
+/// Copies a server's stderr to mcpfs's log, a line at a time: each escaped (no terminal
+/// control reaches whoever reads the log), cut to [`STDERR_LINE_BYTES`], and at most
+/// [`STDERR_LINES_PER_MINUTE`] a minute. Ends when the server's end of the pipe closes.
+fn relay_stderr(server: &str, pipe: OwnedFd) {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    let server = server.to_owned();
+    let Ok(reader) = tokio::net::unix::pipe::Receiver::from_owned_fd(pipe) else {
+        return;
+    };
+    tokio::spawn(async move {
+        let mut reader = tokio::io::BufReader::new(reader);
+        let mut line = Vec::new();
+        let (mut window, mut shown, mut dropped) = (Instant::now(), 0u32, 0u64);
+        loop {
+            line.clear();
+            // Read at most a line's worth more than is shown, then skip to the newline.
+            let read = (&mut reader)
+                .take(STDERR_LINE_BYTES as u64 + 1)
+                .read_until(b'\n', &mut line)
+                .await;
+            match read {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            if !line.ends_with(b"\n") && line.len() > STDERR_LINE_BYTES {
+                let mut rest = Vec::new();
+                loop {
+                    rest.clear();
+                    match (&mut reader)
+                        .take(64 * 1024)
+                        .read_until(b'\n', &mut rest)
+                        .await
+                    {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) if rest.ends_with(b"\n") => break,
+                        Ok(_) => {}
+                    }
+                }
+            }
+            if window.elapsed() >= Duration::from_secs(60) {
+                if dropped > 0 {
+                    tracing::warn!(server = %server, dropped, "stderr lines dropped (over the rate)");
+                }
+                (window, shown, dropped) = (Instant::now(), 0, 0);
+            }
+            if shown >= STDERR_LINES_PER_MINUTE {
+                dropped += 1;
+                continue;
+            }
+            shown += 1;
+            let cut = &line[..line.len().min(STDERR_LINE_BYTES)];
+            let text = String::from_utf8_lossy(cut);
+            tracing::info!(server = %server, "stderr: {}", warren_daemon::escape::escape(text.trim_end_matches('\n')));
+        }
+    });
 }
 
 /// One accepted tool of one server, as a call file's runner.

@@ -50,6 +50,16 @@ impl rmcp::ClientHandler for Notified {
     }
 }
 
+/// The most tools one server may list.
+pub const MAX_TOOLS: usize = 1024;
+/// The most pages a listing may take.
+pub const MAX_LIST_PAGES: usize = 64;
+/// The most bytes a whole listing may take.
+pub const MAX_LISTING_BYTES: usize = 8 << 20;
+/// The most bytes of one call's result (as the server sent it, JSON): a larger one is an
+/// error for the caller, not a result.
+pub const MAX_RESULT_BYTES: usize = 4 << 20;
+
 /// A live session. Dropping it closes the stream.
 pub struct Session {
     client: RunningService<RoleClient, Notified>,
@@ -104,28 +114,59 @@ impl Session {
             .map(|s| format!("{} {}", s.name, s.version))
     }
 
+    /// Whether the session has ended (the server hung up, or its stream broke).
+    pub fn is_closed(&self) -> bool {
+        self.client.is_closed() || self.client.peer().is_transport_closed()
+    }
+
     /// Whether the server said its tool list changed since this was last asked (and clears it).
     pub fn take_tools_changed(&self) -> bool {
         self.tools_changed.swap(false, Ordering::AcqRel)
     }
 
-    /// Every tool the server lists (all pages), each made a [`Definition`] or refused.
+    /// Every tool the server lists (all pages), each made a [`Definition`] or refused. Bounded,
+    /// so a hostile server cannot grow mcpfs (which serves every server) without end: at most
+    /// [`MAX_TOOLS`] tools over [`MAX_LIST_PAGES`] pages and [`MAX_LISTING_BYTES`] in all, all
+    /// within `deadline`.
     pub async fn tools(
         &self,
         deadline: Duration,
     ) -> Result<Vec<Result<Definition, Unservable>>, SessionError> {
-        let tools = tokio::time::timeout(deadline, self.client.list_all_tools())
-            .await
-            .map_err(|_| SessionError::Timeout(deadline))?
-            .map_err(|e| SessionError::Protocol(e.to_string()))?;
-        tools
-            .iter()
-            .map(|t| {
-                let v =
-                    serde_json::to_value(t).map_err(|e| SessionError::Malformed(e.to_string()))?;
-                Ok(Definition::from_listing(&v))
-            })
-            .collect()
+        let until = tokio::time::Instant::now() + deadline;
+        let mut cursor: Option<String> = None;
+        let (mut tools, mut bytes) = (Vec::new(), 0usize);
+        for _ in 0..MAX_LIST_PAGES {
+            let params = cursor
+                .take()
+                .map(|c| rmcp::model::PaginatedRequestParams::default().with_cursor(Some(c)));
+            let page = tokio::time::timeout_at(until, self.client.list_tools(params))
+                .await
+                .map_err(|_| SessionError::Timeout(deadline))?
+                .map_err(|e| SessionError::Protocol(e.to_string()))?;
+            let v =
+                serde_json::to_value(&page).map_err(|e| SessionError::Malformed(e.to_string()))?;
+            bytes += serde_json::to_vec(&v).map_or(0, |b| b.len());
+            if bytes > MAX_LISTING_BYTES {
+                return Err(SessionError::Malformed(format!(
+                    "the tool listing is over {MAX_LISTING_BYTES} bytes"
+                )));
+            }
+            for t in v["tools"].as_array().into_iter().flatten() {
+                tools.push(Definition::from_listing(t));
+            }
+            if tools.len() > MAX_TOOLS {
+                return Err(SessionError::Malformed(format!(
+                    "the server lists more than {MAX_TOOLS} tools"
+                )));
+            }
+            match v.get("nextCursor").and_then(Value::as_str) {
+                Some(next) if !next.is_empty() => cursor = Some(next.to_string()),
+                _ => return Ok(tools),
+            }
+        }
+        Err(SessionError::Malformed(format!(
+            "the tool listing goes on past {MAX_LIST_PAGES} pages"
+        )))
     }
 
     /// The server's resources (all pages) as `(uri, mimeType)`; none when it serves none (or
@@ -208,6 +249,12 @@ impl Session {
             CallToolResponse::Complete(result) => {
                 let v = serde_json::to_value(&result)
                     .map_err(|e| SessionError::Malformed(e.to_string()))?;
+                let size = serde_json::to_vec(&v).map_or(usize::MAX, |b| b.len());
+                if size > MAX_RESULT_BYTES {
+                    return Err(SessionError::Malformed(format!(
+                        "the result is {size} bytes; the most taken is {MAX_RESULT_BYTES}"
+                    )));
+                }
                 Ok(Outcome::from_result(&v))
             }
             CallToolResponse::InputRequired(_) => {

@@ -209,3 +209,38 @@ async fn a_misbehaving_server_is_a_clear_error_within_the_deadline() {
         "{e}"
     );
 }
+
+fn hostile(mode: &str) -> Command {
+    let mut cmd = Command::new(python());
+    cmd.arg(repo().join("servers/mcpfs/tests/servers/hostile.py"))
+        .env("MODE", mode);
+    cmd
+}
+
+/// A server cannot grow mcpfs (which serves every server) without end: a listing that pages
+/// forever, one with too many tools and a result over the cap are clear errors; names the gate
+/// would refuse, reserved names and oversized descriptions are not served; the session goes on.
+#[tokio::test]
+async fn a_hostile_server_cannot_exhaust_its_client() {
+    let (_c, session) = start(hostile("pages")).await;
+    let e = session.unwrap().tools(DEADLINE).await.unwrap_err();
+    assert!(e.to_string().contains("pages"), "{e}");
+
+    let (_c, session) = start(hostile("many")).await;
+    let e = session.unwrap().tools(DEADLINE).await.unwrap_err();
+    assert!(e.to_string().contains("more than"), "{e}");
+
+    let (_c, session) = start(hostile("names")).await;
+    let session = session.unwrap();
+    let listed = session.tools(DEADLINE).await.unwrap();
+    let served: Vec<String> = listed
+        .iter()
+        .filter_map(|d| d.as_ref().ok().map(|d| d.name.clone()))
+        .collect();
+    assert_eq!(served, ["big", "dup", "dup"], "{listed:?}");
+    let big = session.call("big", Map::new(), DEADLINE).await;
+    assert!(
+        matches!(&big, Err(SessionError::Malformed(m)) if m.contains("bytes")),
+        "{big:?}"
+    );
+}

@@ -38,6 +38,13 @@ async def rug_pull(ctx: Context) -> str:
     return "pulled"
 
 
+@server.tool(description="Writes a line with terminal escapes to stderr; says what its stderr is.")
+def stderr_probe() -> str:
+    sys.stderr.write("\x1b[7mred probe\x1b[0m\n")
+    sys.stderr.flush()
+    return os.readlink("/proc/self/fd/2")
+
+
 @server.tool(description="Exits the server in the middle of a call.")
 def crash() -> str:
     os._exit(3)

@@ -1,0 +1,46 @@
+"""A hand-written MCP server (raw JSON-RPC on stdio) that tries to exhaust its client: a tool
+listing that pages forever (MODE=pages), too many tools (MODE=many), names the gate would refuse
+and a name listed twice (MODE=names), a result of 8 MiB (its `big` tool)."""
+import json
+import os
+import sys
+
+mode = os.environ.get("MODE", "pages")
+
+
+def send(message):
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def tool(name, description="t"):
+    return {"name": name, "description": description, "inputSchema": {"type": "object"}}
+
+
+page = 0
+for line in sys.stdin:
+    request = json.loads(line)
+    method, rid = request.get("method"), request.get("id")
+    if rid is None:
+        continue
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": rid, "result": {
+            "protocolVersion": request["params"]["protocolVersion"],
+            "capabilities": {"tools": {}}, "serverInfo": {"name": "hostile", "version": "0"}}})
+    elif method == "tools/list":
+        if mode == "pages":
+            page += 1
+            send({"jsonrpc": "2.0", "id": rid, "result": {
+                "tools": [tool(f"t{page}")], "nextCursor": f"c{page}"}})
+        elif mode == "many":
+            send({"jsonrpc": "2.0", "id": rid, "result": {
+                "tools": [tool(f"t{i}") for i in range(2000)]}})
+        else:
+            send({"jsonrpc": "2.0", "id": rid, "result": {"tools": [
+                tool("big"), tool("x:y"), tool("a b"), tool("tools"), tool("resources"),
+                tool("dup", "first"), tool("dup", "second"), tool("huge", "d" * 70000)]}})
+    elif method == "tools/call":
+        send({"jsonrpc": "2.0", "id": rid, "result": {
+            "content": [{"type": "text", "text": "x" * (8 << 20)}]}})
+    else:
+        send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": "no"}})
