@@ -391,6 +391,15 @@ fn settle_namespaces(dirs: &Dirs, force: bool) -> Result<bool> {
                 return Ok(false);
             }
         };
+        // An MCP server's namespace is mcpfs's: it ends when mcpfs stops, so it strands nothing.
+        let mut others = Vec::new();
+        for n in live {
+            let info = tree.read(n.id, "info").await.unwrap_or_default();
+            if !info.lines().any(|l| l == "origin mcp") {
+                others.push(n);
+            }
+        }
+        let live = others;
         if live.is_empty() {
             return Ok(true);
         }

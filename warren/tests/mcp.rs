@@ -269,6 +269,14 @@ fn a_mounted_mcp_server_serves_exactly_its_accepted_grant_through_the_gate() {
         "{reply}"
     );
     assert!(env["receipt"].is_object(), "the call is receipted: {reply}");
+    // The server's namespace is mcpfs's, not a stranded namespace: `warren down` goes ahead.
+    drop(_approver);
+    let down = w.run(&["down"]);
+    assert!(
+        down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
 }
 
 /// The Python `notes` server (`drifting.py`), journaling each `search` it runs to a file of its

@@ -28,6 +28,9 @@ use super::server::{refuse, run_and_follow};
 use super::{Request, StartServer, VERSION, recv};
 use crate::nsd::Nsd;
 
+/// The origin `/ns/<id>/info` shows for an MCP server's namespace.
+pub const MCP_ORIGIN: &str = "mcp";
+
 /// Who may ask (besides being in nsd's pid namespace): mcpfs's uid or root.
 fn mcpfs_or_root(cred: &PeerCred) -> Option<String> {
     (cred.uid != 0 && cred.uid != Role::Mcpfs.uid())
@@ -82,7 +85,8 @@ fn serve(sock: &UnixStream, cred: PeerCred, nsd: &Nsd, config_dir: &Path, secret
         uid: 0,
         gid: 0,
     };
-    run_and_follow(sock, owner, nsd, request, fds);
+    // Origin `mcp`: mcpfs's, ended when mcpfs lets it go (`warren down` does not wait for it).
+    run_and_follow(sock, owner, nsd, request, fds, MCP_ORIGIN);
 }
 
 /// The run request for the operator's definition of `start.server`: its spec (with an `env`

@@ -97,7 +97,7 @@ fn serve_launcher(sock: &UnixStream, cred: PeerCred, nsd: &Nsd) {
         Err(e) => return refuse(sock, cred, &e),
     };
     match opening {
-        (Opening::Run(request), fds) => run_and_follow(sock, cred, nsd, request, fds),
+        (Opening::Run(request), fds) => run_and_follow(sock, cred, nsd, request, fds, "run"),
         (Opening::Attach(request), fds) => match start_attach(nsd, cred, request, fds) {
             Ok((id, session, mut attached)) => {
                 let pty_master = attached.take_pty_master();
@@ -117,8 +117,9 @@ pub(super) fn run_and_follow(
     nsd: &Nsd,
     request: Request,
     fds: Vec<OwnedFd>,
+    origin: &'static str,
 ) {
-    match start(nsd, cred, request, fds) {
+    match start(nsd, cred, request, fds, origin) {
         Ok((started, pty_master)) => {
             let session = started.space.info().session.clone().unwrap_or_default();
             let (space, served) = (started.space.clone(), started.served.clone());
@@ -301,6 +302,7 @@ fn start(
     cred: PeerCred,
     request: Request,
     mut fds: Vec<OwnedFd>,
+    origin: &'static str,
 ) -> io::Result<(Started, Option<OwnedFd>)> {
     if request.version != VERSION {
         return Err(invalid(format!(
@@ -328,7 +330,7 @@ fn start(
     let (id, space) = nsd.add_space(
         spec.clone(),
         Info {
-            origin: "run",
+            origin,
             operator_uid: cred.uid,
             launcher_pid: Some(cred.pid),
             ..Info::default()
