@@ -17,6 +17,8 @@ pub enum Role {
     /// mcpfs: the client of every MCP server (never the servers themselves: each runs in a
     /// namespace of its own).
     Mcpfs,
+    /// The egress proxy (`net proxy`): outside every namespace, the one that connects out.
+    Netproxy,
 }
 
 pub const DEFAULT_UID_BASE: u32 = 61000;
@@ -29,6 +31,7 @@ impl Role {
             Role::Gate => 3,
             Role::Bridge => 4,
             Role::Mcpfs => 5,
+            Role::Netproxy => 6,
             Role::Worker => 10,
         }
     }

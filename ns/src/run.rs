@@ -48,6 +48,9 @@ pub struct RunOptions {
     /// Where the payload's TERM, LANG and the spec's `env` names get their values: `None` is
     /// this process's environment (`warren-nsd run`); nsd passes the launcher's values.
     pub env: Option<std::collections::BTreeMap<String, String>>,
+    /// For a `net proxy` spec: the session and namespace its proxy grant is for. Without it such
+    /// a spec is refused (only nsd, with the proxy's control socket, can build one).
+    pub net_proxy: Option<crate::netgrant::NetProxyTarget>,
 }
 
 /// Descriptors to give the payload as fds 0, 1 and 2.
@@ -89,6 +92,7 @@ impl Default for RunOptions {
             pty: false,
             pty_winsize: None,
             env: None,
+            net_proxy: None,
         }
     }
 }
@@ -207,6 +211,17 @@ pub(crate) fn payload_env(
             env.push(format!("{name}={v}"));
         }
     }
+    if spec.net() == Net::Proxy {
+        // These name the only way out: a launcher's value for one (through the spec's `env`)
+        // must not point elsewhere, so it is dropped for the proxy's.
+        env.retain(|e| {
+            let name = e.split('=').next().unwrap_or("");
+            !crate::netgrant::proxy_env()
+                .iter()
+                .any(|p| p.split('=').next() == Some(name))
+        });
+        env.extend(crate::netgrant::proxy_env());
+    }
     env.into_iter()
         .map(|s| {
             CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in env"))
@@ -234,6 +249,8 @@ pub struct Running {
     pty_master: Option<OwnedFd>,
     /// How its payload was confined, for a process attached later (`launch::attach`).
     confinement: Confinement,
+    /// Held for its Drop: a `net proxy` namespace's session at the proxy ends with it.
+    _net_grant: Option<crate::netgrant::NetGrant>,
 }
 
 /// What a process joining a running namespace must get to be confined exactly as its payload
@@ -331,6 +348,16 @@ pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Runn
         .collect::<Result<Vec<_>, _>>()
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in an argument"))?;
     let env = payload_env(spec, opts.env.as_ref())?;
+    let net_grant = match (spec.net(), &opts.net_proxy) {
+        (Net::Proxy, Some(target)) => Some(crate::netgrant::grant(spec, target, &opts.protected)?),
+        (Net::Proxy, None) => {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "net proxy needs nsd (the egress proxy's grant is made by nsd)",
+            ));
+        }
+        _ => None,
+    };
 
     let guard = Guard::new(&opts.protected)?;
     let mut all_binds = spec.binds.clone();
@@ -389,6 +416,10 @@ pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Runn
             Enforcement::Rlimits => None,
         },
         rlimit_pids_mem: matches!(enforcement, Enforcement::Rlimits),
+        net_ns: net_grant
+            .as_ref()
+            .map(|g| g.netns.try_clone())
+            .transpose()?,
     };
     let holder = match sys::fork_process()? {
         ForkResult::Child => {
@@ -414,6 +445,7 @@ pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Runn
         holder,
         holder_fd,
         pty_master,
+        _net_grant: net_grant,
         confinement: Confinement {
             uid: payload_uid(opts, holder),
             uid_base: opts.uid_base,

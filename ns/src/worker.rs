@@ -458,6 +458,7 @@ fn write_identity(
         Role::Gate,
         Role::Bridge,
         Role::Mcpfs,
+        Role::Netproxy,
     ]
     .map(Role::uid);
     Ok(owner

@@ -11,6 +11,8 @@ pub enum Role {
     Toolfs,
     /// mcpfs's uid: an appender of `effect` receipts (MCP servers' tools' calls).
     Mcpfs,
+    /// The egress proxy's uid: an appender of `effect` receipts (each proxied connection).
+    Netproxy,
     /// Anyone else the operator socket let in (root or the `warren` group), with its uid.
     Operator(u32),
     /// receiptd itself: `boot` and `checkpoint` receipts.
@@ -23,6 +25,7 @@ pub struct DaemonUids {
     pub gate: Option<u32>,
     pub toolfs: Option<u32>,
     pub mcpfs: Option<u32>,
+    pub netproxy: Option<u32>,
 }
 
 impl Role {
@@ -33,6 +36,8 @@ impl Role {
             Role::Toolfs
         } else if Some(uid) == daemons.mcpfs {
             Role::Mcpfs
+        } else if Some(uid) == daemons.netproxy {
+            Role::Netproxy
         } else {
             Role::Operator(uid)
         }
@@ -44,6 +49,7 @@ impl Role {
             Role::Gate => "gate".into(),
             Role::Toolfs => "toolfs".into(),
             Role::Mcpfs => "mcpfs".into(),
+            Role::Netproxy => "netproxy".into(),
             Role::Operator(uid) => format!("operator:{uid}"),
             Role::Receiptd => "receiptd".into(),
         }
@@ -65,7 +71,7 @@ impl Role {
     pub fn may_append(self, kind: Kind) -> Result<(), AppendError> {
         let allowed = match kind {
             Kind::Decision => self == Role::Gate,
-            Kind::Effect => matches!(self, Role::Toolfs | Role::Mcpfs),
+            Kind::Effect => matches!(self, Role::Toolfs | Role::Mcpfs | Role::Netproxy),
             Kind::Boot | Kind::Checkpoint => self == Role::Receiptd,
             Kind::Query | Kind::Cap | Kind::Conflict | Kind::Withdrawn => true,
         };
@@ -74,7 +80,7 @@ impl Role {
         } else {
             let who = match kind {
                 Kind::Decision => "the gate's uid",
-                Kind::Effect => "toolfs's or mcpfs's uid",
+                Kind::Effect => "toolfs's, mcpfs's or netproxy's uid",
                 _ => "receiptd itself",
             };
             Err(AppendError::Forbidden(format!(

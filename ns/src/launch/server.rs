@@ -343,6 +343,10 @@ fn start(
             None => new_session_id()?,
         };
         opts.mount_server = served.clone().map(|s| s as Arc<dyn crate::MountServer>);
+        opts.net_proxy = Some(crate::netgrant::NetProxyTarget {
+            session: session.clone(),
+            namespace: id.to_string(),
+        });
         let mut running = spawn(space.build(), &request.argv, &opts)
             .map_err(|e| io::Error::new(e.kind(), space.handles().in_words(&e.to_string())))?;
         let pty_master = running.take_pty_master();

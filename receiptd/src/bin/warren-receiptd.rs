@@ -45,6 +45,9 @@ struct Args {
     /// mcpfs's uid: an appender of effect receipts (default: warren's mcpfs uid).
     #[arg(long)]
     mcpfs_uid: Option<u32>,
+    /// netproxy's uid: an appender of effect receipts (default: warren's netproxy uid).
+    #[arg(long)]
+    netproxy_uid: Option<u32>,
     /// wal: acknowledge at WAL commit, fdatasync within 5 ms; fsync: acknowledge after it.
     #[arg(long, value_enum, default_value = "wal")]
     durable: Durability,
@@ -117,6 +120,10 @@ fn main() -> ExitCode {
                 mcpfs: Some(
                     args.mcpfs_uid
                         .unwrap_or_else(|| identity::Role::Mcpfs.uid()),
+                ),
+                netproxy: Some(
+                    args.netproxy_uid
+                        .unwrap_or_else(|| identity::Role::Netproxy.uid()),
                 ),
             },
         })

@@ -8,6 +8,7 @@
 //! `docs/network.md`.
 
 pub mod decide;
+pub mod grant;
 pub mod policy;
 pub mod record;
 pub mod resolve;

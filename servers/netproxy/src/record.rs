@@ -50,16 +50,21 @@ pub struct Record {
     pub reason: Option<String>,
 }
 
-/// Where records go. Each record is one `write` of one line, flushed.
+/// Where records go. Each record is one `write` of one line, flushed, and is given to the
+/// hook, if any (the daemon's: an `effect` receipt).
 #[derive(Clone)]
 pub struct Records {
     sink: Option<Arc<Mutex<Box<dyn Write + Send>>>>,
+    hook: Option<Arc<dyn Fn(&Record) + Send + Sync>>,
 }
 
 impl Records {
     /// Records are dropped (the library's default; the daemon always names a sink).
     pub fn none() -> Records {
-        Records { sink: None }
+        Records {
+            sink: None,
+            hook: None,
+        }
     }
 
     pub fn stdout() -> Records {
@@ -80,10 +85,20 @@ impl Records {
     pub fn to_writer(w: Box<dyn Write + Send>) -> Records {
         Records {
             sink: Some(Arc::new(Mutex::new(w))),
+            hook: None,
         }
     }
 
+    /// These records, each also given to `hook` when written.
+    pub fn with_hook(mut self, hook: Arc<dyn Fn(&Record) + Send + Sync>) -> Records {
+        self.hook = Some(hook);
+        self
+    }
+
     pub fn write(&self, record: &Record) {
+        if let Some(hook) = &self.hook {
+            hook(record);
+        }
         let Some(sink) = &self.sink else { return };
         let mut line = serde_json::to_vec(record).expect("a record serialises");
         line.push(b'\n');
