@@ -136,7 +136,8 @@ fn a_payload_reaches_exactly_the_listed_host_through_the_proxy() {
          echo \"socks:$(curl -sS -m 30 --proxy socks5h://127.0.0.1:3128 http://api.test:{port}/s 2>&1)\"\n\
          echo \"other:$(curl -sS -m 30 -o /dev/null -w '%{{http_code}}' http://other.test:{port}/ 2>&1)\"\n\
          echo \"rawip:$(curl -sS -m 30 --noproxy '' -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{port}/ 2>&1)\"\n\
-         curl -sS -m 10 --noproxy '*' http://127.0.0.1:{port}/ >/dev/null 2>&1; echo \"direct:$?\"\n"
+         curl -sS -m 10 --noproxy '*' http://127.0.0.1:{port}/ >/dev/null 2>&1; echo \"direct:$?\"\n\
+         python3 -c 'import socket; socket.socket().bind((\"127.0.0.1\", 8000))' 2>&1 | tail -1 | sed 's/^/bind:/'\n"
     );
     let (code, out, err) = w.sh(
         &["--asks", "operator", "--ns", spec.to_str().unwrap()],
@@ -160,6 +161,13 @@ fn a_payload_reaches_exactly_the_listed_host_through_the_proxy() {
     // curl's 7: could not connect (no listener in the namespace's own network namespace, and
     // Landlock allows connect to the proxy's port only).
     assert_eq!(line("direct:"), "7", "{out}\n{err}");
+    // Landlock handles TCP under `net proxy`: connect to the proxy's port only, and no bind (a
+    // payload cannot stand up a listener of its own).
+    assert_eq!(
+        line("bind:"),
+        "PermissionError: [Errno 13] Permission denied",
+        "{out}\n{err}"
+    );
 
     // The world saw exactly the two proxied requests.
     let mut seen = world.conns.lock().unwrap().clone();

@@ -50,12 +50,15 @@ pub struct Record {
     pub reason: Option<String>,
 }
 
+/// What else is done with each record (the daemon's: queue an `effect` receipt).
+pub type RecordHook = Arc<dyn Fn(&Record) + Send + Sync>;
+
 /// Where records go. Each record is one `write` of one line, flushed, and is given to the
 /// hook, if any (the daemon's: an `effect` receipt).
 #[derive(Clone)]
 pub struct Records {
     sink: Option<Arc<Mutex<Box<dyn Write + Send>>>>,
-    hook: Option<Arc<dyn Fn(&Record) + Send + Sync>>,
+    hook: Option<RecordHook>,
 }
 
 impl Records {
@@ -90,7 +93,7 @@ impl Records {
     }
 
     /// These records, each also given to `hook` when written.
-    pub fn with_hook(mut self, hook: Arc<dyn Fn(&Record) + Send + Sync>) -> Records {
+    pub fn with_hook(mut self, hook: RecordHook) -> Records {
         self.hook = Some(hook);
         self
     }
