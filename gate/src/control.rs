@@ -156,7 +156,7 @@ impl ControlRecord {
                 if !DECIDING_DAEMONS.contains(&name.as_str()) {
                     return Err(format!(
                         "daemon {name:?}: only {} ask the gate",
-                        DECIDING_DAEMONS.join(" and ")
+                        DECIDING_DAEMONS.join(", ")
                     ));
                 }
                 Ok(Scope::Daemon { name })
