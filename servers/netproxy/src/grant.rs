@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use warren_gate::policy::Verdict;
-use warren_toolfs::effects::Receipts;
+use warren_toolfs::effects::{ReceiptSlot, Receipts};
 use warren_toolfs::gate::GateLink;
 
 use crate::{Decide, Decision, Policy, Record, Records, Resolver, Session};
@@ -186,7 +186,13 @@ impl Grants {
         let mut records = self.records.clone();
         if let Some(receipts) = &self.receipts {
             let (receipts, scope) = (receipts.clone(), record.session.clone());
-            records = records.with_hook(Arc::new(move |r: &Record| receipt(&receipts, &scope, r)));
+            // A connection takes its place in the receipt queue before it is served, as a
+            // tool call does: none free (receiptd not taking them), the connection is refused.
+            records = records.with_reserve(Arc::new(move || {
+                let slot = receipts.reserve()?;
+                let scope = scope.clone();
+                Ok(Box::new(move |r: &Record| receipt(slot, &scope, r)))
+            }));
         }
         let decide: Arc<dyn Decide> = match &self.gate {
             Some(gate) => Arc::new(GateDecide {
@@ -216,18 +222,15 @@ pub fn tool_name(host: &str, port: u16) -> String {
     format!("net:{host}:{port}")
 }
 
-/// The connection's record as an `effect` receipt in the namespace's scope: a connection is
-/// bytes sent out of the namespace on its behalf, so it is signed like a tool's effect. A
-/// receipt the queue cannot take is logged; the connection has already happened.
-fn receipt(receipts: &Receipts, scope: &str, record: &Record) {
+/// The connection's record as an `effect` receipt in the namespace's scope, in the place the
+/// connection took before it was served: a connection is bytes sent out of the namespace on its
+/// behalf, so it is signed like a tool's effect.
+fn receipt(slot: ReceiptSlot, scope: &str, record: &Record) {
     let mut subject = serde_json::to_value(record).expect("a record serialises");
     if let (Some(host), Some(port)) = (&record.host, record.port) {
         subject["tool"] = tool_name(host, port).into();
     }
-    match receipts.reserve() {
-        Ok(slot) => slot.send(scope, "effect", subject, serde_json::json!({})),
-        Err(e) => tracing::error!(scope, "a connection's receipt is lost: {e}"),
-    }
+    slot.send(scope, "effect", subject, serde_json::json!({}));
 }
 
 /// The gate behind [`Decide`]: `net:<host>:<port>` at the network tier, in the namespace's

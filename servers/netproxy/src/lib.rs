@@ -16,6 +16,6 @@ pub mod session;
 
 pub use decide::{AllowListed, Decide, Decision};
 pub use policy::{Pattern, Policy};
-pub use record::{Outcome, Record, Records};
+pub use record::{FinishRecord, Outcome, Record, RecordSlot, Records, ReserveHook};
 pub use resolve::Resolver;
 pub use session::{Limits, Session, serve_connection};
