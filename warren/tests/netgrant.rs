@@ -267,3 +267,62 @@ fn a_clone_cannot_widen_the_host_list() {
         BODY
     );
 }
+
+/// The proxy killed while a `net proxy` namespace runs: the supervisor restarts it, nsd hands
+/// the namespace's listener over again, and the payload's next request gets through.
+#[test]
+fn a_restarted_proxy_gets_the_running_namespaces_grant_again() {
+    let world = World::start();
+    let port = world.port;
+    let hosts = hosts_file();
+    let w = up_with_hosts(&hosts);
+    let _approver = approve_every_ask(&w);
+    let share = tempfile::Builder::new()
+        .prefix("wnetr")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(share.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let s = share.path().to_str().unwrap();
+    let spec = w.base.path().join("net.ns");
+    std::fs::write(
+        &spec,
+        format!("{SYSTEM}net proxy api.test:{port}=127.0.0.1\nbind -w {s} {s}\n"),
+    )
+    .unwrap();
+    let url = format!("http://api.test:{port}/");
+    let script = format!(
+        "curl -sS -m 30 {url} > {s}/first 2>&1\n\
+         while [ ! -e {s}/go ]; do sleep 0.05; done\n\
+         curl -sS -m 30 {url} > {s}/second 2>&1\n"
+    );
+    let launcher = w.spawn_sh(
+        &["--asks", "operator", "--ns", spec.to_str().unwrap()],
+        &script,
+    );
+    let first = share.path().join("first");
+    common::wait_until("the first request's answer", || {
+        std::fs::read_to_string(&first).is_ok_and(|t| !t.is_empty())
+    });
+    assert_eq!(std::fs::read_to_string(&first).unwrap(), BODY);
+    let old = w.daemon_pid("warren-netproxy");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(old),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    common::wait_until("a new netproxy", || {
+        let pids = w.daemon_pids("warren-netproxy");
+        pids.len() == 1 && pids[0] != old
+    });
+    std::fs::write(share.path().join("go"), "").unwrap();
+    let out = launcher.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(share.path().join("second")).unwrap(),
+        BODY
+    );
+}
