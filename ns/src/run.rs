@@ -106,6 +106,8 @@ pub struct CliGrants {
     pub ro: Vec<String>,
     pub rw: Vec<String>,
     pub net_loopback: bool,
+    /// `net proxy PATTERN…` (with no `net` line in the `--ns` spec).
+    pub net_proxy: Vec<String>,
     /// Skip the default read-only /usr, /bin, /lib, /lib64.
     pub bare: bool,
 }
@@ -150,6 +152,10 @@ pub fn spec_from_cli(base: Option<&Spec>, grants: &CliGrants) -> Result<Spec, Sp
     }
     if grants.net_loopback {
         text.push_str("net loopback\n");
+    }
+    if !grants.net_proxy.is_empty() {
+        let patterns: Vec<String> = grants.net_proxy.iter().map(|p| quote(p)).collect();
+        text.push_str(&format!("net proxy {}\n", patterns.join(" ")));
     }
     spec::parse("<command line>", &text)
 }
@@ -607,4 +613,53 @@ fn serve_mounts(sock: &UnixStream, spec: &Spec, server: &dyn MountServer) -> io:
         server.serve(mount, fd)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn net_proxy_flags_become_one_net_proxy_line() {
+        let grants = CliGrants {
+            net_proxy: vec!["api.example.org".into(), "*.pypi.org:443".into()],
+            bare: true,
+            ..CliGrants::default()
+        };
+        let spec = spec_from_cli(None, &grants).unwrap();
+        assert_eq!(spec.net(), Net::Proxy);
+        let shown: Vec<String> = spec.proxy.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["api.example.org", "*.pypi.org:443"]);
+        let bad = CliGrants {
+            net_proxy: vec!["a b".into()],
+            bare: true,
+            ..CliGrants::default()
+        };
+        let e = spec_from_cli(None, &bad).unwrap_err().to_string();
+        assert!(e.contains("not a host name"), "{e}");
+        let base = spec::parse("b.ns", "net loopback\n").unwrap();
+        let e = spec_from_cli(Some(&base), &grants).unwrap_err().to_string();
+        assert!(e.contains("net already set"), "{e}");
+    }
+
+    #[test]
+    fn a_net_proxy_payload_gets_the_proxy_variables_over_the_launchers() {
+        let spec = spec::parse("p.ns", "net proxy api.test\nenv HTTPS_PROXY LANG\n").unwrap();
+        let given = [("HTTPS_PROXY", "http://elsewhere:1"), ("LANG", "C.UTF-8")]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .into();
+        let env: Vec<String> = payload_env(&spec, Some(&given))
+            .unwrap()
+            .into_iter()
+            .map(|c| c.into_string().unwrap())
+            .collect();
+        assert!(
+            env.contains(&"HTTPS_PROXY=http://127.0.0.1:3128".to_string()),
+            "{env:?}"
+        );
+        assert!(env.contains(&"ALL_PROXY=socks5h://127.0.0.1:3128".to_string()));
+        assert!(env.contains(&"no_proxy=localhost,127.0.0.1".to_string()));
+        assert!(env.contains(&"LANG=C.UTF-8".to_string()));
+        assert!(!env.iter().any(|e| e.contains("elsewhere")), "{env:?}");
+    }
 }
