@@ -283,12 +283,8 @@ fn a_restarted_proxy_gets_the_running_namespaces_grant_again() {
         .unwrap();
     std::fs::set_permissions(share.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     let s = share.path().to_str().unwrap();
-    let spec = w.base.path().join("net.ns");
-    std::fs::write(
-        &spec,
-        format!("{SYSTEM}net proxy api.test:{port}=127.0.0.1\nbind -w {s} {s}\n"),
-    )
-    .unwrap();
+    // The grant from the command line: `--net-proxy` is the spec's `net proxy` line.
+    let pattern = format!("api.test:{port}=127.0.0.1");
     let url = format!("http://api.test:{port}/");
     let script = format!(
         "curl -sS -m 30 {url} > {s}/first 2>&1\n\
@@ -296,7 +292,7 @@ fn a_restarted_proxy_gets_the_running_namespaces_grant_again() {
          curl -sS -m 30 {url} > {s}/second 2>&1\n"
     );
     let launcher = w.spawn_sh(
-        &["--asks", "operator", "--ns", spec.to_str().unwrap()],
+        &["--asks", "operator", "--net-proxy", &pattern, "--rw", s],
         &script,
     );
     let first = share.path().join("first");

@@ -26,13 +26,13 @@ enum Command {
     },
     /// Run CMD confined, building the namespace in this process (standalone; `warren run`
     /// asks a serving nsd instead).
-    Run(warren_ns::cli::RunArgs),
+    Run(Box<warren_ns::cli::RunArgs>),
 }
 
 fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Serve { weaker_landlock } => serve(weaker_landlock),
-        Command::Run(args) => run_once(args),
+        Command::Run(args) => run_once(*args),
     }
 }
 
