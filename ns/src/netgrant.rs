@@ -34,6 +34,8 @@ pub struct NetProxyTarget {
     pub session: String,
     /// The namespace's id in `/ns`.
     pub namespace: String,
+    /// Itself and the namespaces that cloned it, for the gate (`mount_server::member`).
+    pub lineage: warren_gate::lineage::Lineage,
 }
 
 /// A granted `net proxy` namespace: its network namespace (for the holder to join), and the
@@ -97,6 +99,7 @@ pub(crate) fn grant(
         session: target.session.clone(),
         namespace: target.namespace.clone(),
         patterns: spec.proxy.iter().map(ToString::to_string).collect(),
+        lineage: Some(target.lineage.clone()),
     };
     let ctl = dirs.control(CONTROL);
     let control = warren_netproxy::grant::hand_over(&ctl, &record, listener.as_fd())

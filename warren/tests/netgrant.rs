@@ -12,7 +12,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Warren, approve_every_ask};
+use common::{Warren, approve_every_ask, field};
 
 const SYSTEM: &str =
     "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
@@ -210,14 +210,13 @@ fn a_payload_reaches_exactly_the_listed_host_through_the_proxy() {
 }
 
 /// A namespace's clone cannot widen its host list (refused, the widening named), and a clone
-/// within it reaches the listed host through a grant of its own.
+/// within it reaches the listed host through a grant of its own, its ask its subtree's.
 #[test]
 fn a_clone_cannot_widen_the_host_list() {
     let world = World::start();
     let port = world.port;
     let hosts = hosts_file();
     let w = up_with_hosts(&hosts);
-    let _approver = approve_every_ask(&w);
     let share = tempfile::Builder::new()
         .prefix("wnets")
         .tempdir_in("/tmp")
@@ -245,11 +244,35 @@ fn a_clone_cannot_widen_the_host_list() {
          echo \"run /bin/sh {s}/child.sh\" > /ns/$id/ctl\n\
          echo \"child:$(cat /ns/$id/wait)\"\n"
     );
-    let (code, out, err) = w.sh(
+    let parent = w.spawn_sh(
         &["--asks", "operator", "--ns", spec.to_str().unwrap()],
         &script,
     );
-    assert_eq!(code, 0, "{out}\n{err}");
+    // The clone's first use of api.test is asked as its subtree's (the lineage nsd gave the
+    // proxy): its parent is named, and the subtree is the parent's session, not its own.
+    let (id, request) = common::next_ask(&w, 0);
+    assert_eq!(
+        field(&request, "tool"),
+        format!("net:api.test:{port}"),
+        "{request}"
+    );
+    assert_ne!(field(&request, "parents"), "-", "{request}");
+    assert_ne!(
+        field(&request, "subtree"),
+        field(&request, "session"),
+        "{request}"
+    );
+    w.run_ok(&[
+        "write",
+        &format!("/gate/pending/{id}/ctl"),
+        &format!("allow once {}", common::fingerprint(&request)),
+    ]);
+    let done = parent.wait_with_output().unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&done.stdout).into_owned(),
+        String::from_utf8_lossy(&done.stderr).into_owned(),
+    );
+    assert!(done.status.success(), "{out}\n{err}");
     let wide_line = out
         .lines()
         .find_map(|l| l.strip_prefix("wide:"))

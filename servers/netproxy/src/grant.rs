@@ -37,6 +37,10 @@ pub struct GrantRecord {
     pub namespace: String,
     /// The spec's `net proxy` patterns, as written by `Pattern`'s `Display`.
     pub patterns: Vec<String>,
+    /// Who the namespace is (itself, then the namespaces that cloned it), as nsd records it:
+    /// sent with each gate request, so a clone's ask is its subtree's (specs/gate-tree.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<warren_gate::lineage::Lineage>,
 }
 
 /// Hands `listener` over with `record` on `ctl_path` and returns the control connection once
@@ -160,6 +164,13 @@ impl Grants {
         warren_receiptd::receipt::check_scope(&record.session)
             .map_err(|e| format!("session: {e}"))?;
         let policy = Policy::parse(record.patterns.iter().map(String::as_str))?;
+        let lineage = match &record.lineage {
+            Some(l) => {
+                l.check(&record.session, &record.namespace)?;
+                Some(serde_json::value::to_raw_value(l).map_err(|e| format!("lineage: {e}"))?)
+            }
+            None => None,
+        };
         if policy.patterns.is_empty() {
             return Err("a grant with no patterns".into());
         }
@@ -198,6 +209,7 @@ impl Grants {
             Some(gate) => Arc::new(GateDecide {
                 gate: gate.clone(),
                 session: record.session.clone(),
+                lineage,
             }),
             None => Arc::new(crate::AllowListed),
         };
@@ -238,6 +250,7 @@ fn receipt(slot: ReceiptSlot, scope: &str, record: &Record) {
 pub struct GateDecide {
     pub gate: Arc<GateLink>,
     pub session: String,
+    pub lineage: Option<Box<serde_json::value::RawValue>>,
 }
 
 #[async_trait]
@@ -248,7 +261,7 @@ impl Decide for GateDecide {
             .expect("canonical JSON of a name and a port");
         let mut answer = self
             .gate
-            .decide(&self.session, &tool, &args, &[], None)
+            .decide(&self.session, &tool, &args, &[], self.lineage.as_deref())
             .await;
         if answer.decision == Verdict::Ask {
             answer = match answer.pending {

@@ -47,6 +47,7 @@ fn a_handed_over_listener_is_served_with_the_records_policy_until_the_grant_clos
         session: "s1".into(),
         namespace: "1".into(),
         patterns: vec![format!("api.test:{port}=127.0.0.1")],
+        lineage: None,
     };
     let control = hand_over(&ctl, &record, tcp.as_fd()).unwrap();
     drop(tcp);
