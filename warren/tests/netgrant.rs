@@ -169,12 +169,25 @@ fn a_payload_reaches_exactly_the_listed_host_through_the_proxy() {
         "{out}\n{err}"
     );
 
-    // The world saw exactly the two proxied requests.
+    // The world saw exactly the two proxied requests (each is counted once its connection has
+    // closed, which may be just after curl has its answer).
+    common::wait_until("the world's two connections to close", || {
+        world.conns.lock().unwrap().len() >= 2
+    });
     let mut seen = world.conns.lock().unwrap().clone();
     assert_eq!(seen.len(), 2, "{seen:?}");
 
     // Each connection's receipt: signed `effect`, the name, the pinned address, the world's own
     // byte counts; the refusals too, and the gate's decision for the listed destination.
+    // A connection's receipt is queued when it ends and written by netproxy's writer: wait
+    // for all four.
+    common::wait_until("the four connections' receipts", || {
+        all_receipts(&w)
+            .iter()
+            .filter(|r| r["kind"] == "effect")
+            .count()
+            >= 4
+    });
     let receipts = all_receipts(&w);
     let tool = format!("net:api.test:{port}");
     assert!(
