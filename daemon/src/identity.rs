@@ -22,6 +22,8 @@ pub enum Role {
     /// exportfs: this host's trees served to its peers over TCP (it holds the host key's
     /// handshake, never a grant: nsd makes each peer's connection).
     Exportfs,
+    /// The egress proxy (`net proxy`): outside every namespace, the one that connects out.
+    Netproxy,
 }
 
 pub const DEFAULT_UID_BASE: u32 = 61000;
@@ -36,6 +38,7 @@ impl Role {
             Role::Mcpfs => 5,
             Role::Llmfs => 7,
             Role::Exportfs => 8,
+            Role::Netproxy => 6,
             Role::Worker => 10,
         }
     }

@@ -11,7 +11,7 @@
 //!   `warren approvals` or `warren run` on a terminal) — the only kind of connection that may
 //!   answer `allow session` or `allow always`; an optional `"name"` (e.g. `"warren run"`) is
 //!   shown as who answered;
-//! - `{"version":1,"kind":"daemon","name":"toolfs"}` or `"mcpfs"` (the supervisor) — `decide`,
+//! - `{"version":1,"kind":"daemon","name":"toolfs"}`, `"mcpfs"` or `"netproxy"` (the supervisor) — `decide`,
 //!   `wait`, `withdraw`.
 //!
 //! Each record is answered with one framed record (same framing): `ok` or `error: <why>`.
@@ -156,7 +156,7 @@ impl ControlRecord {
                 if !DECIDING_DAEMONS.contains(&name.as_str()) {
                     return Err(format!(
                         "daemon {name:?}: only {} ask the gate",
-                        DECIDING_DAEMONS.join(" and ")
+                        DECIDING_DAEMONS.join(", ")
                     ));
                 }
                 Ok(Scope::Daemon { name })
@@ -166,7 +166,7 @@ impl ControlRecord {
 }
 
 /// The daemons that may hand the gate calls to decide.
-pub const DECIDING_DAEMONS: [&str; 2] = ["toolfs", "mcpfs"];
+pub const DECIDING_DAEMONS: [&str; 3] = ["toolfs", "mcpfs", "netproxy"];
 
 /// The most bytes an operator record's `name` may have.
 pub const MAX_NAME: usize = 64;

@@ -37,6 +37,10 @@ pub struct RunArgs {
     /// `loopback` brings up lo in the namespace's own network namespace.
     #[arg(long = "net", value_parser = ["none", "loopback"])]
     pub net: Option<String>,
+    /// Reach this destination through the egress proxy, `HOST[:PORT][=ADDR,…]` (repeat for
+    /// more): `net proxy PATTERN…` (docs/network.md).
+    #[arg(long = "net-proxy", value_name = "PATTERN", conflicts_with = "net")]
+    pub net_proxy: Vec<String>,
     /// No default /usr, /bin, /lib, /lib64 and no host /etc files.
     #[arg(long)]
     pub bare: bool,
@@ -71,6 +75,7 @@ impl RunArgs {
             rw: self.rw.clone(),
             net_loopback: self.net.as_deref() == Some("loopback"),
             imports: self.imports.clone(),
+            net_proxy: self.net_proxy.clone(),
             bare: self.bare,
         };
         spec_from_cli(base.as_ref(), &grants).map_err(|e| e.to_string())

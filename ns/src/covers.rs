@@ -49,6 +49,10 @@ pub enum Widened {
         parent: Net,
         child: Net,
     },
+    /// A `net proxy` destination the parent's list does not allow (or allows on narrower terms).
+    NetProxy {
+        why: String,
+    },
     Limit {
         key: &'static str,
         parent: u64,
@@ -93,6 +97,7 @@ impl fmt::Display for Widened {
             Widened::Net { parent, child } => {
                 write!(f, "net {child:?} is wider than the parent's net {parent:?}")
             }
+            Widened::NetProxy { why } => write!(f, "net proxy {why}"),
             Widened::Limit { key, parent, child } => match child {
                 Some(c) => write!(f, "limit {key}={c} is above the parent's {parent}"),
                 None => write!(f, "limit {key} is unset but the parent has {key}={parent}"),
@@ -279,6 +284,12 @@ pub fn covers(parent: &Spec, child: &Spec) -> Result<(), Widening> {
             parent: parent.net(),
             child: child.net(),
         });
+    } else if child.net() == Net::Proxy {
+        // Both proxy: the child's destinations within the parent's, by the proxy's own lookup.
+        let policy = |s: &Spec| warren_netproxy::Policy::new(s.proxy.clone());
+        for why in policy(parent).widenings(&policy(child)) {
+            out.push(Widened::NetProxy { why });
+        }
     }
 
     // Every limit, the subtree budgets included: a clone's are carved out of its parent's,
@@ -352,6 +363,48 @@ mod tests {
         }
         fn p(&self, rel: &str) -> String {
             self.0.path().join(rel).to_str().unwrap().to_string()
+        }
+    }
+
+    #[test]
+    fn a_net_proxy_child_never_widens_its_parents_list() {
+        let parent = spec("net proxy api.test:8080=127.0.0.1 '*.pypi.org'\n");
+        for narrower in [
+            "net none\n",
+            "net loopback\n",
+            "",
+            "net proxy api.test:8080=127.0.0.1\n",
+            "net proxy files.pypi.org:443\n",
+        ] {
+            assert_eq!(covers(&parent, &spec(narrower)), Ok(()), "{narrower:?}");
+        }
+        for (wider, why) in [
+            (
+                "net proxy other.test\n",
+                "other.test: other.test:80 is not in the parent's list",
+            ),
+            ("net proxy api.test:8080=127.0.0.2\n", "pinned to 127.0.0.2"),
+            (
+                "net proxy pypi.org\n",
+                "pypi.org: pypi.org:80 is not in the parent's list",
+            ),
+            ("net proxy 127.0.0.1:8080\n", "not in the parent's list"),
+        ] {
+            let got = covers(&parent, &spec(wider)).unwrap_err().0;
+            assert_eq!(got.len(), 1, "{wider:?}: {got:?}");
+            assert!(got[0].to_string().contains(why), "{wider:?}: {}", got[0]);
+        }
+        for parent in ["net none\n", "net loopback\n", ""] {
+            let got = covers(&spec(parent), &spec("net proxy api.test\n"))
+                .unwrap_err()
+                .0;
+            assert_eq!(
+                got.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                [format!(
+                    "net Proxy is wider than the parent's net {:?}",
+                    spec(parent).net()
+                )],
+            );
         }
     }
 

@@ -12,6 +12,7 @@ pub mod inode;
 pub mod launch;
 pub mod mount_server;
 pub mod narrow;
+pub mod netgrant;
 pub mod nsd;
 pub mod pty;
 pub mod reach;

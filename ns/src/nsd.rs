@@ -673,6 +673,18 @@ impl Nsd {
                     None => new_session_id().map_err(|e| Errno::from_io(&e))?,
                 };
                 opts.mount_server = served.clone().map(|s| s as Arc<dyn crate::MountServer>);
+                let mut chain = vec![crate::mount_server::member(
+                    &session,
+                    &id.to_string(),
+                    &argv,
+                    &build.limits,
+                )];
+                chain.extend(self.ancestors(space.parent));
+                opts.net_proxy = Some(crate::netgrant::NetProxyTarget {
+                    session: session.clone(),
+                    namespace: id.to_string(),
+                    lineage: warren_gate::lineage::Lineage(chain),
+                });
                 let (started, started_rx) = tokio::sync::oneshot::channel();
                 // Built, recorded and waited for on one blocking thread: the holder's
                 // parent-death signal follows the thread that forked it (an idle pool thread

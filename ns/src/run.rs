@@ -48,6 +48,9 @@ pub struct RunOptions {
     /// Where the payload's TERM, LANG and the spec's `env` names get their values: `None` is
     /// this process's environment (`warren-nsd run`); nsd passes the launcher's values.
     pub env: Option<std::collections::BTreeMap<String, String>>,
+    /// For a `net proxy` spec: the session and namespace its proxy grant is for. Without it such
+    /// a spec is refused (only nsd, with the proxy's control socket, can build one).
+    pub net_proxy: Option<crate::netgrant::NetProxyTarget>,
 }
 
 /// Descriptors to give the payload as fds 0, 1 and 2.
@@ -89,6 +92,7 @@ impl Default for RunOptions {
             pty: false,
             pty_winsize: None,
             env: None,
+            net_proxy: None,
         }
     }
 }
@@ -105,6 +109,8 @@ pub struct CliGrants {
     /// `PEER:TREE:PATH`: `mount -k PEER ADDR PATH TREE`, ADDR the peer's `addr:` in the peers
     /// file.
     pub imports: Vec<String>,
+    /// `net proxy PATTERN…` (with no `net` line in the `--ns` spec).
+    pub net_proxy: Vec<String>,
     /// Skip the default read-only /usr, /bin, /lib, /lib64.
     pub bare: bool,
 }
@@ -152,6 +158,10 @@ pub fn spec_from_cli(base: Option<&Spec>, grants: &CliGrants) -> Result<Spec, Sp
     }
     if grants.net_loopback {
         text.push_str("net loopback\n");
+    }
+    if !grants.net_proxy.is_empty() {
+        let patterns: Vec<String> = grants.net_proxy.iter().map(|p| quote(p)).collect();
+        text.push_str(&format!("net proxy {}\n", patterns.join(" ")));
     }
     spec::parse("<command line>", &text)
 }
@@ -248,6 +258,17 @@ pub(crate) fn payload_env(
             env.push(format!("{name}={v}"));
         }
     }
+    if spec.net() == Net::Proxy {
+        // These name the only way out: a launcher's value for one (through the spec's `env`)
+        // must not point elsewhere, so it is dropped for the proxy's.
+        env.retain(|e| {
+            let name = e.split('=').next().unwrap_or("");
+            !crate::netgrant::proxy_env()
+                .iter()
+                .any(|p| p.split('=').next() == Some(name))
+        });
+        env.extend(crate::netgrant::proxy_env());
+    }
     env.into_iter()
         .map(|s| {
             CString::new(s).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in env"))
@@ -275,6 +296,8 @@ pub struct Running {
     pty_master: Option<OwnedFd>,
     /// How its payload was confined, for a process attached later (`launch::attach`).
     confinement: Confinement,
+    /// Held for its Drop: a `net proxy` namespace's session at the proxy ends with it.
+    _net_grant: Option<crate::netgrant::NetGrant>,
 }
 
 /// What a process joining a running namespace must get to be confined exactly as its payload
@@ -372,6 +395,16 @@ pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Runn
         .collect::<Result<Vec<_>, _>>()
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in an argument"))?;
     let env = payload_env(spec, opts.env.as_ref())?;
+    let net_grant = match (spec.net(), &opts.net_proxy) {
+        (Net::Proxy, Some(target)) => Some(crate::netgrant::grant(spec, target, &opts.protected)?),
+        (Net::Proxy, None) => {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "net proxy needs nsd (the egress proxy's grant is made by nsd)",
+            ));
+        }
+        _ => None,
+    };
 
     let guard = Guard::new(&opts.protected)?;
     let mut all_binds = spec.binds.clone();
@@ -430,6 +463,10 @@ pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Runn
             Enforcement::Rlimits => None,
         },
         rlimit_pids_mem: matches!(enforcement, Enforcement::Rlimits),
+        net_ns: net_grant
+            .as_ref()
+            .map(|g| g.netns.try_clone())
+            .transpose()?,
     };
     let holder = match sys::fork_process()? {
         ForkResult::Child => {
@@ -455,6 +492,7 @@ pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Runn
         holder,
         holder_fd,
         pty_master,
+        _net_grant: net_grant,
         confinement: Confinement {
             uid: payload_uid(opts, holder),
             uid_base: opts.uid_base,
@@ -616,4 +654,53 @@ fn serve_mounts(sock: &UnixStream, spec: &Spec, server: &dyn MountServer) -> io:
         server.serve(mount, fd)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn net_proxy_flags_become_one_net_proxy_line() {
+        let grants = CliGrants {
+            net_proxy: vec!["api.example.org".into(), "*.pypi.org:443".into()],
+            bare: true,
+            ..CliGrants::default()
+        };
+        let spec = spec_from_cli(None, &grants).unwrap();
+        assert_eq!(spec.net(), Net::Proxy);
+        let shown: Vec<String> = spec.proxy.iter().map(ToString::to_string).collect();
+        assert_eq!(shown, ["api.example.org", "*.pypi.org:443"]);
+        let bad = CliGrants {
+            net_proxy: vec!["a b".into()],
+            bare: true,
+            ..CliGrants::default()
+        };
+        let e = spec_from_cli(None, &bad).unwrap_err().to_string();
+        assert!(e.contains("not a host name"), "{e}");
+        let base = spec::parse("b.ns", "net loopback\n").unwrap();
+        let e = spec_from_cli(Some(&base), &grants).unwrap_err().to_string();
+        assert!(e.contains("net already set"), "{e}");
+    }
+
+    #[test]
+    fn a_net_proxy_payload_gets_the_proxy_variables_over_the_launchers() {
+        let spec = spec::parse("p.ns", "net proxy api.test\nenv HTTPS_PROXY LANG\n").unwrap();
+        let given = [("HTTPS_PROXY", "http://elsewhere:1"), ("LANG", "C.UTF-8")]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .into();
+        let env: Vec<String> = payload_env(&spec, Some(&given))
+            .unwrap()
+            .into_iter()
+            .map(|c| c.into_string().unwrap())
+            .collect();
+        assert!(
+            env.contains(&"HTTPS_PROXY=http://127.0.0.1:3128".to_string()),
+            "{env:?}"
+        );
+        assert!(env.contains(&"ALL_PROXY=socks5h://127.0.0.1:3128".to_string()));
+        assert!(env.contains(&"no_proxy=localhost,127.0.0.1".to_string()));
+        assert!(env.contains(&"LANG=C.UTF-8".to_string()));
+        assert!(!env.iter().any(|e| e.contains("elsewhere")), "{env:?}");
+    }
 }

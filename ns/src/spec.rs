@@ -102,13 +102,19 @@ pub struct ToolAuthority {
     pub host_paths: Vec<String>,
 }
 
-/// `net none|loopback`, ordered from narrowest to widest.
+/// `net none|loopback|proxy`, ordered from narrowest to widest. Under `Proxy` the
+/// destinations are the spec's [`Spec::proxy`] patterns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub enum Net {
     #[default]
     None,
     Loopback,
+    /// `lo` up and the egress proxy's listener at `127.0.0.1:`[`PROXY_PORT`].
+    Proxy,
 }
+
+/// The port of the egress proxy's listener inside a `net proxy` namespace.
+pub const PROXY_PORT: u16 = 3128;
 
 /// `limit mem= pids= cpu= wall= clones=`; `None` is "no limit" (for `clones`:
 /// [`DEFAULT_CLONES`]).
@@ -154,6 +160,9 @@ pub struct Spec {
     pub tools: Vec<ToolAuthority>,
     /// `None` when the spec does not say; treated as `net none`.
     pub net: Option<Net>,
+    /// `net proxy PATTERN…`: the destinations, as `warren_netproxy::Pattern` parses them; empty
+    /// unless `net` is `Some(Net::Proxy)`.
+    pub proxy: Vec<warren_netproxy::Pattern>,
     pub env: Vec<String>,
     pub limits: Limits,
 }
@@ -736,12 +745,32 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                 });
             }
             "net" => {
-                let [w] = args else {
-                    return Err(ctx.err(head, "net takes exactly one of: none, loopback"));
+                let Some((w, rest)) = args.split_first() else {
+                    return Err(ctx.err(head, "net takes one of: none, loopback, proxy PATTERN…"));
                 };
                 let net = match w.text.as_str() {
+                    "none" | "loopback" if !rest.is_empty() => {
+                        return Err(
+                            ctx.err(&rest[0], format!("net {} takes no more words", w.text))
+                        );
+                    }
                     "none" => Net::None,
                     "loopback" => Net::Loopback,
+                    "proxy" => {
+                        if rest.is_empty() {
+                            return Err(ctx.err(
+                                w,
+                                "net proxy needs at least one HOST[:PORT][=ADDR,…] pattern",
+                            ));
+                        }
+                        for p in rest {
+                            // The proxy's own parser: what nsd hands it is what it would parse.
+                            let pattern: warren_netproxy::Pattern =
+                                p.text.parse().map_err(|e: String| ctx.err(p, e))?;
+                            spec.proxy.push(pattern);
+                        }
+                        Net::Proxy
+                    }
                     "host" => {
                         return Err(ctx.err(
                             w,
@@ -751,7 +780,7 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                     other => {
                         return Err(ctx.err(
                             w,
-                            format!("unknown net `{other}`: expected none or loopback"),
+                            format!("unknown net `{other}`: expected none, loopback or proxy"),
                         ));
                     }
                 };
@@ -932,9 +961,15 @@ impl Spec {
         }
         if let Some(net) = self.net {
             out.push_str(match net {
-                Net::None => "net none\n",
-                Net::Loopback => "net loopback\n",
+                Net::None => "net none",
+                Net::Loopback => "net loopback",
+                Net::Proxy => "net proxy",
             });
+            for p in &self.proxy {
+                out.push(' ');
+                out.push_str(&quote(&p.to_string()));
+            }
+            out.push('\n');
         }
         for e in &self.env {
             out.push_str(&format!("env {e}\n"));
@@ -1131,6 +1166,11 @@ mod tests {
             ("mount tool /t x\ntool x -r", "at least one HOSTPATH"),
             ("net wide", "unknown net"),
             ("net host", "not supported"),
+            ("net proxy", "at least one"),
+            ("net proxy api.test:0", "port 0"),
+            ("net proxy 'a b'", "not a host name"),
+            ("net proxy *.", "must be followed"),
+            ("net loopback api.test", "takes no more words"),
             ("net none\nnet loopback", "already set on line 1"),
             ("env A=b", "NAME only"),
             ("env 1A", "not an environment name"),
@@ -1269,8 +1309,20 @@ mod tests {
             any::<(bool, bool)>(),
             prop::collection::btree_set("[A-Z_][A-Z0-9_]{0,6}", 0..3),
             prop::array::uniform4(prop::option::of(1u64..1_000_000)),
+            prop::collection::vec(
+                prop::sample::select(vec![
+                    "api.example.org",
+                    "*.pypi.org",
+                    "api.test:8080=127.0.0.1",
+                    "git.corp:22=10.0.0.5,10.0.0.6",
+                    "192.0.2.7:22",
+                    "[2001:db8::1]:443",
+                    "h.test=[::1]",
+                ]),
+                0..4,
+            ),
         )
-            .prop_map(|(binds, tools, others, (net_set, lo), env, lim)| {
+            .prop_map(|(binds, tools, others, (net_set, lo), env, lim, proxy)| {
                 let mut binds = binds;
                 binds.sort_by(|a, b| a.path.cmp(&b.path));
                 binds.dedup_by(|a, b| a.path == b.path);
@@ -1310,7 +1362,18 @@ mod tests {
                     binds,
                     mounts,
                     tools,
-                    net: net_set.then_some(if lo { Net::Loopback } else { Net::None }),
+                    net: net_set.then_some(if !proxy.is_empty() {
+                        Net::Proxy
+                    } else if lo {
+                        Net::Loopback
+                    } else {
+                        Net::None
+                    }),
+                    proxy: if net_set {
+                        proxy.iter().map(|p| p.parse().unwrap()).collect()
+                    } else {
+                        Vec::new()
+                    },
                     env: env.into_iter().collect(),
                     limits: Limits {
                         mem: lim[0],
@@ -1322,6 +1385,30 @@ mod tests {
                     },
                 }
             })
+    }
+
+    #[test]
+    fn net_proxy_parses_the_proxys_patterns_and_prints_back() {
+        let s = parse(
+            "p.ns",
+            "net proxy api.test:8080=127.0.0.1 '*.pypi.org' [2001:db8::1]\n",
+        )
+        .unwrap();
+        assert_eq!(s.net(), Net::Proxy);
+        let shown: Vec<String> = s.proxy.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            ["api.test:8080=127.0.0.1", "*.pypi.org", "[2001:db8::1]"]
+        );
+        assert_eq!(
+            s.to_text(),
+            "net proxy api.test:8080=127.0.0.1 *.pypi.org [2001:db8::1]\n"
+        );
+        assert_eq!(parse("p.ns", &s.to_text()).unwrap(), s);
+        // Names are the proxy's: lowercased, a trailing dot dropped.
+        let s = parse("p.ns", "net proxy API.Test.\n").unwrap();
+        assert_eq!(s.proxy[0].to_string(), "api.test");
+        assert!(Net::None < Net::Loopback && Net::Loopback < Net::Proxy);
     }
 
     proptest! {

@@ -459,6 +459,7 @@ fn write_identity(
         Role::Bridge,
         Role::Mcpfs,
         Role::Llmfs,
+        Role::Netproxy,
     ]
     .map(Role::uid);
     Ok(owner

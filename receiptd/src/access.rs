@@ -14,6 +14,8 @@ pub enum Role {
     /// llmfs's uid: an appender of `query` receipts (model calls), in the scopes of the
     /// namespaces it serves.
     Llmfs,
+    /// The egress proxy's uid: an appender of `effect` receipts (each proxied connection).
+    Netproxy,
     /// Anyone else the operator socket let in (root or the `warren` group), with its uid.
     Operator(u32),
     /// receiptd itself: `boot` and `checkpoint` receipts.
@@ -27,6 +29,7 @@ pub struct DaemonUids {
     pub toolfs: Option<u32>,
     pub mcpfs: Option<u32>,
     pub llmfs: Option<u32>,
+    pub netproxy: Option<u32>,
 }
 
 impl Role {
@@ -39,6 +42,8 @@ impl Role {
             Role::Mcpfs
         } else if Some(uid) == daemons.llmfs {
             Role::Llmfs
+        } else if Some(uid) == daemons.netproxy {
+            Role::Netproxy
         } else {
             Role::Operator(uid)
         }
@@ -51,6 +56,7 @@ impl Role {
             Role::Toolfs => "toolfs".into(),
             Role::Mcpfs => "mcpfs".into(),
             Role::Llmfs => "llmfs".into(),
+            Role::Netproxy => "netproxy".into(),
             Role::Operator(uid) => format!("operator:{uid}"),
             Role::Receiptd => "receiptd".into(),
         }
@@ -72,7 +78,7 @@ impl Role {
     pub fn may_append(self, kind: Kind) -> Result<(), AppendError> {
         let allowed = match kind {
             Kind::Decision => self == Role::Gate,
-            Kind::Effect => matches!(self, Role::Toolfs | Role::Mcpfs),
+            Kind::Effect => matches!(self, Role::Toolfs | Role::Mcpfs | Role::Netproxy),
             Kind::Boot | Kind::Checkpoint => self == Role::Receiptd,
             Kind::Query | Kind::Cap | Kind::Conflict | Kind::Withdrawn => true,
             // Only an operator accepts a definition: never a daemon on a call's path.
@@ -83,7 +89,7 @@ impl Role {
         } else {
             let who = match kind {
                 Kind::Decision => "the gate's uid",
-                Kind::Effect => "toolfs's or mcpfs's uid",
+                Kind::Effect => "toolfs's, mcpfs's or netproxy's uid",
                 Kind::Accept => "an operator",
                 _ => "receiptd itself",
             };

@@ -112,7 +112,7 @@ fn peer_role(
     let cred = warren_daemon::peer::peer_cred(stream.as_fd())
         .map_err(|e| format!("no peer credentials: {e}"))?;
     match Role::from_uid(cred.uid, daemons) {
-        role @ (Role::Gate | Role::Toolfs | Role::Mcpfs | Role::Llmfs) => {
+        role @ (Role::Gate | Role::Toolfs | Role::Mcpfs | Role::Llmfs | Role::Netproxy) => {
             match warren_daemon::peer::peer_in_own_pidns(stream.as_fd()) {
                 Ok(true) => Ok(role),
                 Ok(false) => Err(format!("uid {} is in another pid namespace", cred.uid)),

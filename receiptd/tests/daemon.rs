@@ -199,6 +199,7 @@ fn append_as(uid: u32, socket: &std::path::Path, request: &[u8]) -> (i32, String
 fn decision_only_from_the_gate_uid_and_effect_only_from_toolfs_uid() {
     const GATE: u32 = 61903;
     const TOOLFS: u32 = 61901;
+    const NETPROXY: u32 = 61906;
     assert!(
         nix::unistd::geteuid().is_root(),
         "the uid rule test spawns clients under other uids and needs root (scripts/test runs as root)"
@@ -219,6 +220,8 @@ fn decision_only_from_the_gate_uid_and_effect_only_from_toolfs_uid() {
             &GATE.to_string(),
             "--toolfs-uid",
             &TOOLFS.to_string(),
+            "--netproxy-uid",
+            &NETPROXY.to_string(),
         ],
     );
     let s = &d.socket;
@@ -228,13 +231,19 @@ fn decision_only_from_the_gate_uid_and_effect_only_from_toolfs_uid() {
     let (code, out) = append_as(GATE, s, &body("sess", "effect", 2));
     assert_eq!(code, 3, "{out}");
     assert!(
-        out.contains("toolfs's or mcpfs's uid") && out.contains("this connection is gate"),
+        out.contains("toolfs's, mcpfs's or netproxy's uid")
+            && out.contains("this connection is gate"),
         "{out}"
     );
     // toolfs's uid: effect yes, decision no.
     let (code, out) = append_as(TOOLFS, s, &body("sess", "effect", 3));
     assert_eq!(code, 0, "{out}");
     let (code, out) = append_as(TOOLFS, s, &body("sess", "decision", 4));
+    assert_eq!(code, 3, "{out}");
+    // netproxy's uid: effect (a proxied connection's record) yes, decision no.
+    let (code, out) = append_as(NETPROXY, s, &body("sess", "effect", 5));
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = append_as(NETPROXY, s, &body("sess", "decision", 6));
     assert_eq!(code, 3, "{out}");
     // The operator (root, this process) reads but never appends either.
     rt().block_on(async {
@@ -265,10 +274,13 @@ fn decision_only_from_the_gate_uid_and_effect_only_from_toolfs_uid() {
                 )
             })
             .collect();
-        assert_eq!(appenders, ["decision:gate", "effect:toolfs"]);
+        assert_eq!(
+            appenders,
+            ["decision:gate", "effect:toolfs", "effect:netproxy"]
+        );
     });
     // Another uid that is neither daemon nor operator is not served at all.
-    let (code, out) = append_as(61999, s, &body("sess", "query", 6));
+    let (code, out) = append_as(61999, s, &body("sess", "query", 7));
     assert_ne!(code, 0, "{out}");
 }
 

@@ -99,6 +99,7 @@ impl AgentArgs {
             tools: self.tools.clone(),
             mcp: self.mcp.clone(),
             imports: Vec::new(),
+            net_proxy: Vec::new(),
             ro: self.ro.clone(),
             rw: self.rw.clone(),
             net: None,

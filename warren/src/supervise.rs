@@ -113,6 +113,17 @@ const DAEMONS: &[Daemon] = &[
         gate_client: true,
     },
     Daemon {
+        // The egress proxy: nsd hands it each `net proxy` namespace's listener on netproxy.ctl
+        // (docs/network.md); `WARREN_NETPROXY_HOSTS`, if set, is its hosts file.
+        binary: "warren-netproxy",
+        args: &["--control"],
+        name: "netproxy",
+        role: Some(Role::Netproxy),
+        sockets: &["netproxy.ctl"],
+        caps: &[],
+        gate_client: true,
+    },
+    Daemon {
         binary: "warren-llmfs",
         args: &[],
         name: "llmfs",

@@ -115,13 +115,22 @@ pub fn check_name(name: &str) -> Result<(), String> {
         _ if parts.len() == 1 => true,
         "mcp" => parts.len() == 3 && parts.iter().all(|p| !p.is_empty()),
         "skill" => parts.len() == 2 && !parts[1].is_empty(),
+        // The egress proxy's `net:<host>:<port>` (an IPv6 host with `-` for its colons).
+        "net" => {
+            parts.len() == 3
+                && !parts[1].is_empty()
+                && parts[2]
+                    .parse::<u16>()
+                    .is_ok_and(|p| p > 0 && !parts[2].starts_with('0'))
+        }
         _ => false,
     };
     if ok {
         Ok(())
     } else {
         Err(format!(
-            "tool name {name:?}: a namespaced name is mcp:<server>:<tool> or skill:<name>"
+            "tool name {name:?}: a namespaced name is mcp:<server>:<tool>, skill:<name> or \
+             net:<host>:<port>"
         ))
     }
 }
@@ -129,6 +138,11 @@ pub fn check_name(name: &str) -> Result<(), String> {
 /// The class of a (well-spelled) tool name. A name with a `:` is dynamic whatever follows it, so
 /// `mcp:x:shell` or `skill:fs_read` never reaches the core table.
 pub fn classify(name: &str) -> ToolClass {
+    // A connection through the egress proxy is the network tier by its prefix, never lower
+    // (and `check_name` admits no other `net:` shape).
+    if name.starts_with("net:") {
+        return ToolClass::Core(Tier::Network);
+    }
     if name.contains(':') {
         return ToolClass::Dynamic;
     }
@@ -163,6 +177,28 @@ mod tests {
         ] {
             check_name(name).unwrap();
             assert_eq!(classify(name), ToolClass::Dynamic, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_net_name_is_the_network_tier() {
+        for name in [
+            "net:api.test:8080",
+            "net:192.0.2.7:22",
+            "net:2001-db8--1:443",
+        ] {
+            check_name(name).unwrap();
+            assert_eq!(classify(name), ToolClass::Core(Tier::Network), "{name}");
+        }
+        for name in [
+            "net:api.test",
+            "net::80",
+            "net:a:0",
+            "net:a:080",
+            "net:a:70000",
+            "net:a:b:1",
+        ] {
+            assert!(check_name(name).is_err(), "{name:?}");
         }
     }
 

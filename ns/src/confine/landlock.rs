@@ -1,11 +1,12 @@
 //! Step 5: Landlock (ABI V7, pinned and tested here). The filesystem rights are always handled:
 //! read and execute on the view, write only where the namespace may write. TCP is handled (and
-//! so denied) under `net none`; abstract-socket and signal scopes always. Anything short of
+//! so denied) under `net none`, and under `net proxy` but for connect to the proxy's port;
+//! abstract-socket and signal scopes always. Anything short of
 //! FullyEnforced is refused unless the operator passed `--weaker-landlock`.
 
 use landlock::{
-    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
-    RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+    ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, PathFd,
+    Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
 };
 
 use crate::spec::Net;
@@ -34,7 +35,7 @@ pub fn restrict(view: &View, weaker_landlock: bool) -> Result<String, String> {
         .map_err(|e| format!("landlock fs: {e}"))?
         .scope(Scope::from_all(abi))
         .map_err(|e| format!("landlock scope: {e}"))?;
-    if view.net == Net::None {
+    if matches!(view.net, Net::None | Net::Proxy) {
         ruleset = ruleset
             .handle_access(AccessNet::from_all(abi))
             .map_err(|e| format!("landlock net: {e}"))?;
@@ -42,6 +43,13 @@ pub fn restrict(view: &View, weaker_landlock: bool) -> Result<String, String> {
     let mut created = ruleset
         .create()
         .map_err(|e| format!("landlock create: {e}"))?;
+    if view.net == Net::Proxy {
+        // TCP connect to the proxy's port only (on any address: the network namespace has
+        // nothing but `lo`); no bind at all.
+        created = created
+            .add_rule(NetPort::new(crate::spec::PROXY_PORT, AccessNet::ConnectTcp))
+            .map_err(|e| format!("landlock net rule: {e}"))?;
+    }
     let rules = view
         .read
         .iter()

@@ -53,6 +53,9 @@ pub(crate) struct Plan {
     pub cgroup_dir: Option<PathBuf>,
     /// pids/mem via rlimits (no cgroup).
     pub rlimit_pids_mem: bool,
+    /// `net proxy`: the network namespace nsd made (with the proxy's listener in it), joined
+    /// instead of a fresh one.
+    pub net_ns: Option<OwnedFd>,
 }
 
 /// The namespaces every run gets (step 1).
@@ -118,6 +121,7 @@ fn close_inherited(plan: &Plan) -> Result<(), String> {
     keep.extend(plan.fuse_sock.as_ref().map(|s| s.as_raw_fd()));
     keep.extend(plan.pty_sock.as_ref().map(|s| s.as_raw_fd()));
     keep.extend(plan.binds.iter().map(|b| b.tree.as_raw_fd()));
+    keep.extend(plan.net_ns.as_ref().map(|f| f.as_raw_fd()));
     let open: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
         .map_err(|e| format!("listing fds: {e}"))?
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
@@ -137,7 +141,15 @@ fn enter_namespaces(plan: &Plan) -> Result<(), String> {
         std::fs::write(dir.join("cgroup.procs"), "0")
             .map_err(|e| format!("joining cgroup {}: {e}", dir.display()))?;
     }
-    nix::sched::unshare(NAMESPACES).map_err(|e| format!("unshare namespaces: {e}"))?;
+    match &plan.net_ns {
+        None => nix::sched::unshare(NAMESPACES).map_err(|e| format!("unshare namespaces: {e}"))?,
+        Some(fd) => {
+            nix::sched::unshare(NAMESPACES.difference(CloneFlags::CLONE_NEWNET))
+                .map_err(|e| format!("unshare namespaces: {e}"))?;
+            nix::sched::setns(fd, CloneFlags::CLONE_NEWNET)
+                .map_err(|e| format!("joining the proxy's network namespace: {e}"))?;
+        }
+    }
     mounts::make_root_private()
 }
 
@@ -182,7 +194,7 @@ fn build(plan: &mut Plan, uid: u32) -> Result<nix::unistd::Pid, String> {
     if let Some(sock) = plan.pty_sock.take() {
         plan.pty_slave = Some(open_pty(&sock, uid, plan.pty_winsize)?);
     }
-    if plan.spec.net() == Net::Loopback {
+    if matches!(plan.spec.net(), Net::Loopback | Net::Proxy) {
         sys::interface_up(c"lo").map_err(|e| format!("bringing lo up: {e}"))?;
     }
     nix::unistd::sethostname(crate::HOSTNAME).map_err(|e| format!("sethostname: {e}"))?;

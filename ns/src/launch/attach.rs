@@ -116,6 +116,7 @@ pub fn attach(running: &Running, spec: &Spec, plan: AttachPlan<'_>) -> io::Resul
         weaker_landlock: conf.weaker_landlock,
         err_pipe: Some(err_write),
         fuse_sock: None,
+        net_ns: None,
         stdio: plan.stdio.as_ref().map(|s| {
             [
                 s.stdin.as_raw_fd(),

@@ -345,6 +345,16 @@ fn start(
             None => new_session_id()?,
         };
         opts.mount_server = served.clone().map(|s| s as Arc<dyn crate::MountServer>);
+        opts.net_proxy = Some(crate::netgrant::NetProxyTarget {
+            session: session.clone(),
+            namespace: id.to_string(),
+            lineage: warren_gate::lineage::Lineage::root(crate::mount_server::member(
+                &session,
+                &id.to_string(),
+                &request.argv,
+                &space.build().limits,
+            )),
+        });
         let mut running = spawn(space.build(), &request.argv, &opts)
             .map_err(|e| io::Error::new(e.kind(), space.handles().in_words(&e.to_string())))?;
         let pty_master = running.take_pty_master();

@@ -48,6 +48,9 @@ struct Args {
     /// llmfs's uid: an appender of the model calls' query receipts (default: warren's llmfs uid).
     #[arg(long)]
     llmfs_uid: Option<u32>,
+    /// netproxy's uid: an appender of effect receipts (default: warren's netproxy uid).
+    #[arg(long)]
+    netproxy_uid: Option<u32>,
     /// wal: acknowledge at WAL commit, fdatasync within 5 ms; fsync: acknowledge after it.
     #[arg(long, value_enum, default_value = "wal")]
     durable: Durability,
@@ -124,6 +127,10 @@ fn main() -> ExitCode {
                 llmfs: Some(
                     args.llmfs_uid
                         .unwrap_or_else(|| identity::Role::Llmfs.uid()),
+                ),
+                netproxy: Some(
+                    args.netproxy_uid
+                        .unwrap_or_else(|| identity::Role::Netproxy.uid()),
                 ),
             },
         })

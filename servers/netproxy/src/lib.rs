@@ -8,6 +8,7 @@
 //! `docs/network.md`.
 
 pub mod decide;
+pub mod grant;
 pub mod policy;
 pub mod record;
 pub mod resolve;
@@ -15,6 +16,6 @@ pub mod session;
 
 pub use decide::{AllowListed, Decide, Decision};
 pub use policy::{Pattern, Policy};
-pub use record::{Outcome, Record, Records};
+pub use record::{FinishRecord, Outcome, Record, RecordSlot, Records, ReserveHook};
 pub use resolve::Resolver;
 pub use session::{Limits, Session, serve_connection};

@@ -19,8 +19,14 @@ use warren_netproxy::{Policy, Records, Resolver, Session};
 struct Args {
     /// Where to listen: `tcp:ADDR:PORT` or `unix:PATH` (repeatable). Each line printed as
     /// `listening <kind>:<address>` on stdout once bound (port 0 shows the port chosen).
-    #[arg(long = "listen", required = true)]
+    #[arg(long = "listen", required_unless_present = "control")]
     listen: Vec<String>,
+    /// Serve `<runtime>/netproxy.ctl` (root peers only): nsd hands over each `net proxy`
+    /// namespace's listener with its policy; the gate (`WARREN_GATE_FD`) decides each
+    /// destination's first use and every connection becomes an `effect` receipt. How
+    /// `warren supervise` runs it.
+    #[arg(long, conflicts_with_all = ["listen", "allow", "policy", "session"])]
+    control: bool,
     /// An allowed destination, `HOST[:PORT][=ADDR,…]` (repeatable; see docs/network.md).
     #[arg(long = "allow")]
     allow: Vec<String>,
@@ -28,15 +34,15 @@ struct Args {
     #[arg(long)]
     policy: Option<PathBuf>,
     /// A hosts file (/etc/hosts format) answering for the names it lists, before the host's
-    /// resolver.
-    #[arg(long)]
+    /// resolver (under the supervisor: `WARREN_NETPROXY_HOSTS`, for tests).
+    #[arg(long, env = "WARREN_NETPROXY_HOSTS")]
     hosts: Option<PathBuf>,
     /// Where connection records go: a file (appended) or `-` for stdout.
     #[arg(long, default_value = "-")]
     records: String,
     /// The session name put in records.
-    #[arg(long, default_value = "netproxy")]
-    session: String,
+    #[arg(long)]
+    session: Option<String>,
     /// Client connections served at once per listener; the next accept waits for one to end.
     #[arg(long, default_value_t = warren_netproxy::Limits::default().max_connections)]
     max_connections: usize,
@@ -54,6 +60,9 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     warren_daemon::init_tracing("netproxy");
     warren_daemon::harden()?;
+    if args.control {
+        return control(args);
+    }
     let mut policy =
         Policy::parse(args.allow.iter().map(String::as_str)).map_err(anyhow::Error::msg)?;
     if let Some(path) = &args.policy {
@@ -118,7 +127,7 @@ fn main() -> anyhow::Result<()> {
             };
             let session = Arc::new(
                 Session::new(
-                    args.session.clone(),
+                    args.session.clone().unwrap_or_else(|| "netproxy".into()),
                     policy.clone(),
                     resolver.clone(),
                     records.clone(),
@@ -140,4 +149,60 @@ fn main() -> anyhow::Result<()> {
     })?;
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     Ok(())
+}
+
+/// `--control`: the daemon `warren supervise` runs (see [`warren_netproxy::grant`]).
+fn control(args: Args) -> anyhow::Result<()> {
+    use warren_toolfs::gate::{self, GateLink};
+    let gate_fd = gate::take_inherited_fd()?;
+    let dirs = warren_daemon::Dirs::from_env();
+    let resolver = match &args.hosts {
+        Some(path) => Resolver::from_hosts_file(path).map_err(anyhow::Error::msg)?,
+        None => Resolver::system(),
+    };
+    let records = match args.records.as_str() {
+        "-" => Records::stdout(),
+        path => Records::file(std::path::Path::new(path))?,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads.max(1))
+        .enable_all()
+        .build()?;
+    let result = runtime.block_on(async move {
+        let gate = match gate_fd {
+            Some(fd) => GateLink::attach(fd).await,
+            None => {
+                tracing::warn!(
+                    "{} is not set: every destination is denied",
+                    gate::GATE_FD_ENV
+                );
+                GateLink::none()
+            }
+        };
+        let receipts = Arc::new(warren_toolfs::effects::Receipts::start(
+            dirs.socket("receipts"),
+        ));
+        let grants = Arc::new(warren_netproxy::grant::Grants {
+            resolver,
+            gate: Some(Arc::new(gate)),
+            receipts: Some(receipts.clone()),
+            records,
+        });
+        let listener =
+            warren_daemon::operator::listen(&dirs.control(warren_netproxy::grant::CONTROL))?;
+        tracing::info!(runtime = %dirs.runtime.display(), "netproxy ready");
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            () = grants.serve_control(listener) => {}
+            _ = term.recv() => tracing::info!("SIGTERM: stopping"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+        }
+        let unwritten = receipts.drain(std::time::Duration::from_secs(5)).await;
+        if unwritten > 0 {
+            tracing::error!(unwritten, "stopping with receipts not written");
+        }
+        anyhow::Ok(())
+    });
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    result
 }

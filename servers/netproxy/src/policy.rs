@@ -259,6 +259,103 @@ impl Policy {
     }
 }
 
+impl Policy {
+    /// Where `child` allows more than `self`: one line per widening, empty when `self` covers
+    /// it. Exact for what [`Policy::lookup`] decides: each child pattern is checked at every
+    /// port it allows and at a representative of every class of names it matches (a class is
+    /// the set of patterns of either policy a name matches, so a name of each class stands for
+    /// all of its class), and at each the child's terms must be within the parent's: listed
+    /// there too; a pinned child within the parent's pin; an unpinned child (any public address)
+    /// only where the parent is unpinned; a child pin naming a non-public address only where the
+    /// parent's pin names it.
+    pub fn widenings(&self, child: &Policy) -> Vec<String> {
+        let mut out = Vec::new();
+        for c in &child.patterns {
+            let ports: Vec<u16> = match c.port {
+                Some(p) => vec![p],
+                None => DEFAULT_PORTS.to_vec(),
+            };
+            for host in self.representatives(child, &c.host) {
+                for &port in &ports {
+                    if let Some(why) =
+                        widened_at(self.lookup(&host, port), child.lookup(&host, port))
+                    {
+                        out.push(format!("{c}: {host}:{port} {why}"));
+                        break;
+                    }
+                }
+            }
+        }
+        out.dedup();
+        out
+    }
+
+    /// Names standing for every class of names `host` matches, with respect to the patterns of
+    /// `self` and `other`.
+    fn representatives(&self, other: &Policy, host: &HostPattern) -> Vec<Host> {
+        let suffix = match host {
+            HostPattern::Name(n) => return vec![Host::Name(n.clone())],
+            HostPattern::Ip(ip) => return vec![Host::Ip(*ip)],
+            HostPattern::Subdomains(s) => s,
+        };
+        let all: Vec<&HostPattern> = self
+            .patterns
+            .iter()
+            .chain(&other.patterns)
+            .map(|p| &p.host)
+            .collect();
+        // A label no pattern names, so `fresh.<suffix>` falls in no exact name's class.
+        let mut fresh = String::from("x-covers-probe");
+        while all.iter().any(|h| match h {
+            HostPattern::Name(n) | HostPattern::Subdomains(n) => n.contains(fresh.as_str()),
+            HostPattern::Ip(_) => false,
+        }) {
+            fresh.push('x');
+        }
+        let under = |n: &str| {
+            n.strip_suffix(suffix.as_str())
+                .is_some_and(|head| head.len() > 1 && head.ends_with('.'))
+        };
+        let mut out = Vec::new();
+        for h in all {
+            match h {
+                HostPattern::Name(n) if under(n) => out.push(Host::Name(n.clone())),
+                HostPattern::Subdomains(t) if t == suffix || under(t) => {
+                    out.push(Host::Name(format!("{fresh}.{t}")))
+                }
+                _ => {}
+            }
+        }
+        out.dedup();
+        out
+    }
+}
+
+/// Why the child's terms for one destination are wider than the parent's, or `None`.
+fn widened_at(parent: Option<Listed>, child: Option<Listed>) -> Option<String> {
+    let child = child?;
+    let Some(parent) = parent else {
+        return Some("is not in the parent's list".into());
+    };
+    match (parent, child) {
+        (_, Listed::Ip) | (Listed::Ip, _) => None,
+        (Listed::Name { pin: p }, Listed::Name { pin: c }) if c.is_empty() => (!p.is_empty())
+            .then(|| "may resolve to any public address; the parent pins it".to_string()),
+        (Listed::Name { pin: p }, Listed::Name { pin: c }) => {
+            let outside = c.iter().find(|a| {
+                if p.is_empty() {
+                    non_public(**a).is_some()
+                } else {
+                    !p.iter().any(|b| canonical(*b) == canonical(**a))
+                }
+            })?;
+            Some(format!(
+                "is pinned to {outside}, which the parent does not allow for it"
+            ))
+        }
+    }
+}
+
 /// An IPv4-mapped IPv6 address as the IPv4 address it is; everything else as it is.
 pub fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
@@ -480,5 +577,80 @@ mod tests {
         ] {
             assert!(Host::parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    fn widenings(parent: &[&str], child: &[&str]) -> Vec<String> {
+        let p = Policy::parse(parent.iter().copied()).unwrap();
+        let c = Policy::parse(child.iter().copied()).unwrap();
+        p.widenings(&c)
+    }
+
+    #[test]
+    fn a_child_policy_is_covered_only_within_its_parents() {
+        let parent = [
+            "api.test:8080=127.0.0.1",
+            "*.example.org",
+            "pypi.org",
+            "192.0.2.7:22",
+            "git.corp:22=10.0.0.5,10.0.0.6",
+        ];
+        for narrower in [
+            &[][..],
+            &["api.test:8080=127.0.0.1"],
+            &["a.example.org", "*.b.example.org:443"],
+            &["pypi.org:443", "192.0.2.7:22"],
+            &["git.corp:22=10.0.0.6"],
+            &["pypi.org=151.101.0.223"],
+        ] {
+            assert_eq!(
+                widenings(&parent, narrower),
+                Vec::<String>::new(),
+                "{narrower:?}"
+            );
+        }
+        for (wider, why) in [
+            (&["other.test"][..], "not in the parent's list"),
+            (&["api.test:8081=127.0.0.1"], "not in the parent's list"),
+            (&["api.test:8080"], "any public address"),
+            (&["api.test:8080=127.0.0.2"], "pinned to 127.0.0.2"),
+            (&["example.org"], "not in the parent's list"),
+            (&["*.org"], "not in the parent's list"),
+            (&["*.example.org:22"], "not in the parent's list"),
+            (&["pypi.org=127.0.0.1"], "pinned to 127.0.0.1"),
+            (&["192.0.2.8:22"], "not in the parent's list"),
+            (&["git.corp:22=10.0.0.7"], "pinned to 10.0.0.7"),
+        ] {
+            let got = widenings(&parent, wider);
+            assert!(got.len() == 1 && got[0].contains(why), "{wider:?}: {got:?}");
+        }
+    }
+
+    #[test]
+    fn coverage_follows_lookup_where_the_parents_patterns_overlap() {
+        // For a.example.org the parent's unpinned `*.example.org` lifts the pin of its
+        // `a.example.org=10.0.0.1` (public addresses only), so the child's pin to 10.0.0.1 is
+        // wider there, though a pattern of the parent's reads the same.
+        let got = widenings(
+            &["a.example.org=10.0.0.1", "*.example.org"],
+            &["a.example.org=10.0.0.1"],
+        );
+        assert!(
+            got.len() == 1 && got[0].contains("pinned to 10.0.0.1"),
+            "{got:?}"
+        );
+        // A child wildcard over a parent whose exact name is pinned: that name is pinned in
+        // the parent, any public address in the child.
+        let got = widenings(
+            &["*.example.org=192.0.2.1", "a.example.org=192.0.2.1"],
+            &["*.example.org"],
+        );
+        assert!(!got.is_empty(), "{got:?}");
+        assert_eq!(
+            widenings(
+                &["*.example.org", "a.example.org=10.0.0.1"],
+                &["*.example.org"]
+            ),
+            Vec::<String>::new()
+        );
     }
 }

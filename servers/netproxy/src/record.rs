@@ -50,16 +50,42 @@ pub struct Record {
     pub reason: Option<String>,
 }
 
-/// Where records go. Each record is one `write` of one line, flushed.
+/// What a record's connection needs before it is served (the daemon's: a place in the receipt
+/// queue), and what is then done with its record; `Err` refuses the connection.
+pub type ReserveHook = Arc<dyn Fn() -> Result<FinishRecord, String> + Send + Sync>;
+/// Given the record when its connection ends (the daemon's: queue its `effect` receipt).
+pub type FinishRecord = Box<dyn FnOnce(&Record) + Send>;
+
+/// Where records go. Each record is one `write` of one line, flushed, and, through the slot
+/// [`Records::reserve`] took for its connection, is given to the reserve hook's finisher.
 #[derive(Clone)]
 pub struct Records {
     sink: Option<Arc<Mutex<Box<dyn Write + Send>>>>,
+    reserve: Option<ReserveHook>,
+}
+
+/// What [`Records::reserve`] took for one connection; [`RecordSlot::write`] spends it.
+pub struct RecordSlot {
+    records: Records,
+    finish: Option<FinishRecord>,
+}
+
+impl RecordSlot {
+    pub fn write(self, record: &Record) {
+        if let Some(finish) = self.finish {
+            finish(record);
+        }
+        self.records.write(record);
+    }
 }
 
 impl Records {
     /// Records are dropped (the library's default; the daemon always names a sink).
     pub fn none() -> Records {
-        Records { sink: None }
+        Records {
+            sink: None,
+            reserve: None,
+        }
     }
 
     pub fn stdout() -> Records {
@@ -80,9 +106,30 @@ impl Records {
     pub fn to_writer(w: Box<dyn Write + Send>) -> Records {
         Records {
             sink: Some(Arc::new(Mutex::new(w))),
+            reserve: None,
         }
     }
 
+    /// These records, each connection's reserved with `reserve` before it is served.
+    pub fn with_reserve(mut self, reserve: ReserveHook) -> Records {
+        self.reserve = Some(reserve);
+        self
+    }
+
+    /// What a connection's record will need, taken before the connection is served; `Err`: the
+    /// connection must not be served (fail closed: a connection nobody can account for).
+    pub fn reserve(&self) -> Result<RecordSlot, String> {
+        let finish = match &self.reserve {
+            Some(reserve) => Some(reserve()?),
+            None => None,
+        };
+        Ok(RecordSlot {
+            records: self.clone(),
+            finish,
+        })
+    }
+
+    /// Writes `record` to the sink only (a connection's goes through its [`RecordSlot`]).
     pub fn write(&self, record: &Record) {
         let Some(sink) = &self.sink else { return };
         let mut line = serde_json::to_vec(record).expect("a record serialises");

@@ -306,6 +306,17 @@ where
         outcome: Outcome::Closed,
         reason: None,
     };
+    let slot = match session.records.reserve() {
+        Ok(slot) => slot,
+        Err(why) => {
+            // Nothing is read or answered: the client sees its connection closed.
+            tracing::error!(session = %session.name, "a connection refused: {why}");
+            rec.outcome = Outcome::Refused;
+            rec.reason = Some(why);
+            session.records.write(&rec);
+            return;
+        }
+    };
     let mut client = BufReader::with_capacity(session.limits.max_head_bytes, stream);
     // The first byte tells SOCKS5 (5) from HTTP; it stays in the buffer for the parser.
     let first = async {
@@ -334,7 +345,7 @@ where
         rec.reason = Some(r.reason);
     }
     rec.duration_ms = start.elapsed().as_millis() as u64;
-    session.records.write(&rec);
+    slot.write(&rec);
 }
 
 async fn socks5<S>(client: BufReader<S>, session: &Session, rec: &mut Record) -> Result<(), Refusal>

@@ -88,3 +88,43 @@ async fn the_hook_is_asked_once_per_destination_and_its_deny_is_the_clients_answ
     assert_eq!(hook.asked.load(Ordering::SeqCst), 3);
     assert_eq!(server.wait_exchanges(3).len(), 3);
 }
+
+/// A connection whose record cannot be accounted for (the reserve hook refuses: the daemon's
+/// receipt queue is full or receiptd is not taking receipts) is closed unserved, and nothing is
+/// reached; one that can is served and finished with its record.
+#[tokio::test]
+async fn a_connection_without_a_place_for_its_receipt_is_not_served() {
+    let server = HttpServer::start();
+    let port = server.port();
+    let policy = Policy::parse([format!("api.test:{port}=127.0.0.1").as_str()]).unwrap();
+    let resolver = Resolver::with_hosts("127.0.0.1 api.test\n").unwrap();
+    let finished = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let places = Arc::new(AtomicUsize::new(1));
+    let (done, left) = (finished.clone(), places.clone());
+    let records = Records::none().with_reserve(Arc::new(move || {
+        if left.fetch_sub(1, Ordering::SeqCst) == 0 {
+            return Err("no place in the receipt queue".into());
+        }
+        let done = done.clone();
+        Ok(Box::new(move |r: &warren_netproxy::Record| {
+            done.lock().unwrap().push(r.outcome)
+        }))
+    }));
+    let session = Arc::new(Session::new("reserve-test", policy, resolver, records));
+    let head = format!("GET http://api.test:{port}/hello HTTP/1.1\r\nHost: x\r\n\r\n");
+    let answer = request(&session, head.clone()).await;
+    assert!(answer.ends_with(HELLO), "{answer}");
+    let answer = request(&session, head).await;
+    assert_eq!(answer, "", "served without a place for its receipt");
+    // The first exchange is logged by the server once its connection has closed; the second
+    // connection was closed before anything was read, so there is never a second.
+    assert_eq!(
+        server.wait_exchanges(1).len(),
+        1,
+        "the second reached the server"
+    );
+    assert_eq!(
+        *finished.lock().unwrap(),
+        [warren_netproxy::Outcome::Closed]
+    );
+}

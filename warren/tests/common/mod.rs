@@ -125,6 +125,17 @@ impl Warren {
     /// The pid of this warren's running `binary` (e.g. `warren-gate`): the process whose
     /// executable has that name and whose environment names this runtime dir.
     pub fn daemon_pid(&self, binary: &str) -> i32 {
+        let found = self.daemon_pids(binary);
+        assert_eq!(
+            found.len(),
+            1,
+            "{binary} processes of this warren: {found:?}"
+        );
+        found[0]
+    }
+
+    /// Every process of this warren running `binary` (none while the supervisor restarts it).
+    pub fn daemon_pids(&self, binary: &str) -> Vec<i32> {
         let wanted = format!("WARREN_RUNTIME_DIR={}", self.runtime().display());
         let mut found = Vec::new();
         for entry in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -140,12 +151,7 @@ impl Warren {
                 found.push(pid);
             }
         }
-        assert_eq!(
-            found.len(),
-            1,
-            "{binary} processes of this warren: {found:?}"
-        );
-        found[0]
+        found
     }
 
     /// A session's receipt bodies, oldest first (`/receipts/<session>/log`, each DSSE payload).

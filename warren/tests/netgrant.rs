@@ -1,0 +1,360 @@
+//! `net proxy`: the network as a grant, end to end through the real daemons. "The world" is a
+//! server on the host's 127.0.0.1: the proxy (outside every namespace) reaches it, the payload
+//! (in a network namespace of its own) does not, except through the proxy, for the listed name.
+//! `api.test` and `other.test` are names only the proxy knows (`WARREN_NETPROXY_HOSTS`).
+//! Needs root, /dev/fuse, curl and the workspace's binaries.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{Warren, approve_every_ask, field};
+
+const SYSTEM: &str =
+    "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
+
+const BODY: &str = "hello from api.test\n";
+
+/// The world: an HTTP server on the host's loopback answering every request with [`BODY`], and
+/// the bytes it received and sent on each connection.
+struct World {
+    port: u16,
+    conns: Arc<Mutex<Vec<(u64, u64)>>>,
+}
+
+impl World {
+    fn start() -> World {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let conns = Arc::new(Mutex::new(Vec::new()));
+        let seen = conns.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let seen = seen.clone();
+                std::thread::spawn(move || {
+                    if let Some(counts) = serve(stream) {
+                        seen.lock().unwrap().push(counts);
+                    }
+                });
+            }
+        });
+        World { port, conns }
+    }
+}
+
+/// One request's head, the answer, then whatever else comes until the peer closes.
+fn serve(mut s: TcpStream) -> Option<(u64, u64)> {
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = s.read(&mut buf).ok()?;
+        if n == 0 {
+            return None;
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let answer = format!(
+        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    s.write_all(answer.as_bytes()).ok()?;
+    s.shutdown(std::net::Shutdown::Write).ok()?;
+    let mut received = head.len() as u64;
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        received += n as u64;
+    }
+    Some((received, answer.len() as u64))
+}
+
+/// A hosts file the proxy's uid can read (a test's temp dirs are 0700 root).
+fn hosts_file() -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("wnet")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = dir.path().join("hosts");
+    std::fs::write(&path, "127.0.0.1 api.test other.test\n").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    dir
+}
+
+fn up_with_hosts(hosts: &tempfile::TempDir) -> Warren {
+    let path = hosts.path().join("hosts");
+    let w = Warren::up_with(&[("WARREN_NETPROXY_HOSTS", path.to_str().unwrap())]);
+    // Every first use of a destination asks (the network tier's default is allow).
+    w.run_ok(&["write", "/gate/rules", "ask tier:network"]);
+    w
+}
+
+/// Every receipt of every scope.
+fn all_receipts(w: &Warren) -> Vec<serde_json::Value> {
+    let out = w.run_ok(&["ls", "/receipts"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim_end_matches('/').to_string())
+        .filter(|s| !["append", "keys", "ctl"].contains(&s.as_str()))
+        .flat_map(|scope| w.receipts(&scope))
+        .collect()
+}
+
+fn effects_for(receipts: &[serde_json::Value], host: &str) -> Vec<serde_json::Value> {
+    receipts
+        .iter()
+        .filter(|r| r["kind"] == "effect" && r["subject"]["host"] == host)
+        .map(|r| r["subject"].clone())
+        .collect()
+}
+
+/// A payload reaches the listed name through the proxy (HTTP and SOCKS5) once the gate allows
+/// it; another name, a raw IP and a direct connection do not get out; each connection is an
+/// `effect` receipt whose byte counts are the world's own.
+#[test]
+fn a_payload_reaches_exactly_the_listed_host_through_the_proxy() {
+    let world = World::start();
+    let port = world.port;
+    let hosts = hosts_file();
+    let w = up_with_hosts(&hosts);
+    let _approver = approve_every_ask(&w);
+    let spec = w.base.path().join("net.ns");
+    std::fs::write(
+        &spec,
+        format!("{SYSTEM}net proxy api.test:{port}=127.0.0.1\n"),
+    )
+    .unwrap();
+    let script = format!(
+        "echo \"env $HTTP_PROXY $https_proxy $ALL_PROXY $NO_PROXY\"\n\
+         echo \"http:$(curl -sS -m 30 http://api.test:{port}/hello 2>&1)\"\n\
+         echo \"socks:$(curl -sS -m 30 --proxy socks5h://127.0.0.1:3128 http://api.test:{port}/s 2>&1)\"\n\
+         echo \"other:$(curl -sS -m 30 -o /dev/null -w '%{{http_code}}' http://other.test:{port}/ 2>&1)\"\n\
+         echo \"rawip:$(curl -sS -m 30 --noproxy '' -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{port}/ 2>&1)\"\n\
+         curl -sS -m 10 --noproxy '*' http://127.0.0.1:{port}/ >/dev/null 2>&1; echo \"direct:$?\"\n\
+         python3 -c 'import socket; socket.socket().bind((\"127.0.0.1\", 8000))' 2>&1 | tail -1 | sed 's/^/bind:/'\n"
+    );
+    let (code, out, err) = w.sh(
+        &["--asks", "operator", "--ns", spec.to_str().unwrap()],
+        &script,
+    );
+    assert_eq!(code, 0, "{out}\n{err}");
+    let line = |p: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(p))
+            .unwrap_or_else(|| panic!("no {p} line in:\n{out}\n{err}"))
+            .to_string()
+    };
+    assert_eq!(
+        line("env "),
+        "http://127.0.0.1:3128 http://127.0.0.1:3128 socks5h://127.0.0.1:3128 localhost,127.0.0.1"
+    );
+    assert_eq!(line("http:"), BODY.trim_end(), "{out}\n{err}");
+    assert_eq!(line("socks:"), BODY.trim_end(), "{out}\n{err}");
+    assert_eq!(line("other:"), "403", "{out}\n{err}");
+    assert_eq!(line("rawip:"), "403", "{out}\n{err}");
+    // curl's 7: could not connect (no listener in the namespace's own network namespace, and
+    // Landlock allows connect to the proxy's port only).
+    assert_eq!(line("direct:"), "7", "{out}\n{err}");
+    // Landlock handles TCP under `net proxy`: connect to the proxy's port only, and no bind (a
+    // payload cannot stand up a listener of its own).
+    assert_eq!(
+        line("bind:"),
+        "PermissionError: [Errno 13] Permission denied",
+        "{out}\n{err}"
+    );
+
+    // The world saw exactly the two proxied requests (each is counted once its connection has
+    // closed, which may be just after curl has its answer).
+    common::wait_until("the world's two connections to close", || {
+        world.conns.lock().unwrap().len() >= 2
+    });
+    let mut seen = world.conns.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+
+    // Each connection's receipt: signed `effect`, the name, the pinned address, the world's own
+    // byte counts; the refusals too, and the gate's decision for the listed destination.
+    // A connection's receipt is queued when it ends and written by netproxy's writer: wait
+    // for all four.
+    common::wait_until("the four connections' receipts", || {
+        all_receipts(&w)
+            .iter()
+            .filter(|r| r["kind"] == "effect")
+            .count()
+            >= 4
+    });
+    let receipts = all_receipts(&w);
+    let tool = format!("net:api.test:{port}");
+    assert!(
+        receipts.iter().any(|r| r["kind"] == "decision"
+            && r["subject"]["tool"] == tool.as_str()
+            && r["subject"]["verdict"] == "allow"),
+        "no allow decision for {tool}: {receipts:#?}"
+    );
+    let api = effects_for(&receipts, "api.test");
+    assert_eq!(api.len(), 2, "{api:#?}");
+    let mut counted: Vec<(u64, u64)> = api
+        .iter()
+        .map(|s| {
+            assert_eq!(s["outcome"], "closed", "{s}");
+            assert_eq!(s["address"], format!("127.0.0.1:{port}").as_str(), "{s}");
+            assert_eq!(s["tool"], tool.as_str(), "{s}");
+            (
+                s["bytes_client_to_server"].as_u64().unwrap(),
+                s["bytes_server_to_client"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    counted.sort();
+    seen.sort();
+    assert_eq!(counted, seen);
+    let other = effects_for(&receipts, "other.test");
+    assert_eq!(other.len(), 1, "{other:#?}");
+    assert_eq!(other[0]["outcome"], "refused");
+    assert!(other[0]["address"].is_null());
+    let raw = effects_for(&receipts, "127.0.0.1");
+    assert_eq!(raw.len(), 1, "{raw:#?}");
+    assert_eq!(raw[0]["outcome"], "refused");
+}
+
+/// A namespace's clone cannot widen its host list (refused, the widening named), and a clone
+/// within it reaches the listed host through a grant of its own, its ask its subtree's.
+#[test]
+fn a_clone_cannot_widen_the_host_list() {
+    let world = World::start();
+    let port = world.port;
+    let hosts = hosts_file();
+    let w = up_with_hosts(&hosts);
+    let share = tempfile::Builder::new()
+        .prefix("wnets")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(share.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let s = share.path().to_str().unwrap();
+    std::fs::write(
+        share.path().join("child.sh"),
+        format!("curl -sS -m 30 http://api.test:{port}/child > {s}/child.out 2>&1\n"),
+    )
+    .unwrap();
+    let grant = format!("net proxy api.test:{port}=127.0.0.1\n");
+    let spec = w.base.path().join("parent.ns");
+    std::fs::write(
+        &spec,
+        format!("{SYSTEM}{grant}mount ns /ns\nbind -w {s} {s}\n"),
+    )
+    .unwrap();
+    let wide = format!("{SYSTEM}net proxy api.test:{port}=127.0.0.1 other.test:{port}=127.0.0.1\n");
+    let narrow = format!("{SYSTEM}{grant}bind -w {s} {s}\n");
+    let script = format!(
+        "clone() {{ exec 4<>/ns/clone; printf '%s' \"$1\" >&4; cat <&4 2>/dev/null || {{ echo refused; cat <&4; }}; exec 4<&-; }}\n\
+         echo \"wide:$(clone '{wide}' | tr '\\n' ' ')\"\n\
+         id=$(clone '{narrow}')\n\
+         echo \"run /bin/sh {s}/child.sh\" > /ns/$id/ctl\n\
+         echo \"child:$(cat /ns/$id/wait)\"\n"
+    );
+    let parent = w.spawn_sh(
+        &["--asks", "operator", "--ns", spec.to_str().unwrap()],
+        &script,
+    );
+    // The clone's first use of api.test is asked as its subtree's (the lineage nsd gave the
+    // proxy): its parent is named, and the subtree is the parent's session, not its own.
+    let (id, request) = common::next_ask(&w, 0);
+    assert_eq!(
+        field(&request, "tool"),
+        format!("net:api.test:{port}"),
+        "{request}"
+    );
+    assert_ne!(field(&request, "parents"), "-", "{request}");
+    assert_ne!(
+        field(&request, "subtree"),
+        field(&request, "session"),
+        "{request}"
+    );
+    w.run_ok(&[
+        "write",
+        &format!("/gate/pending/{id}/ctl"),
+        &format!("allow once {}", common::fingerprint(&request)),
+    ]);
+    let done = parent.wait_with_output().unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&done.stdout).into_owned(),
+        String::from_utf8_lossy(&done.stderr).into_owned(),
+    );
+    assert!(done.status.success(), "{out}\n{err}");
+    let wide_line = out
+        .lines()
+        .find_map(|l| l.strip_prefix("wide:"))
+        .unwrap_or_else(|| panic!("{out}\n{err}"));
+    assert!(
+        wide_line.starts_with("refused")
+            && wide_line.contains(&format!(
+                "net proxy other.test:{port}=127.0.0.1: other.test:{port} is not in the parent's list"
+            )),
+        "{out}\n{err}"
+    );
+    assert!(out.contains("child:exited 0"), "{out}\n{err}");
+    assert_eq!(
+        std::fs::read_to_string(share.path().join("child.out")).unwrap(),
+        BODY
+    );
+}
+
+/// The proxy killed while a `net proxy` namespace runs: the supervisor restarts it, nsd hands
+/// the namespace's listener over again, and the payload's next request gets through.
+#[test]
+fn a_restarted_proxy_gets_the_running_namespaces_grant_again() {
+    let world = World::start();
+    let port = world.port;
+    let hosts = hosts_file();
+    let w = up_with_hosts(&hosts);
+    let _approver = approve_every_ask(&w);
+    let share = tempfile::Builder::new()
+        .prefix("wnetr")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(share.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let s = share.path().to_str().unwrap();
+    // The grant from the command line: `--net-proxy` is the spec's `net proxy` line.
+    let pattern = format!("api.test:{port}=127.0.0.1");
+    let url = format!("http://api.test:{port}/");
+    let script = format!(
+        "curl -sS -m 30 {url} > {s}/first 2>&1\n\
+         while [ ! -e {s}/go ]; do sleep 0.05; done\n\
+         curl -sS -m 30 {url} > {s}/second 2>&1\n"
+    );
+    let launcher = w.spawn_sh(
+        &["--asks", "operator", "--net-proxy", &pattern, "--rw", s],
+        &script,
+    );
+    let first = share.path().join("first");
+    common::wait_until("the first request's answer", || {
+        std::fs::read_to_string(&first).is_ok_and(|t| !t.is_empty())
+    });
+    assert_eq!(std::fs::read_to_string(&first).unwrap(), BODY);
+    let old = w.daemon_pid("warren-netproxy");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(old),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    common::wait_until("a new netproxy", || {
+        let pids = w.daemon_pids("warren-netproxy");
+        pids.len() == 1 && pids[0] != old
+    });
+    std::fs::write(share.path().join("go"), "").unwrap();
+    let out = launcher.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(share.path().join("second")).unwrap(),
+        BODY
+    );
+}
