@@ -1,0 +1,331 @@
+//! `warren mcp serve`: a namespace's grant served to an MCP client, by `warren-mcp-server`
+//! running inside the namespace. Driven by a client written with the Python MCP SDK
+//! (`mcp_serve/client.py`) and, for malformed input, by raw JSON-RPC lines.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use common::*;
+use serde_json::{Value, json};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+fn python() -> PathBuf {
+    let py = repo().join("target/peers/mcp-python/bin/python");
+    assert!(
+        py.exists(),
+        "{}: run scripts/install-test-deps",
+        py.display()
+    );
+    py
+}
+
+fn server_built() {
+    let server = Path::new(env!("CARGO_BIN_EXE_warren")).with_file_name("warren-mcp-server");
+    assert!(
+        server.exists(),
+        "{}: build it (cargo build -p warren-mcpserve)",
+        server.display()
+    );
+}
+
+/// The SDK client running SCENARIO against `warren mcp serve FLAGS…`, with `env` added.
+fn client(w: &Warren, scenario: &str, flags: &[&str], env: &[(&str, &str)]) -> Command {
+    server_built();
+    let mut cmd = Command::new(python());
+    cmd.arg(repo().join("warren/tests/mcp_serve/client.py"))
+        .arg(scenario)
+        .arg(env!("CARGO_BIN_EXE_warren"))
+        .args(flags)
+        .env("WARREN_RUNTIME_DIR", w.runtime())
+        .env("WARREN_DATA_DIR", w.base.path().join("data"))
+        .env("WARREN_SECRETS_DIR", w.base.path().join("secrets"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+/// The client's steps by name, once it has ended (it must end well).
+fn steps(out: std::process::Output) -> std::collections::BTreeMap<String, Value> {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "client: {stdout}\n{stderr}");
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .map(|v| (v["step"].as_str().unwrap().to_string(), v))
+        .collect()
+}
+
+fn text_of(result: &Value) -> &str {
+    result["content"][0]["text"].as_str().unwrap_or_default()
+}
+
+#[test]
+fn tools_list_is_exactly_the_grant_and_calls_cross_the_call_files() {
+    let w = Warren::up();
+    let out = client(&w, "grant", &["--tool", "echo", "--tool", "fs_read"], &[])
+        .output()
+        .unwrap();
+    let steps = steps(out);
+    let init = &steps["initialize"]["result"];
+    assert_eq!(init["serverInfo"]["name"], "warren-mcp-server", "{init}");
+    assert!(init["capabilities"]["tools"].is_object(), "{init}");
+    for absent in ["resources", "prompts", "logging", "completions"] {
+        assert!(
+            init["capabilities"].get(absent).is_none(),
+            "claims {absent}: {init}"
+        );
+    }
+    let tools = steps["tools/list"]["tools"].as_array().unwrap();
+    let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["echo", "fs_read"], "exactly the grant");
+    let fs_read = &tools[1];
+    assert!(
+        fs_read["inputSchema"]["properties"]["path"].is_object(),
+        "the schema file's schema: {fs_read}"
+    );
+    assert!(
+        fs_read["description"]
+            .as_str()
+            .unwrap()
+            .contains("tier: read"),
+        "{fs_read}"
+    );
+
+    let ungranted = &steps["ungranted"];
+    let message = ungranted["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("does not exist"),
+        "an ungranted tool is a protocol error saying it does not exist: {ungranted}"
+    );
+
+    let echo = &steps["echo"]["result"];
+    assert_ne!(echo["isError"], true, "{echo}");
+    assert_eq!(
+        text_of(echo),
+        r#"{"text":"hello from the client"}"#,
+        "{echo}"
+    );
+    let envelope = &echo["_meta"]["warren/envelope"];
+    assert_eq!(envelope["status"], "ok", "{echo}");
+    assert_eq!(envelope["taint"], "untrusted", "{echo}");
+    assert!(envelope["receipt"].is_object(), "receipted: {echo}");
+    assert!(steps.contains_key("ping"));
+}
+
+/// The `shell` tool granted a work dir: its calls are `exec` tier, so each asks the operator.
+fn shell_spec(w: &Warren) -> (tempfile::TempDir, PathBuf, String) {
+    let work = tempfile::Builder::new()
+        .prefix("wserve")
+        .tempdir_in("/tmp")
+        .unwrap();
+    open_to_shell_workers(work.path());
+    let dir = work.path().to_str().unwrap().to_string();
+    let spec = w.base.path().join("shell.ns");
+    std::fs::write(
+        &spec,
+        format!("mount tool /tool shell\ntool shell -w {dir}\n"),
+    )
+    .unwrap();
+    let args = json!({"command": format!("echo ran >> {dir}/log"), "cwd": dir}).to_string();
+    (work, spec, args)
+}
+
+#[test]
+fn an_exec_call_waits_for_the_operator_and_a_deny_reaches_the_client_as_a_tool_error() {
+    let w = Warren::up();
+    let (work, spec, args) = shell_spec(&w);
+    let child = client(
+        &w,
+        "ask",
+        &["--ns", spec.to_str().unwrap()],
+        &[("TOOL", "shell"), ("ARGS", &args)],
+    )
+    .spawn()
+    .unwrap();
+    let (id, request) = next_ask(&w, 0);
+    assert!(request.contains("tool shell"), "{request}");
+    // Still waiting: nothing ran.
+    assert!(!work.path().join("log").exists());
+    w.run_ok(&["write", &format!("/gate/pending/{id}/ctl"), "deny"]);
+    let steps = steps(child.wait_with_output().unwrap());
+    let answered = &steps["answered"];
+    let result = &answered["result"];
+    assert_eq!(
+        result["isError"], true,
+        "a deny is a tool error: {answered}"
+    );
+    assert!(
+        text_of(result).contains("denied"),
+        "the basis in words: {answered}"
+    );
+    assert_eq!(result["_meta"]["warren/envelope"]["status"], "denied");
+    assert!(
+        result["_meta"]["warren/envelope"]["basis"].is_string(),
+        "the gate's basis for programs: {answered}"
+    );
+    assert!(
+        !answered["progress"].as_array().unwrap().is_empty(),
+        "progress while it waited: {answered}"
+    );
+    assert!(!work.path().join("log").exists(), "a denied call ran");
+}
+
+/// A raw JSON-RPC line to the server, and the next line it answers.
+struct Raw {
+    child: Child,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Raw {
+    fn send(&mut self, line: &str) {
+        let stdin = self.child.stdin.as_mut().unwrap();
+        stdin.write_all(line.as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        stdin.flush().unwrap();
+    }
+    fn answer(&mut self) -> Value {
+        let mut line = String::new();
+        assert!(
+            self.out.read_line(&mut line).unwrap() > 0,
+            "the server hung up"
+        );
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    }
+}
+
+#[test]
+fn bad_input_is_a_clear_json_rpc_error_and_the_server_keeps_serving() {
+    let w = Warren::up();
+    server_built();
+    let mut child = w
+        .cmd(&["mcp", "serve", "--tool", "echo"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let mut raw = Raw { child, out };
+    // A call before initialize.
+    raw.send(
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{}}}"#,
+    );
+    let early = raw.answer();
+    assert_eq!(early["id"], 1, "{early}");
+    assert!(early["error"]["code"].is_i64(), "{early}");
+    // Not JSON at all, then JSON that is no JSON-RPC message.
+    raw.send("{this is not json");
+    let parse = raw.answer();
+    assert_eq!(parse["error"]["code"], -32700, "{parse}");
+    assert_eq!(parse["id"], Value::Null, "{parse}");
+    raw.send(r#"{"jsonrpc":"2.0","id":2,"method":42}"#);
+    let invalid = raw.answer();
+    assert_eq!(invalid["error"]["code"], -32600, "{invalid}");
+    raw.send(
+        r#"{"jsonrpc":"2.0","id":3,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#,
+    );
+    let init = raw.answer();
+    assert_eq!(init["id"], 3, "{init}");
+    assert_eq!(init["result"]["protocolVersion"], "2025-06-18", "{init}");
+    raw.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    raw.send(r#"{"jsonrpc":"2.0","id":4,"method":"no/such/method","params":{}}"#);
+    let unknown = raw.answer();
+    assert_eq!(unknown["id"], 4, "{unknown}");
+    assert_eq!(unknown["error"]["code"], -32601, "{unknown}");
+    // Still serving.
+    raw.send(r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{"n":1}}}"#);
+    let echo = raw.answer();
+    assert_eq!(echo["id"], 5, "{echo}");
+    assert_eq!(echo["result"]["content"][0]["text"], r#"{"n":1}"#, "{echo}");
+    raw.send(r#"{"jsonrpc":"2.0","id":6,"method":"ping"}"#);
+    assert_eq!(raw.answer()["result"], json!({}));
+    drop(raw.child.stdin.take());
+    assert!(raw.child.wait().unwrap().success());
+}
+
+/// The pids of `warren mcp serve` processes of this warren.
+fn serve_pids(w: &Warren) -> Vec<i32> {
+    let wanted = format!("WARREN_RUNTIME_DIR={}", w.runtime().display());
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().parse::<i32>().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let serve = args.windows(2).any(|a| a == [&b"mcp"[..], &b"serve"[..]]);
+            let environ = std::fs::read(e.path().join("environ")).unwrap_or_default();
+            let ours = environ.split(|b| *b == 0).any(|v| v == wanted.as_bytes());
+            (serve && ours).then_some(pid)
+        })
+        .collect()
+}
+
+fn ask_state(w: &Warren, id: i64) -> String {
+    let out = w.run(&["cat", &format!("/gate/pending/{id}/request")]);
+    field(&String::from_utf8_lossy(&out.stdout), "state").to_string()
+}
+
+#[test]
+fn a_client_that_hangs_up_mid_call_leaves_nothing_behind() {
+    let w = Warren::up();
+    let (work, spec, args) = shell_spec(&w);
+    let mut child = client(
+        &w,
+        "hang-up",
+        &["--ns", spec.to_str().unwrap()],
+        &[("TOOL", "shell"), ("ARGS", &args)],
+    )
+    .spawn()
+    .unwrap();
+    let (id, _) = next_ask(&w, 0);
+    assert_eq!(ns_ids(&w).len(), 1);
+    assert_eq!(serve_pids(&w).len(), 1);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_until("the namespace ended", || ns_ids(&w).is_empty());
+    wait_until("warren mcp serve exited", || serve_pids(&w).is_empty());
+    wait_until("the ask was withdrawn", || ask_state(&w, id) == "orphaned");
+    assert!(!work.path().join("log").exists(), "the call ran");
+}
+
+#[test]
+fn a_cancelled_call_is_withdrawn_and_the_server_keeps_serving() {
+    let w = Warren::up();
+    let (work, spec, args) = shell_spec(&w);
+    let mut child = client(
+        &w,
+        "cancel",
+        &["--ns", spec.to_str().unwrap()],
+        &[("TOOL", "shell"), ("ARGS", &args), ("GIVE_UP_AFTER", "2")],
+    )
+    .stdin(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let (id, _) = next_ask(&w, 0);
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    loop {
+        let line = lines.next().expect("the client ended early").unwrap();
+        if line.contains("still serving") {
+            break;
+        }
+    }
+    // The client is still connected: the withdrawal came from the cancellation.
+    wait_until("the ask was withdrawn", || ask_state(&w, id) == "orphaned");
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    assert!(!work.path().join("log").exists(), "the call ran");
+}
