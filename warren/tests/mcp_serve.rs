@@ -6,17 +6,11 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
+
 use std::process::{Child, Command, Stdio};
 
 use common::*;
 use serde_json::{Value, json};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
 
 fn python() -> PathBuf {
     let py = repo().join("target/peers/mcp-python/bin/python");
@@ -328,4 +322,50 @@ fn a_cancelled_call_is_withdrawn_and_the_server_keeps_serving() {
     drop(child.stdin.take());
     assert!(child.wait().unwrap().success());
     assert!(!work.path().join("log").exists(), "the call ran");
+}
+
+/// An operator's MCP server mounted with `--mcp`: its accepted, granted tools are served as
+/// `everything__TOOL` (description from `doc`, schema from `schema`), the held one is not, and
+/// a call reaches the server through mcpfs and the gate.
+#[test]
+fn a_mounted_mcp_servers_tools_are_served_prefixed_by_the_server_name() {
+    let (w, config) = up_with_config();
+    define_everything(config.path());
+    let (ok, _, err) = mcp(
+        &w,
+        config.path(),
+        &["accept", "everything", "echo", "get-sum"],
+        &[],
+    );
+    assert!(ok, "{err}");
+    let _approver = approve_every_ask(&w);
+    let out = client(
+        &w,
+        "mcp",
+        &[
+            "--mcp",
+            "everything:echo,get-sum,get-tiny-image",
+            "--tool",
+            "echo",
+        ],
+        &[("WARREN_CONFIG_DIR", config.path().to_str().unwrap())],
+    )
+    .output()
+    .unwrap();
+    let steps = steps(out);
+    let tools = steps["tools/list"]["tools"].as_array().unwrap();
+    let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["echo", "everything__echo", "everything__get-sum"]);
+    assert!(
+        tools[1]["inputSchema"]["properties"]["message"].is_object(),
+        "{}",
+        tools[1]
+    );
+    let echo = &steps["echo"]["result"];
+    assert_ne!(echo["isError"], true, "{echo}");
+    assert!(text_of(echo).contains("hi via mcpfs"), "{echo}");
+    assert_eq!(
+        echo["_meta"]["warren/envelope"]["tool"], "mcp:everything:echo",
+        "{echo}"
+    );
 }
