@@ -28,6 +28,14 @@ pub struct ServeArgs {
     /// tools are served as NAME__TOOL. Repeat for more servers.
     #[arg(long = "mcp", value_name = "NAME[:TOOL,…]")]
     pub mcp: Vec<String>,
+    /// Serve streamable HTTP instead of stdio: `127.0.0.1:PORT` (`:0` picks one), `[::1]:PORT`
+    /// or `unix:PATH`. The server (inside the namespace) mints a bearer token and prints it once
+    /// on stderr; every request must carry it.
+    #[arg(long, value_name = "ADDR:PORT|unix:PATH")]
+    pub listen: Option<String>,
+    /// Let --listen use this non-loopback address (exactly as given to --listen).
+    #[arg(long = "allow-remote", value_name = "ADDR:PORT")]
+    pub allow_remote: Vec<String>,
     /// Accept a Landlock ruleset that is not fully enforced. Weaker confinement.
     #[arg(long = "weaker-landlock")]
     pub weaker_landlock: bool,
@@ -47,8 +55,15 @@ fn server_path() -> Result<PathBuf> {
 
 /// `warren run`'s flags for these: the server binary bound read-only at its own path (so it
 /// can run inside) and run there as the namespace's command.
-fn run_args(args: &ServeArgs, server: &std::path::Path) -> RunArgs {
+fn run_args(args: &ServeArgs, server: &std::path::Path, remote: Option<&str>) -> RunArgs {
     let server = server.to_string_lossy().into_owned();
+    let mut command = vec![server.clone()];
+    if args.listen.is_some() {
+        command.push("--http".into());
+    }
+    if let Some(host) = remote {
+        command.extend(["--allow-host".into(), host.to_string()]);
+    }
     RunArgs {
         ns: args.ns.clone(),
         tools: args.tools.clone(),
@@ -59,12 +74,75 @@ fn run_args(args: &ServeArgs, server: &std::path::Path) -> RunArgs {
         bare: false,
         weaker_landlock: args.weaker_landlock,
         uid: None,
-        command: vec![server],
+        command,
     }
 }
 
+/// A listening socket made here, outside the namespace, by the operator's process; the server
+/// inside gets it as stdin.
+enum Listener {
+    Tcp(std::net::TcpListener),
+    Unix(std::os::unix::net::UnixListener, PathBuf),
+}
+
+impl Listener {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            Listener::Tcp(l) => l.as_fd(),
+            Listener::Unix(l, _) => l.as_fd(),
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let Listener::Unix(_, path) = self {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Binds `--listen`. A non-loopback address must be named by `--allow-remote` too. Returns the
+/// listener and the host name requests must carry when it is remote.
+fn bind(listen: &str, allow_remote: &[String]) -> Result<(Listener, Option<String>)> {
+    if let Some(path) = listen.strip_prefix("unix:") {
+        let path = PathBuf::from(path);
+        let listener = std::os::unix::net::UnixListener::bind(&path)
+            .with_context(|| format!("binding {}", path.display()))?;
+        // Only the operator's own uid may connect (the token is asked for as well).
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+        eprintln!(
+            "warren: mcp serve: listening on unix:{} (streamable HTTP, any path)",
+            path.display()
+        );
+        return Ok((Listener::Unix(listener, path), None));
+    }
+    let addr: std::net::SocketAddr = listen.parse().with_context(|| {
+        format!("--listen {listen}: not ADDR:PORT (127.0.0.1:8080, [::1]:8080) or unix:PATH")
+    })?;
+    let remote = !addr.ip().is_loopback();
+    anyhow::ensure!(
+        !remote || allow_remote.iter().any(|a| a == listen),
+        "--listen {listen}: not a loopback address; name it with --allow-remote {listen} to \
+         serve this namespace's grant to other hosts"
+    );
+    let listener =
+        std::net::TcpListener::bind(addr).with_context(|| format!("binding {listen}"))?;
+    let local = listener.local_addr()?;
+    eprintln!("warren: mcp serve: listening on http://{local}/mcp (streamable HTTP)");
+    Ok((
+        Listener::Tcp(listener),
+        remote.then(|| addr.ip().to_string()),
+    ))
+}
+
 pub fn serve(dirs: &Dirs, args: &ServeArgs) -> Result<ExitCode> {
-    let run = run_args(args, &server_path()?);
+    let listener = match &args.listen {
+        Some(listen) => Some(bind(listen, &args.allow_remote)?),
+        None => None,
+    };
+    let remote = listener.as_ref().and_then(|(_, r)| r.as_deref());
+    let run = run_args(args, &server_path()?, remote);
     let spec = match run.spec() {
         Ok(s) => s,
         Err(e) => {
@@ -89,14 +167,13 @@ pub fn serve(dirs: &Dirs, args: &ServeArgs) -> Result<ExitCode> {
         operator: false,
     };
     let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
-    let launched = launch(
-        dirs,
-        &spec,
-        &run.command,
-        &opts,
-        [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()],
-    )
-    .context("starting the namespace")?;
+    // Over HTTP the server's stdin is the listener and its stdout goes to our stderr.
+    let stdio = match &listener {
+        Some((l, _)) => [l.as_fd(), stderr.as_fd(), stderr.as_fd()],
+        None => [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()],
+    };
+    let launched =
+        launch(dirs, &spec, &run.command, &opts, stdio).context("starting the namespace")?;
     // If this process dies, its run socket closes and nsd ends the namespace.
     let status = launched.wait().context("waiting for the namespace")?;
     Ok(ExitCode::from(u8::try_from(status).unwrap_or(255)))

@@ -369,3 +369,112 @@ fn a_mounted_mcp_servers_tools_are_served_prefixed_by_the_server_name() {
         "{echo}"
     );
 }
+
+/// `warren mcp serve --listen 127.0.0.1:0` started in the background: (child, url, token),
+/// from what it says on stderr.
+fn listen(w: &Warren, flags: &[&str]) -> (Child, String, String) {
+    server_built();
+    let mut args = vec!["mcp", "serve", "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(flags);
+    let mut child = w.cmd(&args).stderr(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let (mut url, mut token) = (None, None);
+    while url.is_none() || token.is_none() {
+        let line = lines
+            .next()
+            .expect("serve ended before it listened")
+            .unwrap();
+        if let Some(rest) = line.split_once("listening on ").map(|(_, r)| r) {
+            url = Some(rest.split_whitespace().next().unwrap().to_string());
+        }
+        if let Some((_, t)) = line.split_once("bearer token for this listener: ") {
+            token = Some(t.trim().to_string());
+        }
+    }
+    // Keep draining stderr so the server never blocks on it.
+    std::thread::spawn(move || lines.for_each(drop));
+    (child, url.unwrap(), token.unwrap())
+}
+
+/// One raw HTTP/1.1 POST of an `initialize` request; the status code.
+fn post_status(url: &str, headers: &[&str]) -> u16 {
+    let authority = url.trim_start_matches("http://").split('/').next().unwrap();
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
+    let mut request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for h in headers {
+        request.push_str(h);
+        request.push_str("\r\n");
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    let mut stream = std::net::TcpStream::connect(authority).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut status = String::new();
+    BufReader::new(stream).read_line(&mut status).unwrap();
+    status
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status: {status:?}"))
+}
+
+/// Streamable HTTP: the SDK client with the printed bearer token gets the grant; a request with
+/// no token or a wrong one is 401, one from a foreign browser origin 403; a non-loopback
+/// address is refused unless named by --allow-remote.
+#[test]
+fn streamable_http_needs_the_listeners_token_and_a_local_origin() {
+    let w = Warren::up();
+    let (mut serve, url, token) = listen(&w, &["--tool", "echo"]);
+    let out = client(
+        &w,
+        "grant",
+        &[],
+        &[("MCP_URL", &url), ("MCP_TOKEN", &token)],
+    )
+    .output()
+    .unwrap();
+    let steps = steps(out);
+    let names: Vec<&str> = steps["tools/list"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["echo"]);
+    assert_eq!(
+        text_of(&steps["echo"]["result"]),
+        r#"{"text":"hello from the client"}"#
+    );
+
+    let bearer = format!("Authorization: Bearer {token}");
+    assert_eq!(post_status(&url, &[]), 401, "no token");
+    assert_eq!(
+        post_status(&url, &["Authorization: Bearer 00"]),
+        401,
+        "a wrong token"
+    );
+    assert_eq!(
+        post_status(&url, &[&bearer, "Origin: https://evil.example"]),
+        403,
+        "a foreign origin"
+    );
+    assert_eq!(
+        post_status(&url, &[&bearer, "Origin: http://localhost:3000"]),
+        200,
+        "a local origin"
+    );
+    serve.kill().unwrap();
+    serve.wait().unwrap();
+    wait_until("the namespace ended", || ns_ids(&w).is_empty());
+
+    let refused = w
+        .cmd(&["mcp", "serve", "--listen", "0.0.0.0:0", "--tool", "echo"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("not a loopback address"), "{said}");
+}

@@ -6,6 +6,7 @@
 
 mod call;
 mod grant;
+mod http;
 mod lines;
 
 use std::path::PathBuf;
@@ -32,13 +33,21 @@ struct Args {
     /// The directory holding one tree per mounted MCP server.
     #[arg(long, default_value = "/mnt/mcp")]
     mcp_root: PathBuf,
+    /// Serve streamable HTTP on the listening socket that is stdin (made by `warren mcp serve`)
+    /// instead of MCP on stdin/stdout.
+    #[arg(long)]
+    http: bool,
+    /// A name besides the loopback ones that a request's Host and Origin may carry (the
+    /// operator's `--allow-remote`).
+    #[arg(long = "allow-host")]
+    allow_hosts: Vec<String>,
 }
 
 /// How often a waiting call tells a client that asked for progress that it still waits.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
 #[derive(Clone)]
-struct Namespace {
+pub(crate) struct Namespace {
     roots: Roots,
     /// The last listing read; a name not in it is looked up again before it is refused.
     grant: Arc<Mutex<Grant>>,
@@ -203,6 +212,9 @@ async fn main() -> anyhow::Result<()> {
         },
         grant: Arc::default(),
     };
+    if args.http {
+        return http::serve(namespace, &args.allow_hosts).await;
+    }
     let service = namespace.serve(lines::stdio()).await?;
     let _ = service.waiting().await;
     // A call still blocked in its read is ended with the process (its read interrupted, the

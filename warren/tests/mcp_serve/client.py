@@ -8,6 +8,7 @@ import sys
 import anyio
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 
@@ -26,10 +27,19 @@ async def call(session, name, arguments, **kw):
         return {"error": {"code": e.error.code, "message": e.error.message}}
 
 
+def transport(warren, flags):
+    # MCP_URL: a `warren mcp serve --listen` already running, with its bearer token MCP_TOKEN.
+    if "MCP_URL" in os.environ:
+        headers = {"Authorization": "Bearer " + os.environ["MCP_TOKEN"]}
+        return streamable_http_client(os.environ["MCP_URL"], http_client=create_mcp_http_client(headers=headers))
+    params = StdioServerParameters(command=warren, args=["mcp", "serve", *flags], env=dict(os.environ))
+    return stdio_client(params)
+
+
 async def main():
     scenario, warren, *flags = sys.argv[1:]
-    params = StdioServerParameters(command=warren, args=["mcp", "serve", *flags], env=dict(os.environ))
-    async with stdio_client(params) as (read, write):
+    async with transport(warren, flags) as streams:
+        read, write = streams[0], streams[1]
         async with ClientSession(read, write) as session:
             init = await session.initialize()
             out("initialize", result=dump(init))
