@@ -478,3 +478,138 @@ fn streamable_http_needs_the_listeners_token_and_a_local_origin() {
     let said = String::from_utf8_lossy(&refused.stderr);
     assert!(said.contains("not a loopback address"), "{said}");
 }
+
+/// The fenced block after `<!-- client-config: NAME -->` in docs/mcp.md.
+fn snippet(doc: &str, name: &str) -> String {
+    let marker = format!("<!-- client-config: {name} -->");
+    let after = doc
+        .split_once(&marker)
+        .unwrap_or_else(|| panic!("docs/mcp.md has no {marker}"))
+        .1;
+    let fence = &after[after.find("```").unwrap()..];
+    let body = &fence[fence.find('\n').unwrap() + 1..];
+    body[..body.find("```").unwrap()].to_string()
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not an array: {v}"))
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The client configurations in docs/mcp.md, each read as its client documents it: `claude mcp
+/// add NAME -- COMMAND ARGS…`, Claude Code's `.mcp.json` (`mcpServers.NAME` with `type` stdio,
+/// `command`, `args`, `env`), Codex's `config.toml` (`[mcp_servers.NAME]` with `command`,
+/// `args` and timeouts in seconds), and the common `mcpServers` JSON. All name the same command,
+/// and that command serves the spec's grant.
+#[test]
+fn client_configurations_parse_and_serve() {
+    let doc = std::fs::read_to_string(repo().join("docs/mcp.md")).unwrap();
+
+    let cli = snippet(&doc, "claude-cli");
+    let words: Vec<String> = cli.split_whitespace().map(String::from).collect();
+    assert_eq!(words[..3], ["claude", "mcp", "add"], "{cli}");
+    let dashes = words
+        .iter()
+        .position(|w| w == "--")
+        .expect("claude mcp add NAME -- …");
+    let from_cli = (words[dashes - 1].clone(), words[dashes + 1..].to_vec());
+
+    let claude: Value = serde_json::from_str(&snippet(&doc, "claude-json")).unwrap();
+    let (name, server) = claude["mcpServers"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .next()
+        .unwrap();
+    assert_eq!(server["type"], "stdio");
+    assert!(server["env"].is_object());
+    let mut command = vec![server["command"].as_str().unwrap().to_string()];
+    command.extend(strings(&server["args"]));
+    let from_claude_json = (name.clone(), command);
+
+    let codex: toml::Table = toml::from_str(&snippet(&doc, "codex-toml")).unwrap();
+    let servers = codex["mcp_servers"].as_table().unwrap();
+    let (name, server) = servers.iter().next().unwrap();
+    for timeout in ["startup_timeout_sec", "tool_timeout_sec"] {
+        assert!(server[timeout].is_integer(), "{timeout}: {server}");
+    }
+    let mut command = vec![server["command"].as_str().unwrap().to_string()];
+    command.extend(
+        server["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string()),
+    );
+    let from_codex = (name.clone(), command);
+
+    let generic: Value = serde_json::from_str(&snippet(&doc, "mcp-servers-json")).unwrap();
+    let (name, server) = generic["mcpServers"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .next()
+        .unwrap();
+    let mut command = vec![server["command"].as_str().unwrap().to_string()];
+    command.extend(strings(&server["args"]));
+    let from_generic = (name.clone(), command);
+
+    assert_eq!(from_cli, from_claude_json);
+    assert_eq!(from_cli, from_codex);
+    assert_eq!(from_cli, from_generic);
+    let (name, command) = from_cli;
+    assert_eq!(name, "warren");
+    assert_eq!(command[..3], ["warren", "mcp", "serve"]);
+
+    // The command, with this test's spec for /etc/warren/agent.ns, serves that grant.
+    let w = Warren::up();
+    server_built();
+    let project = tempfile::Builder::new()
+        .prefix("wproject")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let dir = project.path().display();
+    let spec = w.base.path().join("agent.ns");
+    std::fs::write(
+        &spec,
+        format!("mount tool /tool fs_read fs_list\ntool fs_read -r {dir}\ntool fs_list -r {dir}\n"),
+    )
+    .unwrap();
+    let args: Vec<&str> = command[1..]
+        .iter()
+        .map(|a| {
+            if a == "/etc/warren/agent.ns" {
+                spec.to_str().unwrap()
+            } else {
+                a.as_str()
+            }
+        })
+        .collect();
+    let mut child = w
+        .cmd(&args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let mut raw = Raw { child, out };
+    raw.send(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"docs","version":"0"}}}"#,
+    );
+    assert_eq!(raw.answer()["id"], 1);
+    raw.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    raw.send(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#);
+    let listed = raw.answer();
+    let names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["fs_list", "fs_read"], "{listed}");
+    drop(raw.child.stdin.take());
+    assert!(raw.child.wait().unwrap().success());
+}
