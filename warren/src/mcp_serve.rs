@@ -36,6 +36,10 @@ pub struct ServeArgs {
     /// Let --listen use this non-loopback address (exactly as given to --listen).
     #[arg(long = "allow-remote", value_name = "ADDR:PORT")]
     pub allow_remote: Vec<String>,
+    /// With exactly one --mcp server and no built-in tools: serve its tools under their own
+    /// names instead of NAME__TOOL (warren as a confining proxy for that one server).
+    #[arg(long = "plain-names")]
+    pub plain_names: bool,
     /// Accept a Landlock ruleset that is not fully enforced. Weaker confinement.
     #[arg(long = "weaker-landlock")]
     pub weaker_landlock: bool,
@@ -60,6 +64,9 @@ fn run_args(args: &ServeArgs, server: &std::path::Path, remote: Option<&str>) ->
     let mut command = vec![server.clone()];
     if args.listen.is_some() {
         command.push("--http".into());
+    }
+    if args.plain_names {
+        command.push("--plain-names".into());
     }
     if let Some(host) = remote {
         command.extend(["--allow-host".into(), host.to_string()]);

@@ -29,6 +29,9 @@ pub struct Grant {
 pub struct Roots {
     pub tool: PathBuf,
     pub mcp: PathBuf,
+    /// One mounted MCP server's tools under their own names (no `SERVER__`): only when it is
+    /// the whole grant, so no name can be two tools'.
+    pub plain: bool,
 }
 
 impl Roots {
@@ -36,7 +39,8 @@ impl Roots {
     /// servers would both give (`a_` + `_b`, `a` + `__b`) is withheld, said on stderr.
     pub fn scan(&self) -> Grant {
         let mut tools = BTreeMap::new();
-        for (name, tier) in listing(&self.tool) {
+        let built_ins = listing(&self.tool);
+        for (name, tier) in built_ins.iter().cloned() {
             tools.insert(
                 name.clone(),
                 Granted {
@@ -49,13 +53,26 @@ impl Roots {
             .map(|dir| dir.flatten().map(|e| e.path()).collect())
             .unwrap_or_default();
         servers.sort();
+        if self.plain && (!built_ins.is_empty() || servers.len() != 1) {
+            eprintln!(
+                "warren-mcp-server: plain names need exactly one mounted MCP server and no \
+                 built-in tools; this namespace has {} built-in tools and {} servers: nothing is served",
+                built_ins.len(),
+                servers.len()
+            );
+            return Grant::default();
+        }
         let mut clashing = Vec::new();
         for server in servers {
             let Some(server_name) = server.file_name().and_then(|n| n.to_str()) else {
                 continue;
             };
             for (tool, tier) in listing(&server) {
-                let name = format!("{server_name}{SEPARATOR}{tool}");
+                let name = if self.plain {
+                    tool.clone()
+                } else {
+                    format!("{server_name}{SEPARATOR}{tool}")
+                };
                 let granted = Granted {
                     dir: server.join(&tool),
                     tier,
@@ -136,6 +153,7 @@ mod tests {
         let roots = Roots {
             tool: dir.join("tool"),
             mcp: dir.join("mcp"),
+            plain: false,
         };
         tree(&roots.tool, &[("echo", "read"), ("fs_read", "read")]);
         tree(
@@ -156,6 +174,7 @@ mod tests {
         let roots = Roots {
             tool: dir.join("tool"),
             mcp: dir.join("mcp"),
+            plain: false,
         };
         tree(&roots.mcp.join("a_"), &[("_b", "read"), ("c", "read")]);
         tree(&roots.mcp.join("a"), &[("__b", "read")]);
@@ -170,7 +189,27 @@ mod tests {
         let roots = Roots {
             tool: dir.join("tool"),
             mcp: dir.join("mcp"),
+            plain: false,
         };
         assert!(roots.scan().tools.is_empty());
+    }
+
+    #[test]
+    fn plain_names_only_for_one_server_alone() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let mut roots = Roots {
+            tool: dir.join("tool"),
+            mcp: dir.join("mcp"),
+            plain: true,
+        };
+        tree(&roots.mcp.join("everything"), &[("echo", "read")]);
+        let names: Vec<String> = roots.scan().tools.into_keys().collect();
+        assert_eq!(names, ["echo"]);
+        tree(&roots.tool, &[("echo", "read")]);
+        assert!(roots.scan().tools.is_empty(), "a built-in beside it");
+        roots.tool = dir.join("none");
+        tree(&roots.mcp.join("other"), &[("x", "read")]);
+        assert!(roots.scan().tools.is_empty(), "two servers");
     }
 }

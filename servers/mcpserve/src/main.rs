@@ -33,6 +33,10 @@ struct Args {
     /// The directory holding one tree per mounted MCP server.
     #[arg(long, default_value = "/mnt/mcp")]
     mcp_root: PathBuf,
+    /// Serve the one mounted MCP server's tools under their own names (nothing is served
+    /// unless it is the whole grant).
+    #[arg(long)]
+    plain_names: bool,
     /// Serve streamable HTTP on the listening socket that is stdin (made by `warren mcp serve`)
     /// instead of MCP on stdin/stdout.
     #[arg(long)]
@@ -209,6 +213,7 @@ async fn main() -> anyhow::Result<()> {
         roots: Roots {
             tool: args.tool_root,
             mcp: args.mcp_root,
+            plain: args.plain_names,
         },
         grant: Arc::default(),
     };
