@@ -352,8 +352,8 @@ fn a_mounted_mcp_servers_tools_are_served_prefixed_by_the_server_name() {
     )
     .output()
     .unwrap();
-    let steps = steps(out);
-    let tools = steps["tools/list"]["tools"].as_array().unwrap();
+    let served = steps(out);
+    let tools = served["tools/list"]["tools"].as_array().unwrap();
     let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["echo", "everything__echo", "everything__get-sum"]);
     assert!(
@@ -361,12 +361,45 @@ fn a_mounted_mcp_servers_tools_are_served_prefixed_by_the_server_name() {
         "{}",
         tools[1]
     );
-    let echo = &steps["echo"]["result"];
+    let echo = &served["echo"]["result"];
     assert_ne!(echo["isError"], true, "{echo}");
     assert!(text_of(echo).contains("hi via mcpfs"), "{echo}");
     assert_eq!(
         echo["_meta"]["warren/envelope"]["tool"], "mcp:everything:echo",
         "{echo}"
+    );
+
+    // --plain-names: the one server alone keeps its tools' names; beside a built-in, nothing.
+    let listed = |flags: &[&str]| -> Vec<String> {
+        let out = client(
+            &w,
+            "list",
+            flags,
+            &[("WARREN_CONFIG_DIR", config.path().to_str().unwrap())],
+        )
+        .output()
+        .unwrap();
+        steps(out)["tools/list"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        listed(&["--plain-names", "--mcp", "everything:echo,get-sum"]),
+        ["echo", "get-sum"]
+    );
+    assert!(
+        listed(&[
+            "--plain-names",
+            "--mcp",
+            "everything:echo",
+            "--tool",
+            "echo"
+        ])
+        .is_empty(),
+        "plain names with a built-in beside the server"
     );
 }
 

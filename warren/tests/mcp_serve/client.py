@@ -61,6 +61,9 @@ async def main():
                 reply = await call(session, os.environ["TOOL"], json.loads(os.environ["ARGS"]),
                                    progress_callback=on_progress)
                 out("answered", progress=progress, **reply)
+            elif scenario == "list":
+                tools = await session.list_tools()
+                out("tools/list", tools=[dump(t) for t in tools.tools])
             elif scenario == "mcp":
                 tools = await session.list_tools()
                 out("tools/list", tools=[dump(t) for t in tools.tools])
