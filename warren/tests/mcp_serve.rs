@@ -646,3 +646,40 @@ fn client_configurations_parse_and_serve() {
     drop(raw.child.stdin.take());
     assert!(raw.child.wait().unwrap().success());
 }
+
+/// Over HTTP too, a cancelled call is withdrawn at the gate while the session goes on.
+#[test]
+fn a_cancelled_call_over_http_is_withdrawn() {
+    let w = Warren::up();
+    let (work, spec, args) = shell_spec(&w);
+    let (mut serve, url, token) = listen(&w, &["--ns", spec.to_str().unwrap()]);
+    let mut child = client(
+        &w,
+        "cancel",
+        &[],
+        &[
+            ("MCP_URL", &url),
+            ("MCP_TOKEN", &token),
+            ("TOOL", "shell"),
+            ("ARGS", &args),
+            ("GIVE_UP_AFTER", "2"),
+        ],
+    )
+    .stdin(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let (id, _) = next_ask(&w, 0);
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    loop {
+        let line = lines.next().expect("the client ended early").unwrap();
+        if line.contains("still serving") {
+            break;
+        }
+    }
+    wait_until("the ask was withdrawn", || ask_state(&w, id) == "orphaned");
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    serve.kill().unwrap();
+    serve.wait().unwrap();
+    assert!(!work.path().join("log").exists(), "the call ran");
+}

@@ -85,6 +85,14 @@ impl Pending {
     /// otherwise its read is interrupted, again every 50 ms for a second (a signal that lands
     /// just before the read blocks interrupts nothing), until its thread is done.
     pub fn withdraw(&self) {
+        if self
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .finished
+        {
+            return;
+        }
         let state = self.state.clone();
         std::thread::spawn(move || {
             for _ in 0..20 {
@@ -102,5 +110,13 @@ impl Pending {
                 std::thread::sleep(Duration::from_millis(50));
             }
         });
+    }
+}
+
+/// A call whose caller is gone (a cancelled request, a closed HTTP session, a dropped handler)
+/// is withdrawn like a cancelled one.
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.withdraw();
     }
 }

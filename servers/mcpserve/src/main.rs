@@ -152,7 +152,7 @@ impl ServerHandler for Namespace {
             tokio::select! {
                 outcome = &mut pending.result => break outcome,
                 _ = context.ct.cancelled() => {
-                    pending.withdraw();
+                    // Dropping `pending` withdraws the call.
                     return Err(ErrorData::internal_error("the call was cancelled by the client and withdrawn", None));
                 }
                 _ = ticks.tick(), if progress.is_some() => {
