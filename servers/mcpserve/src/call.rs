@@ -40,7 +40,9 @@ pub fn start(dir: PathBuf, args: Vec<u8>) -> Pending {
     let state = Arc::new(Mutex::new(State::default()));
     let (done, result) = oneshot::channel();
     let shared = state.clone();
-    std::thread::spawn(move || {
+    // A pooled thread: no thread is made per call. It is signalled only while it is in this
+    // call's read (`reading`, under the lock), never once the call is `finished`.
+    tokio::task::spawn_blocking(move || {
         let outcome = run(&dir.join("call"), &args, &shared);
         shared.lock().unwrap_or_else(|e| e.into_inner()).finished = true;
         let _ = done.send(outcome);

@@ -136,12 +136,24 @@ impl ServerHandler for Namespace {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let name = request.name.to_string();
-        let this = self.clone();
-        let lookup_name = name.clone();
-        let granted = tokio::task::spawn_blocking(move || this.lookup(&lookup_name))
-            .await
-            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?
-            .ok_or_else(|| does_not_exist(&name))?;
+        let cached = self
+            .grant
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .tools
+            .get(&name)
+            .cloned();
+        let granted = match cached {
+            Some(granted) => granted,
+            None => {
+                let this = self.clone();
+                let lookup_name = name.clone();
+                tokio::task::spawn_blocking(move || this.lookup(&lookup_name))
+                    .await
+                    .map_err(|e| ErrorData::internal_error(e.to_string(), None))?
+                    .ok_or_else(|| does_not_exist(&name))?
+            }
+        };
         let args = serde_json::to_vec(&request.arguments.unwrap_or_default())
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
         let mut pending = call::start(granted.dir, args);
@@ -217,12 +229,20 @@ async fn main() -> anyhow::Result<()> {
         },
         grant: Arc::default(),
     };
-    if args.http {
-        return http::serve(namespace, &args.allow_hosts).await;
-    }
-    let service = namespace.serve(lines::stdio()).await?;
-    let _ = service.waiting().await;
+    let served = if args.http {
+        http::serve(namespace, &args.allow_hosts).await
+    } else {
+        match namespace.serve(lines::stdio()).await {
+            Ok(service) => service.waiting().await.map(drop).map_err(Into::into),
+            Err(e) => Err(e.into()),
+        }
+    };
     // A call still blocked in its read is ended with the process (its read interrupted, the
-    // call withdrawn if it had not started); nothing waits for it.
+    // call withdrawn if it had not started); nothing waits for it, as dropping the runtime
+    // would.
+    if let Err(e) = served {
+        eprintln!("warren-mcp-server: {e:#}");
+        std::process::exit(1);
+    }
     std::process::exit(0);
 }
