@@ -8,9 +8,24 @@ use tokio::sync::mpsc;
 
 const PIPE: usize = 1 << 20;
 
-/// The (reader, writer) pair to hand `rmcp` in place of stdin and stdout.
+/// The (reader, writer) pair to hand `rmcp` in place of stdin and stdout. A pipe is read and
+/// written on the runtime's reactor; anything else (a file, a terminal) through tokio's
+/// blocking stdio, which costs a thread hop per read and write.
 pub fn stdio() -> (DuplexStream, DuplexStream) {
-    filtered(tokio::io::stdin(), tokio::io::stdout())
+    use std::os::fd::AsFd;
+    let pipe = |fd: std::os::fd::BorrowedFd<'_>| fd.try_clone_to_owned().map(std::fs::File::from);
+    let input: Box<dyn AsyncRead + Unpin + Send> = match pipe(std::io::stdin().as_fd())
+        .and_then(tokio::net::unix::pipe::Receiver::from_file)
+    {
+        Ok(pipe) => Box::new(pipe),
+        Err(_) => Box::new(tokio::io::stdin()),
+    };
+    let output: Box<dyn AsyncWrite + Unpin + Send> =
+        match pipe(std::io::stdout().as_fd()).and_then(tokio::net::unix::pipe::Sender::from_file) {
+            Ok(pipe) => Box::new(pipe),
+            Err(_) => Box::new(tokio::io::stdout()),
+        };
+    filtered(input, output)
 }
 
 pub fn filtered<R, W>(input: R, output: W) -> (DuplexStream, DuplexStream)
