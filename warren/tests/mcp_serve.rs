@@ -178,13 +178,26 @@ fn an_exec_call_waits_for_the_operator_and_a_deny_reaches_the_client_as_a_tool_e
     assert!(!work.path().join("log").exists(), "a denied call ran");
 }
 
-/// A raw JSON-RPC line to the server, and the next line it answers.
+/// A raw JSON-RPC line to the server, and the next line it answers (within a minute: a server
+/// that stays silent fails the test instead of hanging it).
 struct Raw {
     child: Child,
-    out: BufReader<std::process::ChildStdout>,
+    out: std::sync::mpsc::Receiver<String>,
 }
 
 impl Raw {
+    fn new(mut child: Child) -> Raw {
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (tx, out) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Raw { child, out }
+    }
     fn send(&mut self, line: &str) {
         let stdin = self.child.stdin.as_mut().unwrap();
         stdin.write_all(line.as_bytes()).unwrap();
@@ -192,11 +205,10 @@ impl Raw {
         stdin.flush().unwrap();
     }
     fn answer(&mut self) -> Value {
-        let mut line = String::new();
-        assert!(
-            self.out.read_line(&mut line).unwrap() > 0,
-            "the server hung up"
-        );
+        let line = self
+            .out
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the server sent no answer within 60 s, or hung up");
         serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
     }
 }
@@ -205,14 +217,13 @@ impl Raw {
 fn bad_input_is_a_clear_json_rpc_error_and_the_server_keeps_serving() {
     let w = Warren::up();
     server_built();
-    let mut child = w
+    let child = w
         .cmd(&["mcp", "serve", "--tool", "echo"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let out = BufReader::new(child.stdout.take().unwrap());
-    let mut raw = Raw { child, out };
+    let mut raw = Raw::new(child);
     // A call before initialize.
     raw.send(
         r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{}}}"#,
@@ -621,14 +632,13 @@ fn client_configurations_parse_and_serve() {
             }
         })
         .collect();
-    let mut child = w
+    let child = w
         .cmd(&args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    let out = BufReader::new(child.stdout.take().unwrap());
-    let mut raw = Raw { child, out };
+    let mut raw = Raw::new(child);
     raw.send(
         r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"docs","version":"0"}}}"#,
     );
