@@ -77,6 +77,10 @@ fn tools_list_is_exactly_the_grant_and_calls_cross_the_call_files() {
     let init = &steps["initialize"]["result"];
     assert_eq!(init["serverInfo"]["name"], "warren-mcp-server", "{init}");
     assert!(init["capabilities"]["tools"].is_object(), "{init}");
+    assert!(
+        init["capabilities"]["tools"].get("listChanged").is_none(),
+        "it sends no list_changed: {init}"
+    );
     for absent in ["resources", "prompts", "logging", "completions"] {
         assert!(
             init["capabilities"].get(absent).is_none(),
