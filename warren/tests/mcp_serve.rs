@@ -697,3 +697,48 @@ fn a_cancelled_call_over_http_is_withdrawn() {
     serve.wait().unwrap();
     assert!(!work.path().join("log").exists(), "the call ran");
 }
+
+/// Another client: the MCP Inspector's CLI (npm) starts `warren mcp serve` and calls `echo`.
+#[test]
+fn the_inspector_cli_calls_a_tool_through_warren_mcp_serve() {
+    let w = Warren::up();
+    server_built();
+    let inspector = repo().join("target/peers/mcp/node_modules/.bin/mcp-inspector");
+    assert!(
+        inspector.exists(),
+        "{}: run scripts/install-test-deps",
+        inspector.display()
+    );
+    let out = Command::new(inspector)
+        .args([
+            "--cli",
+            env!("CARGO_BIN_EXE_warren"),
+            "mcp",
+            "serve",
+            "--tool",
+            "echo",
+        ])
+        .args([
+            "--method",
+            "tools/call",
+            "--tool-name",
+            "echo",
+            "--tool-arg",
+            "text=hi",
+        ])
+        .env("WARREN_RUNTIME_DIR", w.runtime())
+        .env("WARREN_DATA_DIR", w.base.path().join("data"))
+        .env("WARREN_SECRETS_DIR", w.base.path().join("secrets"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(text_of(&result), r#"{"text":"hi"}"#, "{result}");
+    assert_eq!(result["_meta"]["warren/envelope"]["status"], "ok");
+}
