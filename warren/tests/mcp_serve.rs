@@ -421,8 +421,13 @@ fn a_mounted_mcp_servers_tools_are_served_prefixed_by_the_server_name() {
 /// `warren mcp serve --listen 127.0.0.1:0` started in the background: (child, url, token),
 /// from what it says on stderr.
 fn listen(w: &Warren, flags: &[&str]) -> (Child, String, String) {
+    listen_on(w, "127.0.0.1:0", flags)
+}
+
+/// As `listen`, on ADDR (`unix:PATH` gives the url `unix:PATH`).
+fn listen_on(w: &Warren, addr: &str, flags: &[&str]) -> (Child, String, String) {
     server_built();
-    let mut args = vec!["mcp", "serve", "--listen", "127.0.0.1:0"];
+    let mut args = vec!["mcp", "serve", "--listen", addr];
     args.extend_from_slice(flags);
     let mut child = w.cmd(&args).stderr(Stdio::piped()).spawn().unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
@@ -446,7 +451,11 @@ fn listen(w: &Warren, flags: &[&str]) -> (Child, String, String) {
 
 /// One raw HTTP/1.1 POST of an `initialize` request; the status code.
 fn post_status(url: &str, headers: &[&str]) -> u16 {
-    let authority = url.trim_start_matches("http://").split('/').next().unwrap();
+    let unix = url.strip_prefix("unix:");
+    let authority = match unix {
+        Some(_) => "localhost",
+        None => url.trim_start_matches("http://").split('/').next().unwrap(),
+    };
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
     let mut request = format!(
         "POST /mcp HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
@@ -458,10 +467,19 @@ fn post_status(url: &str, headers: &[&str]) -> u16 {
     }
     request.push_str("\r\n");
     request.push_str(body);
-    let mut stream = std::net::TcpStream::connect(authority).unwrap();
-    stream.write_all(request.as_bytes()).unwrap();
     let mut status = String::new();
-    BufReader::new(stream).read_line(&mut status).unwrap();
+    match unix {
+        Some(path) => {
+            let mut stream = std::os::unix::net::UnixStream::connect(path).unwrap();
+            stream.write_all(request.as_bytes()).unwrap();
+            BufReader::new(stream).read_line(&mut status).unwrap();
+        }
+        None => {
+            let mut stream = std::net::TcpStream::connect(authority).unwrap();
+            stream.write_all(request.as_bytes()).unwrap();
+            BufReader::new(stream).read_line(&mut status).unwrap();
+        }
+    }
     status
         .split_whitespace()
         .nth(1)
@@ -741,4 +759,28 @@ fn the_inspector_cli_calls_a_tool_through_warren_mcp_serve() {
     let result: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
     assert_eq!(text_of(&result), r#"{"text":"hi"}"#, "{result}");
     assert_eq!(result["_meta"]["warren/envelope"]["status"], "ok");
+}
+
+/// `--listen unix:PATH`: a socket only its owner may connect to, the same token check behind it.
+#[test]
+fn a_unix_listener_is_the_owners_and_needs_the_token() {
+    use std::os::unix::fs::PermissionsExt;
+    let w = Warren::up();
+    let path = w.base.path().join("mcp.sock");
+    let addr = format!("unix:{}", path.display());
+    let (mut serve, url, token) = listen_on(&w, &addr, &["--tool", "echo"]);
+    assert_eq!(url, addr);
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "{mode:o}");
+    assert_eq!(post_status(&url, &[]), 401, "no token");
+    let bearer = format!("Authorization: Bearer {token}");
+    assert_eq!(post_status(&url, &[&bearer]), 200);
+    // SIGTERM: warren mcp serve exits and its namespace ends.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(serve.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    serve.wait().unwrap();
+    wait_until("the namespace ended", || ns_ids(&w).is_empty());
 }
