@@ -179,9 +179,31 @@ pub fn serve(dirs: &Dirs, args: &ServeArgs) -> Result<ExitCode> {
         Some((l, _)) => [l.as_fd(), stderr.as_fd(), stderr.as_fd()],
         None => [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()],
     };
+    if let Some((Listener::Unix(_, path), _)) = &listener {
+        remove_on_signal(path.clone())?;
+    }
     let launched =
         launch(dirs, &spec, &run.command, &opts, stdio).context("starting the namespace")?;
     // If this process dies, its run socket closes and nsd ends the namespace.
     let status = launched.wait().context("waiting for the namespace")?;
     Ok(ExitCode::from(u8::try_from(status).unwrap_or(255)))
+}
+
+/// A Unix listener's socket file is removed when this process is told to stop (SIGTERM, SIGINT,
+/// SIGHUP), not only on a clean exit: a file left behind would refuse the next `--listen` on
+/// that path. Exiting closes the run socket, so nsd ends the namespace.
+fn remove_on_signal(path: PathBuf) -> Result<()> {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut stopping = SigSet::empty();
+    for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        stopping.add(signal);
+    }
+    stopping.thread_block().context("blocking signals")?;
+    std::thread::spawn(move || {
+        if let Ok(signal) = stopping.wait() {
+            let _ = std::fs::remove_file(&path);
+            std::process::exit(128 + signal as i32);
+        }
+    });
+    Ok(())
 }

@@ -761,7 +761,8 @@ fn the_inspector_cli_calls_a_tool_through_warren_mcp_serve() {
     assert_eq!(result["_meta"]["warren/envelope"]["status"], "ok");
 }
 
-/// `--listen unix:PATH`: a socket only its owner may connect to, the same token check behind it.
+/// `--listen unix:PATH`: a socket only its owner may connect to, the same token check behind it,
+/// removed when `warren mcp serve` is stopped.
 #[test]
 fn a_unix_listener_is_the_owners_and_needs_the_token() {
     use std::os::unix::fs::PermissionsExt;
@@ -775,7 +776,7 @@ fn a_unix_listener_is_the_owners_and_needs_the_token() {
     assert_eq!(post_status(&url, &[]), 401, "no token");
     let bearer = format!("Authorization: Bearer {token}");
     assert_eq!(post_status(&url, &[&bearer]), 200);
-    // SIGTERM: warren mcp serve exits and its namespace ends.
+    // SIGTERM: warren mcp serve exits, its namespace ends, its socket file is gone.
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(serve.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
@@ -783,4 +784,5 @@ fn a_unix_listener_is_the_owners_and_needs_the_token() {
     .unwrap();
     serve.wait().unwrap();
     wait_until("the namespace ended", || ns_ids(&w).is_empty());
+    assert!(!path.exists(), "the socket file was left behind");
 }
