@@ -14,6 +14,7 @@ mod files;
 mod keys;
 mod log;
 mod mcp;
+mod mcp_serve;
 mod namespaces;
 mod ps;
 mod receipts;
@@ -226,6 +227,9 @@ enum McpCommand {
     Check { name: String },
     /// Pin the tool definitions a server lists now (every tool, or those named).
     Accept { name: String, tools: Vec<String> },
+    /// Serve a namespace's grant to an MCP client on stdin/stdout: built by nsd from the
+    /// flags, the server runs inside it; its asks wait for `warren approvals`.
+    Serve(mcp_serve::ServeArgs),
 }
 
 #[derive(Subcommand)]
@@ -284,6 +288,7 @@ fn main() -> ExitCode {
         }) => mcp::add(&name, &definition, replace),
         Command::Mcp(McpCommand::Check { name }) => mcp::check(&dirs, &name),
         Command::Mcp(McpCommand::Accept { name, tools }) => mcp::accept(&dirs, &name, &tools),
+        Command::Mcp(McpCommand::Serve(args)) => mcp_serve::serve(&dirs, &args),
         Command::Log {
             scope,
             follow,

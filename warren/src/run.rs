@@ -32,25 +32,8 @@ pub fn run_spec(
     asks: AsksMode,
     started: impl FnOnce(&warren_ns::launch::client::Launched),
 ) -> Result<ExitCode> {
-    if !nsd_answers(dirs) {
-        match crate::supervise::bring_up(dirs) {
-            Err(e) => {
-                eprintln!("warren: run: no daemons are up, and starting them failed: {e:#}");
-                return Ok(ExitCode::from(125));
-            }
-            // Up, but nsd is not: the supervisor closed its sockets until its next try.
-            Ok(crate::supervise::Up::Already(_)) if !nsd_answers(dirs) => {
-                let why = crate::supervise::daemon_states(dirs)
-                    .unwrap_or_default()
-                    .iter()
-                    .find(|s| s.name == "nsd")
-                    .and_then(crate::supervise::DaemonState::down_because)
-                    .unwrap_or_else(|| "its run socket does not answer".into());
-                eprintln!("warren: run: nsd is down: {why} (see `warren status`)");
-                return Ok(ExitCode::from(125));
-            }
-            Ok(_) => {}
-        }
+    if let Err(status) = ensure_nsd(dirs, "run") {
+        return Ok(status);
     }
     let follow_asks = |launched: &warren_ns::launch::client::Launched| {
         started(launched);
@@ -65,6 +48,32 @@ pub fn run_spec(
         args,
         follow_asks,
     )))
+}
+
+/// Brings the daemons up if nsd does not answer (the `warren up` code and flock). Err: the exit
+/// status, once the reason is said (`who` names the command in it).
+pub fn ensure_nsd(dirs: &Dirs, who: &str) -> Result<(), ExitCode> {
+    if !nsd_answers(dirs) {
+        match crate::supervise::bring_up(dirs) {
+            Err(e) => {
+                eprintln!("warren: {who}: no daemons are up, and starting them failed: {e:#}");
+                return Err(ExitCode::from(125));
+            }
+            // Up, but nsd is not: the supervisor closed its sockets until its next try.
+            Ok(crate::supervise::Up::Already(_)) if !nsd_answers(dirs) => {
+                let why = crate::supervise::daemon_states(dirs)
+                    .unwrap_or_default()
+                    .iter()
+                    .find(|s| s.name == "nsd")
+                    .and_then(crate::supervise::DaemonState::down_because)
+                    .unwrap_or_else(|| "its run socket does not answer".into());
+                eprintln!("warren: {who}: nsd is down: {why} (see `warren status`)");
+                return Err(ExitCode::from(125));
+            }
+            Ok(_) => {}
+        }
+    }
+    Ok(())
 }
 
 /// Whether something listens on nsd's run socket (the supervisor binds it before nsd starts and

@@ -5,36 +5,9 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::*;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
-const SYSTEM: &str =
-    "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
-
-/// `warren mcp …` with this test's config dir.
-fn mcp(w: &Warren, config: &Path, args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
-    let mut all = vec!["mcp"];
-    all.extend_from_slice(args);
-    let mut cmd = w.cmd(&all);
-    cmd.env("WARREN_CONFIG_DIR", config);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn row<'a>(listing: &'a str, tool: &str) -> Vec<&'a str> {
     listing
@@ -178,43 +151,6 @@ fn a_changed_definition_is_held_until_accepted_again() {
     // Its value is in no listing, log or spec the operator sees: only in the secrets dir.
     let log = std::fs::read_to_string(w.runtime().join("warren.log")).unwrap_or_default();
     assert!(!log.contains("id_rsa"), "a secret value reached the log");
-}
-
-/// An operator config dir the daemons can read (mcpfs runs under its own uid), and warren up
-/// with it: nsd and mcpfs read the server definitions there.
-fn up_with_config() -> (Warren, tempfile::TempDir) {
-    let config = tempfile::Builder::new()
-        .prefix("wmcp")
-        .tempdir_in("/tmp")
-        .unwrap();
-    std::fs::set_permissions(
-        config.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    std::fs::create_dir_all(config.path().join("mcp")).unwrap();
-    let w = Warren::up_with(&[("WARREN_CONFIG_DIR", config.path().to_str().unwrap())]);
-    (w, config)
-}
-
-/// `server-everything` defined with `echo` at the read tier.
-fn define_everything(config: &Path) {
-    let peers = repo().join("target/peers/mcp");
-    let js = peers.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    assert!(
-        js.exists(),
-        "{}: run scripts/install-test-deps",
-        js.display()
-    );
-    std::fs::write(
-        config.join("mcp/everything.toml"),
-        format!(
-            "command = [\"/usr/bin/node\", \"{js}\", \"stdio\"]\nspec = \"\"\"\n{SYSTEM}bind -r {p} {p}\nnet none\n\"\"\"\n[tiers]\necho = \"read\"\n",
-            js = js.display(),
-            p = peers.display()
-        ),
-    )
-    .unwrap();
 }
 
 /// mcpfs: `mount mcp:everything PATH TOOLS…` shows exactly the granted tools the operator

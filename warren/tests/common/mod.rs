@@ -270,3 +270,74 @@ pub fn envelopes(stdout: &str) -> Vec<serde_json::Value> {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
 }
+
+/// The workspace's root (where `target/peers` is).
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// The host's system directories, bound read-only, for an MCP server's spec.
+pub const SYSTEM: &str =
+    "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
+
+/// `warren mcp …` with this test's config dir.
+pub fn mcp(
+    w: &Warren,
+    config: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (bool, String, String) {
+    let mut all = vec!["mcp"];
+    all.extend_from_slice(args);
+    let mut cmd = w.cmd(&all);
+    cmd.env("WARREN_CONFIG_DIR", config);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// An operator config dir the daemons can read (mcpfs runs under its own uid), and warren up
+/// with it: nsd and mcpfs read the server definitions there.
+pub fn up_with_config() -> (Warren, tempfile::TempDir) {
+    let config = tempfile::Builder::new()
+        .prefix("wmcp")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(
+        config.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::create_dir_all(config.path().join("mcp")).unwrap();
+    let w = Warren::up_with(&[("WARREN_CONFIG_DIR", config.path().to_str().unwrap())]);
+    (w, config)
+}
+
+/// `server-everything` defined with `echo` at the read tier.
+pub fn define_everything(config: &Path) {
+    let peers = repo().join("target/peers/mcp");
+    let js = peers.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(
+        js.exists(),
+        "{}: run scripts/install-test-deps",
+        js.display()
+    );
+    std::fs::write(
+        config.join("mcp/everything.toml"),
+        format!(
+            "command = [\"/usr/bin/node\", \"{js}\", \"stdio\"]\nspec = \"\"\"\n{SYSTEM}bind -r {p} {p}\nnet none\n\"\"\"\n[tiers]\necho = \"read\"\n",
+            js = js.display(),
+            p = peers.display()
+        ),
+    )
+    .unwrap();
+}

@@ -1,0 +1,788 @@
+//! `warren mcp serve`: a namespace's grant served to an MCP client, by `warren-mcp-server`
+//! running inside the namespace. Driven by a client written with the Python MCP SDK
+//! (`mcp_serve/client.py`) and, for malformed input, by raw JSON-RPC lines.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+
+use std::process::{Child, Command, Stdio};
+
+use common::*;
+use serde_json::{Value, json};
+
+fn python() -> PathBuf {
+    let py = repo().join("target/peers/mcp-python/bin/python");
+    assert!(
+        py.exists(),
+        "{}: run scripts/install-test-deps",
+        py.display()
+    );
+    py
+}
+
+fn server_built() {
+    let server = Path::new(env!("CARGO_BIN_EXE_warren")).with_file_name("warren-mcp-server");
+    assert!(
+        server.exists(),
+        "{}: build it (cargo build -p warren-mcpserve)",
+        server.display()
+    );
+}
+
+/// The SDK client running SCENARIO against `warren mcp serve FLAGS…`, with `env` added.
+fn client(w: &Warren, scenario: &str, flags: &[&str], env: &[(&str, &str)]) -> Command {
+    server_built();
+    let mut cmd = Command::new(python());
+    cmd.arg(repo().join("warren/tests/mcp_serve/client.py"))
+        .arg(scenario)
+        .arg(env!("CARGO_BIN_EXE_warren"))
+        .args(flags)
+        .env("WARREN_RUNTIME_DIR", w.runtime())
+        .env("WARREN_DATA_DIR", w.base.path().join("data"))
+        .env("WARREN_SECRETS_DIR", w.base.path().join("secrets"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+/// The client's steps by name, once it has ended (it must end well).
+fn steps(out: std::process::Output) -> std::collections::BTreeMap<String, Value> {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "client: {stdout}\n{stderr}");
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .map(|v| (v["step"].as_str().unwrap().to_string(), v))
+        .collect()
+}
+
+fn text_of(result: &Value) -> &str {
+    result["content"][0]["text"].as_str().unwrap_or_default()
+}
+
+#[test]
+fn tools_list_is_exactly_the_grant_and_calls_cross_the_call_files() {
+    let w = Warren::up();
+    let out = client(&w, "grant", &["--tool", "echo", "--tool", "fs_read"], &[])
+        .output()
+        .unwrap();
+    let steps = steps(out);
+    let init = &steps["initialize"]["result"];
+    assert_eq!(init["serverInfo"]["name"], "warren-mcp-server", "{init}");
+    assert!(init["capabilities"]["tools"].is_object(), "{init}");
+    assert!(
+        init["capabilities"]["tools"].get("listChanged").is_none(),
+        "it sends no list_changed: {init}"
+    );
+    for absent in ["resources", "prompts", "logging", "completions"] {
+        assert!(
+            init["capabilities"].get(absent).is_none(),
+            "claims {absent}: {init}"
+        );
+    }
+    let tools = steps["tools/list"]["tools"].as_array().unwrap();
+    let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["echo", "fs_read"], "exactly the grant");
+    let fs_read = &tools[1];
+    assert!(
+        fs_read["inputSchema"]["properties"]["path"].is_object(),
+        "the schema file's schema: {fs_read}"
+    );
+    assert!(
+        fs_read["description"]
+            .as_str()
+            .unwrap()
+            .contains("tier: read"),
+        "{fs_read}"
+    );
+
+    let ungranted = &steps["ungranted"];
+    let message = ungranted["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("does not exist"),
+        "an ungranted tool is a protocol error saying it does not exist: {ungranted}"
+    );
+
+    let echo = &steps["echo"]["result"];
+    assert_ne!(echo["isError"], true, "{echo}");
+    assert_eq!(
+        text_of(echo),
+        r#"{"text":"hello from the client"}"#,
+        "{echo}"
+    );
+    let envelope = &echo["_meta"]["warren/envelope"];
+    assert_eq!(envelope["status"], "ok", "{echo}");
+    assert_eq!(envelope["taint"], "untrusted", "{echo}");
+    assert!(envelope["receipt"].is_object(), "receipted: {echo}");
+    assert!(steps.contains_key("ping"));
+}
+
+/// The `shell` tool granted a work dir: its calls are `exec` tier, so each asks the operator.
+fn shell_spec(w: &Warren) -> (tempfile::TempDir, PathBuf, String) {
+    let work = tempfile::Builder::new()
+        .prefix("wserve")
+        .tempdir_in("/tmp")
+        .unwrap();
+    open_to_shell_workers(work.path());
+    let dir = work.path().to_str().unwrap().to_string();
+    let spec = w.base.path().join("shell.ns");
+    std::fs::write(
+        &spec,
+        format!("mount tool /tool shell\ntool shell -w {dir}\n"),
+    )
+    .unwrap();
+    let args = json!({"command": format!("echo ran >> {dir}/log"), "cwd": dir}).to_string();
+    (work, spec, args)
+}
+
+#[test]
+fn an_exec_call_waits_for_the_operator_and_a_deny_reaches_the_client_as_a_tool_error() {
+    let w = Warren::up();
+    let (work, spec, args) = shell_spec(&w);
+    let child = client(
+        &w,
+        "ask",
+        &["--ns", spec.to_str().unwrap()],
+        &[("TOOL", "shell"), ("ARGS", &args)],
+    )
+    .spawn()
+    .unwrap();
+    let (id, request) = next_ask(&w, 0);
+    assert!(request.contains("tool shell"), "{request}");
+    // Still waiting: nothing ran.
+    assert!(!work.path().join("log").exists());
+    w.run_ok(&["write", &format!("/gate/pending/{id}/ctl"), "deny"]);
+    let steps = steps(child.wait_with_output().unwrap());
+    let answered = &steps["answered"];
+    let result = &answered["result"];
+    assert_eq!(
+        result["isError"], true,
+        "a deny is a tool error: {answered}"
+    );
+    assert!(
+        text_of(result).contains("denied"),
+        "the basis in words: {answered}"
+    );
+    assert_eq!(result["_meta"]["warren/envelope"]["status"], "denied");
+    assert!(
+        result["_meta"]["warren/envelope"]["basis"].is_string(),
+        "the gate's basis for programs: {answered}"
+    );
+    assert!(
+        !answered["progress"].as_array().unwrap().is_empty(),
+        "progress while it waited: {answered}"
+    );
+    assert!(!work.path().join("log").exists(), "a denied call ran");
+}
+
+/// A raw JSON-RPC line to the server, and the next line it answers (within a minute: a server
+/// that stays silent fails the test instead of hanging it).
+struct Raw {
+    child: Child,
+    out: std::sync::mpsc::Receiver<String>,
+}
+
+impl Raw {
+    fn new(mut child: Child) -> Raw {
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (tx, out) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Raw { child, out }
+    }
+    fn send(&mut self, line: &str) {
+        let stdin = self.child.stdin.as_mut().unwrap();
+        stdin.write_all(line.as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        stdin.flush().unwrap();
+    }
+    fn answer(&mut self) -> Value {
+        let line = self
+            .out
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the server sent no answer within 60 s, or hung up");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    }
+}
+
+#[test]
+fn bad_input_is_a_clear_json_rpc_error_and_the_server_keeps_serving() {
+    let w = Warren::up();
+    server_built();
+    let child = w
+        .cmd(&["mcp", "serve", "--tool", "echo"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut raw = Raw::new(child);
+    // A call before initialize.
+    raw.send(
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{}}}"#,
+    );
+    let early = raw.answer();
+    assert_eq!(early["id"], 1, "{early}");
+    assert!(early["error"]["code"].is_i64(), "{early}");
+    // Not JSON at all, then JSON that is no JSON-RPC message.
+    raw.send("{this is not json");
+    let parse = raw.answer();
+    assert_eq!(parse["error"]["code"], -32700, "{parse}");
+    assert_eq!(parse["id"], Value::Null, "{parse}");
+    raw.send(r#"{"jsonrpc":"2.0","id":2,"method":42}"#);
+    let invalid = raw.answer();
+    assert_eq!(invalid["error"]["code"], -32600, "{invalid}");
+    raw.send(
+        r#"{"jsonrpc":"2.0","id":3,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#,
+    );
+    let init = raw.answer();
+    assert_eq!(init["id"], 3, "{init}");
+    assert_eq!(init["result"]["protocolVersion"], "2025-06-18", "{init}");
+    raw.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    raw.send(r#"{"jsonrpc":"2.0","id":4,"method":"no/such/method","params":{}}"#);
+    let unknown = raw.answer();
+    assert_eq!(unknown["id"], 4, "{unknown}");
+    assert_eq!(unknown["error"]["code"], -32601, "{unknown}");
+    // Still serving.
+    raw.send(r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{"n":1}}}"#);
+    let echo = raw.answer();
+    assert_eq!(echo["id"], 5, "{echo}");
+    assert_eq!(echo["result"]["content"][0]["text"], r#"{"n":1}"#, "{echo}");
+    raw.send(r#"{"jsonrpc":"2.0","id":6,"method":"ping"}"#);
+    assert_eq!(raw.answer()["result"], json!({}));
+    drop(raw.child.stdin.take());
+    assert!(raw.child.wait().unwrap().success());
+}
+
+/// The pids of `warren mcp serve` processes of this warren.
+fn serve_pids(w: &Warren) -> Vec<i32> {
+    let wanted = format!("WARREN_RUNTIME_DIR={}", w.runtime().display());
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().parse::<i32>().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let serve = args.windows(2).any(|a| a == [&b"mcp"[..], &b"serve"[..]]);
+            let environ = std::fs::read(e.path().join("environ")).unwrap_or_default();
+            let ours = environ.split(|b| *b == 0).any(|v| v == wanted.as_bytes());
+            (serve && ours).then_some(pid)
+        })
+        .collect()
+}
+
+fn ask_state(w: &Warren, id: i64) -> String {
+    let out = w.run(&["cat", &format!("/gate/pending/{id}/request")]);
+    field(&String::from_utf8_lossy(&out.stdout), "state").to_string()
+}
+
+#[test]
+fn a_client_that_hangs_up_mid_call_leaves_nothing_behind() {
+    let w = Warren::up();
+    let (work, spec, args) = shell_spec(&w);
+    let mut child = client(
+        &w,
+        "hang-up",
+        &["--ns", spec.to_str().unwrap()],
+        &[("TOOL", "shell"), ("ARGS", &args)],
+    )
+    .spawn()
+    .unwrap();
+    let (id, _) = next_ask(&w, 0);
+    assert_eq!(ns_ids(&w).len(), 1);
+    assert_eq!(serve_pids(&w).len(), 1);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    wait_until("the namespace ended", || ns_ids(&w).is_empty());
+    wait_until("warren mcp serve exited", || serve_pids(&w).is_empty());
+    wait_until("the ask was withdrawn", || ask_state(&w, id) == "orphaned");
+    assert!(!work.path().join("log").exists(), "the call ran");
+}
+
+#[test]
+fn a_cancelled_call_is_withdrawn_and_the_server_keeps_serving() {
+    let w = Warren::up();
+    let (work, spec, args) = shell_spec(&w);
+    let mut child = client(
+        &w,
+        "cancel",
+        &["--ns", spec.to_str().unwrap()],
+        &[("TOOL", "shell"), ("ARGS", &args), ("GIVE_UP_AFTER", "2")],
+    )
+    .stdin(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let (id, _) = next_ask(&w, 0);
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    loop {
+        let line = lines.next().expect("the client ended early").unwrap();
+        if line.contains("still serving") {
+            break;
+        }
+    }
+    // The client is still connected: the withdrawal came from the cancellation.
+    wait_until("the ask was withdrawn", || ask_state(&w, id) == "orphaned");
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    assert!(!work.path().join("log").exists(), "the call ran");
+}
+
+/// An operator's MCP server mounted with `--mcp`: its accepted, granted tools are served as
+/// `everything__TOOL` (description from `doc`, schema from `schema`), the held one is not, and
+/// a call reaches the server through mcpfs and the gate.
+#[test]
+fn a_mounted_mcp_servers_tools_are_served_prefixed_by_the_server_name() {
+    let (w, config) = up_with_config();
+    define_everything(config.path());
+    let (ok, _, err) = mcp(
+        &w,
+        config.path(),
+        &["accept", "everything", "echo", "get-sum"],
+        &[],
+    );
+    assert!(ok, "{err}");
+    let _approver = approve_every_ask(&w);
+    let out = client(
+        &w,
+        "mcp",
+        &[
+            "--mcp",
+            "everything:echo,get-sum,get-tiny-image",
+            "--tool",
+            "echo",
+        ],
+        &[("WARREN_CONFIG_DIR", config.path().to_str().unwrap())],
+    )
+    .output()
+    .unwrap();
+    let served = steps(out);
+    let tools = served["tools/list"]["tools"].as_array().unwrap();
+    let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["echo", "everything__echo", "everything__get-sum"]);
+    assert!(
+        tools[1]["inputSchema"]["properties"]["message"].is_object(),
+        "{}",
+        tools[1]
+    );
+    let echo = &served["echo"]["result"];
+    assert_ne!(echo["isError"], true, "{echo}");
+    assert!(text_of(echo).contains("hi via mcpfs"), "{echo}");
+    assert_eq!(
+        echo["_meta"]["warren/envelope"]["tool"], "mcp:everything:echo",
+        "{echo}"
+    );
+
+    // --plain-names: the one server alone keeps its tools' names; beside a built-in, nothing.
+    let listed = |flags: &[&str]| -> Vec<String> {
+        let out = client(
+            &w,
+            "list",
+            flags,
+            &[("WARREN_CONFIG_DIR", config.path().to_str().unwrap())],
+        )
+        .output()
+        .unwrap();
+        steps(out)["tools/list"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(
+        listed(&["--plain-names", "--mcp", "everything:echo,get-sum"]),
+        ["echo", "get-sum"]
+    );
+    assert!(
+        listed(&[
+            "--plain-names",
+            "--mcp",
+            "everything:echo",
+            "--tool",
+            "echo"
+        ])
+        .is_empty(),
+        "plain names with a built-in beside the server"
+    );
+}
+
+/// `warren mcp serve --listen 127.0.0.1:0` started in the background: (child, url, token),
+/// from what it says on stderr.
+fn listen(w: &Warren, flags: &[&str]) -> (Child, String, String) {
+    listen_on(w, "127.0.0.1:0", flags)
+}
+
+/// As `listen`, on ADDR (`unix:PATH` gives the url `unix:PATH`).
+fn listen_on(w: &Warren, addr: &str, flags: &[&str]) -> (Child, String, String) {
+    server_built();
+    let mut args = vec!["mcp", "serve", "--listen", addr];
+    args.extend_from_slice(flags);
+    let mut child = w.cmd(&args).stderr(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let (mut url, mut token) = (None, None);
+    while url.is_none() || token.is_none() {
+        let line = lines
+            .next()
+            .expect("serve ended before it listened")
+            .unwrap();
+        if let Some(rest) = line.split_once("listening on ").map(|(_, r)| r) {
+            url = Some(rest.split_whitespace().next().unwrap().to_string());
+        }
+        if let Some((_, t)) = line.split_once("bearer token for this listener: ") {
+            token = Some(t.trim().to_string());
+        }
+    }
+    // Keep draining stderr so the server never blocks on it.
+    std::thread::spawn(move || lines.for_each(drop));
+    (child, url.unwrap(), token.unwrap())
+}
+
+/// One raw HTTP/1.1 POST of an `initialize` request; the status code.
+fn post_status(url: &str, headers: &[&str]) -> u16 {
+    let unix = url.strip_prefix("unix:");
+    let authority = match unix {
+        Some(_) => "localhost",
+        None => url.trim_start_matches("http://").split('/').next().unwrap(),
+    };
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
+    let mut request = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for h in headers {
+        request.push_str(h);
+        request.push_str("\r\n");
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    let mut status = String::new();
+    match unix {
+        Some(path) => {
+            let mut stream = std::os::unix::net::UnixStream::connect(path).unwrap();
+            stream.write_all(request.as_bytes()).unwrap();
+            BufReader::new(stream).read_line(&mut status).unwrap();
+        }
+        None => {
+            let mut stream = std::net::TcpStream::connect(authority).unwrap();
+            stream.write_all(request.as_bytes()).unwrap();
+            BufReader::new(stream).read_line(&mut status).unwrap();
+        }
+    }
+    status
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status: {status:?}"))
+}
+
+/// Streamable HTTP: the SDK client with the printed bearer token gets the grant; a request with
+/// no token or a wrong one is 401, one from a foreign browser origin 403; a non-loopback
+/// address is refused unless named by --allow-remote.
+#[test]
+fn streamable_http_needs_the_listeners_token_and_a_local_origin() {
+    let w = Warren::up();
+    let (mut serve, url, token) = listen(&w, &["--tool", "echo"]);
+    let out = client(
+        &w,
+        "grant",
+        &[],
+        &[("MCP_URL", &url), ("MCP_TOKEN", &token)],
+    )
+    .output()
+    .unwrap();
+    let steps = steps(out);
+    let names: Vec<&str> = steps["tools/list"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["echo"]);
+    assert_eq!(
+        text_of(&steps["echo"]["result"]),
+        r#"{"text":"hello from the client"}"#
+    );
+
+    let bearer = format!("Authorization: Bearer {token}");
+    assert_eq!(post_status(&url, &[]), 401, "no token");
+    assert_eq!(
+        post_status(&url, &["Authorization: Bearer 00"]),
+        401,
+        "a wrong token"
+    );
+    assert_eq!(
+        post_status(&url, &[&bearer, "Origin: https://evil.example"]),
+        403,
+        "a foreign origin"
+    );
+    assert_eq!(
+        post_status(&url, &[&bearer, "Origin: http://localhost:3000"]),
+        200,
+        "a local origin"
+    );
+    serve.kill().unwrap();
+    serve.wait().unwrap();
+    wait_until("the namespace ended", || ns_ids(&w).is_empty());
+
+    let refused = w
+        .cmd(&["mcp", "serve", "--listen", "0.0.0.0:0", "--tool", "echo"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("not a loopback address"), "{said}");
+}
+
+/// The fenced block after `<!-- client-config: NAME -->` in docs/mcp.md.
+fn snippet(doc: &str, name: &str) -> String {
+    let marker = format!("<!-- client-config: {name} -->");
+    let after = doc
+        .split_once(&marker)
+        .unwrap_or_else(|| panic!("docs/mcp.md has no {marker}"))
+        .1;
+    let fence = &after[after.find("```").unwrap()..];
+    let body = &fence[fence.find('\n').unwrap() + 1..];
+    body[..body.find("```").unwrap()].to_string()
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not an array: {v}"))
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The client configurations in docs/mcp.md, each read as its client documents it: `claude mcp
+/// add NAME -- COMMAND ARGS…`, Claude Code's `.mcp.json` (`mcpServers.NAME` with `type` stdio,
+/// `command`, `args`, `env`), Codex's `config.toml` (`[mcp_servers.NAME]` with `command`,
+/// `args` and timeouts in seconds), and the common `mcpServers` JSON. All name the same command,
+/// and that command serves the spec's grant.
+#[test]
+fn client_configurations_parse_and_serve() {
+    let doc = std::fs::read_to_string(repo().join("docs/mcp.md")).unwrap();
+
+    let cli = snippet(&doc, "claude-cli");
+    let words: Vec<String> = cli.split_whitespace().map(String::from).collect();
+    assert_eq!(words[..3], ["claude", "mcp", "add"], "{cli}");
+    let dashes = words
+        .iter()
+        .position(|w| w == "--")
+        .expect("claude mcp add NAME -- …");
+    let from_cli = (words[dashes - 1].clone(), words[dashes + 1..].to_vec());
+
+    let claude: Value = serde_json::from_str(&snippet(&doc, "claude-json")).unwrap();
+    let (name, server) = claude["mcpServers"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .next()
+        .unwrap();
+    assert_eq!(server["type"], "stdio");
+    assert!(server["env"].is_object());
+    let mut command = vec![server["command"].as_str().unwrap().to_string()];
+    command.extend(strings(&server["args"]));
+    let from_claude_json = (name.clone(), command);
+
+    let codex: toml::Table = toml::from_str(&snippet(&doc, "codex-toml")).unwrap();
+    let servers = codex["mcp_servers"].as_table().unwrap();
+    let (name, server) = servers.iter().next().unwrap();
+    for timeout in ["startup_timeout_sec", "tool_timeout_sec"] {
+        assert!(server[timeout].is_integer(), "{timeout}: {server}");
+    }
+    let mut command = vec![server["command"].as_str().unwrap().to_string()];
+    command.extend(
+        server["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string()),
+    );
+    let from_codex = (name.clone(), command);
+
+    let generic: Value = serde_json::from_str(&snippet(&doc, "mcp-servers-json")).unwrap();
+    let (name, server) = generic["mcpServers"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .next()
+        .unwrap();
+    let mut command = vec![server["command"].as_str().unwrap().to_string()];
+    command.extend(strings(&server["args"]));
+    let from_generic = (name.clone(), command);
+
+    assert_eq!(from_cli, from_claude_json);
+    assert_eq!(from_cli, from_codex);
+    assert_eq!(from_cli, from_generic);
+    let (name, command) = from_cli;
+    assert_eq!(name, "warren");
+    assert_eq!(command[..3], ["warren", "mcp", "serve"]);
+
+    // The command, with this test's spec for /etc/warren/agent.ns, serves that grant.
+    let w = Warren::up();
+    server_built();
+    let project = tempfile::Builder::new()
+        .prefix("wproject")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let dir = project.path().display();
+    let spec = w.base.path().join("agent.ns");
+    std::fs::write(
+        &spec,
+        format!("mount tool /tool fs_read fs_list\ntool fs_read -r {dir}\ntool fs_list -r {dir}\n"),
+    )
+    .unwrap();
+    let args: Vec<&str> = command[1..]
+        .iter()
+        .map(|a| {
+            if a == "/etc/warren/agent.ns" {
+                spec.to_str().unwrap()
+            } else {
+                a.as_str()
+            }
+        })
+        .collect();
+    let child = w
+        .cmd(&args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut raw = Raw::new(child);
+    raw.send(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"docs","version":"0"}}}"#,
+    );
+    assert_eq!(raw.answer()["id"], 1);
+    raw.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    raw.send(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#);
+    let listed = raw.answer();
+    let names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["fs_list", "fs_read"], "{listed}");
+    drop(raw.child.stdin.take());
+    assert!(raw.child.wait().unwrap().success());
+}
+
+/// Over HTTP too, a cancelled call is withdrawn at the gate while the session goes on.
+#[test]
+fn a_cancelled_call_over_http_is_withdrawn() {
+    let w = Warren::up();
+    let (work, spec, args) = shell_spec(&w);
+    let (mut serve, url, token) = listen(&w, &["--ns", spec.to_str().unwrap()]);
+    let mut child = client(
+        &w,
+        "cancel",
+        &[],
+        &[
+            ("MCP_URL", &url),
+            ("MCP_TOKEN", &token),
+            ("TOOL", "shell"),
+            ("ARGS", &args),
+            ("GIVE_UP_AFTER", "2"),
+        ],
+    )
+    .stdin(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let (id, _) = next_ask(&w, 0);
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    loop {
+        let line = lines.next().expect("the client ended early").unwrap();
+        if line.contains("still serving") {
+            break;
+        }
+    }
+    wait_until("the ask was withdrawn", || ask_state(&w, id) == "orphaned");
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    serve.kill().unwrap();
+    serve.wait().unwrap();
+    assert!(!work.path().join("log").exists(), "the call ran");
+}
+
+/// Another client: the MCP Inspector's CLI (npm) starts `warren mcp serve` and calls `echo`.
+#[test]
+fn the_inspector_cli_calls_a_tool_through_warren_mcp_serve() {
+    let w = Warren::up();
+    server_built();
+    let inspector = repo().join("target/peers/mcp/node_modules/.bin/mcp-inspector");
+    assert!(
+        inspector.exists(),
+        "{}: run scripts/install-test-deps",
+        inspector.display()
+    );
+    let out = Command::new(inspector)
+        .args([
+            "--cli",
+            env!("CARGO_BIN_EXE_warren"),
+            "mcp",
+            "serve",
+            "--tool",
+            "echo",
+        ])
+        .args([
+            "--method",
+            "tools/call",
+            "--tool-name",
+            "echo",
+            "--tool-arg",
+            "text=hi",
+        ])
+        .env("WARREN_RUNTIME_DIR", w.runtime())
+        .env("WARREN_DATA_DIR", w.base.path().join("data"))
+        .env("WARREN_SECRETS_DIR", w.base.path().join("secrets"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(text_of(&result), r#"{"text":"hi"}"#, "{result}");
+    assert_eq!(result["_meta"]["warren/envelope"]["status"], "ok");
+}
+
+/// `--listen unix:PATH`: a socket only its owner may connect to, the same token check behind it,
+/// removed when `warren mcp serve` is stopped.
+#[test]
+fn a_unix_listener_is_the_owners_and_needs_the_token() {
+    use std::os::unix::fs::PermissionsExt;
+    let w = Warren::up();
+    let path = w.base.path().join("mcp.sock");
+    let addr = format!("unix:{}", path.display());
+    let (mut serve, url, token) = listen_on(&w, &addr, &["--tool", "echo"]);
+    assert_eq!(url, addr);
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "{mode:o}");
+    assert_eq!(post_status(&url, &[]), 401, "no token");
+    let bearer = format!("Authorization: Bearer {token}");
+    assert_eq!(post_status(&url, &[&bearer]), 200);
+    // SIGTERM: warren mcp serve exits, its namespace ends, its socket file is gone.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(serve.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    serve.wait().unwrap();
+    wait_until("the namespace ended", || ns_ids(&w).is_empty());
+    assert!(!path.exists(), "the socket file was left behind");
+}
