@@ -71,7 +71,7 @@ impl GateClient {
         canonical_args: &[u8],
         context: &[ContextState],
     ) -> Answer {
-        self.decide_in(session, tool, canonical_args, context, None)
+        self.decide_in(session, tool, canonical_args, context, None, None)
             .await
     }
 
@@ -83,9 +83,16 @@ impl GateClient {
         canonical_args: &[u8],
         context: &[ContextState],
         lineage: Option<&serde_json::value::RawValue>,
+        tier: Option<crate::policy::tier::Tier>,
     ) -> Answer {
-        let body = match crate::request::encode_in(session, tool, canonical_args, context, lineage)
-        {
+        let body = match crate::request::encode_in(
+            session,
+            tool,
+            canonical_args,
+            context,
+            lineage,
+            tier,
+        ) {
             Ok(b) => b,
             Err(e) => return unavailable(e),
         };

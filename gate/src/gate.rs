@@ -15,7 +15,7 @@ use tokio::sync::{Notify, watch};
 use warren_9p::Errno;
 
 use crate::events::Events;
-use crate::policy::tier::classify;
+use crate::policy::tier::{ToolClass, classify};
 use crate::policy::{Basis, Evaluation, Verdict, evaluate, risk};
 use crate::receipts::{Ack, DecisionRecord, ReceiptSink};
 use crate::request::DecideRequest;
@@ -161,7 +161,12 @@ impl Gate {
     /// Decides one call. Never fails: anything that goes wrong is a deny, with its basis.
     pub async fn decide(&self, req: &DecideRequest, conn: ConnId) -> Answer {
         let started = Instant::now();
-        let class = classify(&req.tool);
+        // An MCP tool's tier is its operator's definition's (mcpfs names it); every other name's
+        // is the code's table.
+        let class = match req.tier {
+            Some(tier) if req.tool.starts_with("mcp:") => ToolClass::Core(tier),
+            _ => classify(&req.tool),
+        };
         let risk = risk::raise_for(&req.tool, &req.args, &req.canonical_args);
         let now = now_ms();
         let context: Vec<&str> = req.context.iter().map(|c| c.as_str()).collect();

@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 use crate::lineage::Lineage;
 use crate::policy::ContextState;
-use crate::policy::tier::check_name;
+use crate::policy::tier::{Tier, check_name};
 
 /// The canonicalisation version bound into every fingerprint.
 pub const CANON_VERSION: u32 = 1;
@@ -34,6 +34,9 @@ struct Wire<'a> {
     /// The calling namespace's lineage, as nsd gave it to toolfs with the connection.
     #[serde(default)]
     lineage: Option<Lineage>,
+    /// An `mcp:` tool's tier as its operator-written definition gives it (mcpfs's only).
+    #[serde(default)]
+    tier: Option<Tier>,
 }
 
 /// A well-formed decide request.
@@ -50,6 +53,10 @@ pub struct DecideRequest {
     /// Who is calling: the namespace, its command and its ancestors (nsd's record, relayed by
     /// toolfs). `None` from a connection with no namespace behind it (the operator's).
     pub lineage: Option<Lineage>,
+    /// An `mcp:<server>:<tool>` tool's tier from the operator's definition of the server
+    /// (raised by the server's own annotations, never lowered), as mcpfs names it: the gate
+    /// takes it from mcpfs's connection only (`crate::tree`).
+    pub tier: Option<Tier>,
 }
 
 /// A session id: nsd's 128-bit id as 32 lowercase hex digits.
@@ -87,6 +94,12 @@ pub fn parse(bytes: &[u8]) -> Result<DecideRequest, String> {
         let namespace = l.0.first().map_or("", |m| m.namespace.as_str());
         l.check(&wire.session, namespace)?;
     }
+    if wire.tier.is_some() && !wire.tool.starts_with("mcp:") {
+        return Err(format!(
+            "tool {}: a tier is named only for an MCP server's tool (mcp:<server>:<tool>)",
+            wire.tool
+        ));
+    }
     let fingerprint = fingerprint(&wire.tool, &args, &wire.session);
     Ok(DecideRequest {
         session: wire.session,
@@ -96,6 +109,7 @@ pub fn parse(bytes: &[u8]) -> Result<DecideRequest, String> {
         context,
         fingerprint,
         lineage: wire.lineage,
+        tier: wire.tier,
     })
 }
 
@@ -150,7 +164,7 @@ pub fn encode(
     canonical_args: &[u8],
     context: &[ContextState],
 ) -> Result<Vec<u8>, String> {
-    encode_in(session, tool, canonical_args, context, None)
+    encode_in(session, tool, canonical_args, context, None, None)
 }
 
 /// [`encode`] with the caller's lineage, serialised once per connection (see [`Lineage`]).
@@ -160,6 +174,7 @@ pub fn encode_in(
     canonical_args: &[u8],
     context: &[ContextState],
     lineage: Option<&RawValue>,
+    tier: Option<Tier>,
 ) -> Result<Vec<u8>, String> {
     #[derive(serde::Serialize)]
     struct Out<'a> {
@@ -169,6 +184,8 @@ pub fn encode_in(
         context: &'a [ContextState],
         #[serde(skip_serializing_if = "Option::is_none")]
         lineage: Option<&'a RawValue>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        tier: Option<Tier>,
     }
     let args = std::str::from_utf8(canonical_args).map_err(|_| "args: not UTF-8".to_string())?;
     let raw = RawValue::from_string(args.to_owned()).map_err(|e| format!("args: {e}"))?;
@@ -178,6 +195,7 @@ pub fn encode_in(
         args: &raw,
         context,
         lineage,
+        tier,
     })
     .map_err(|e| e.to_string())
 }
@@ -185,6 +203,22 @@ pub fn encode_in(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tier is named only for an MCP server's tool, and round-trips.
+    #[test]
+    fn a_tier_is_named_only_for_an_mcp_tool() {
+        let s = "a".repeat(32);
+        let body = encode_in(&s, "mcp:e:echo", b"{}", &[], None, Some(Tier::Read)).unwrap();
+        assert_eq!(parse(&body).unwrap().tier, Some(Tier::Read));
+        let body = encode_in(&s, "fs_read", b"{}", &[], None, Some(Tier::Read)).unwrap();
+        assert!(
+            parse(&body)
+                .unwrap_err()
+                .contains("only for an MCP server's tool")
+        );
+        let body = encode_in(&s, "mcp:e:echo", b"{}", &[], None, None).unwrap();
+        assert_eq!(parse(&body).unwrap().tier, None);
+    }
 
     const S: &str = "0123456789abcdef0123456789abcdef";
 

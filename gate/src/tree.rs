@@ -481,7 +481,15 @@ impl FileTree for GateTree {
     async fn write(&self, fid: &mut GateFid, _offset: u64, data: &[u8]) -> Result<u32> {
         // Every write to an rpc file is one whole request, whatever its offset.
         let result: std::result::Result<Vec<u8>, (Errno, String)> = match fid.node.clone() {
-            Node::Decide => match request::parse(data) {
+            Node::Decide => match request::parse(data).and_then(|req| {
+                // A tier comes from the operator's definition through mcpfs, never from anyone
+                // else who may decide.
+                let mcpfs = matches!(&self.scope, Scope::Daemon { name } if name == "mcpfs");
+                if req.tier.is_some() && !mcpfs {
+                    return Err("only mcpfs names a tool's tier".to_string());
+                }
+                Ok(req)
+            }) {
                 // Spawned: a flushed write must not leave a decision half made (an ask with no
                 // receipt); the decision completes and is receipted whether or not anyone reads it.
                 Ok(req) => {

@@ -121,6 +121,42 @@ async fn malformed_requests_are_refused_with_a_message() {
     }
 }
 
+/// A tool's tier comes with a call only from mcpfs (the operator's definition of an MCP server):
+/// the operator's connection and toolfs naming one are refused, and so is a tier for a core name.
+#[tokio::test]
+async fn only_mcpfs_names_a_tier_and_only_for_an_mcp_tool() {
+    let env = Env::up(&[]);
+    let read_tier = r#"{"session":"11111111111111111111111111111111","tool":"mcp:e:echo","args":{},"tier":"read"}"#;
+    let op = env.operator().await;
+    let (errno, msg) = write(&op, "decide", read_tier).await.unwrap_err();
+    assert_eq!(errno, Errno::EINVAL);
+    assert!(msg.contains("only mcpfs"), "{msg}");
+    let daemon = |name: &str| ControlRecord {
+        version: 1,
+        kind: RecordKind::Daemon,
+        name: Some(name.into()),
+        ..Default::default()
+    };
+    let toolfs = env.handed(&daemon("toolfs")).await.unwrap();
+    let (errno, _) = write(&toolfs, "decide", read_tier).await.unwrap_err();
+    assert_eq!(errno, Errno::EINVAL);
+    let mcpfs = env.handed(&daemon("mcpfs")).await.unwrap();
+    let f = decide_fid(&mcpfs).await;
+    f.write(0, read_tier.as_bytes()).await.unwrap();
+    let answer: Answer = serde_json::from_slice(&f.read_to_end(0).await.unwrap()).unwrap();
+    assert_eq!(
+        answer.decision,
+        Verdict::Allow,
+        "a read-tier MCP tool: {answer:?}"
+    );
+    assert_eq!(answer.tier, "read");
+    let core =
+        r#"{"session":"11111111111111111111111111111111","tool":"shell","args":{},"tier":"read"}"#;
+    let (errno, msg) = write(&mcpfs, "decide", core).await.unwrap_err();
+    assert_eq!(errno, Errno::EINVAL);
+    assert!(msg.contains("only for an MCP server's tool"), "{msg}");
+}
+
 #[tokio::test]
 async fn deny_wins_over_allow_and_deleting_it_restores_the_allow() {
     let env = Env::up(&[]);

@@ -281,12 +281,13 @@ impl CallOpen {
         let gate = &dispatcher.services().gate;
         let started = Instant::now();
         let mut answer = gate
-            .decide(
+            .decide_at(
                 dispatcher.session(),
                 name,
                 &prepared.canonical,
                 &dispatcher.context_states(),
                 dispatcher.grant().lineage.as_deref(),
+                self.tool.def.gate_tier,
             )
             .await;
         if answer.decision == Verdict::Ask {

@@ -45,6 +45,9 @@ pub struct ToolDef {
     /// The name the gate decides and receipts name it by: `name` for warren's own tools,
     /// `mcp:<server>:<tool>` for an MCP server's (never a core tool's name).
     pub gate_name: String,
+    /// The tier the gate is told with each call: none for warren's own tools (the gate's table
+    /// has theirs), an MCP tool's from its operator's definition.
+    pub gate_tier: Option<warren_gate::policy::tier::Tier>,
     pub tier: String,
     pub description: String,
     pub doc: String,
@@ -75,6 +78,7 @@ impl ToolDef {
         check_file_name(&name)?;
         Ok(ToolDef {
             gate_name: name.clone(),
+            gate_tier: None,
             name,
             tier,
             description,
@@ -105,6 +109,12 @@ impl ToolDef {
     /// Names the tool to the gate and the receipts as `gate_name` (see the field).
     pub fn gated_as(mut self, gate_name: String) -> ToolDef {
         self.gate_name = gate_name;
+        self
+    }
+
+    /// Tells the gate `tier` with each call (see the field).
+    pub fn at_tier(mut self, tier: warren_gate::policy::tier::Tier) -> ToolDef {
+        self.gate_tier = Some(tier);
         self
     }
 }

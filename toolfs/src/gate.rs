@@ -94,6 +94,21 @@ impl GateLink {
         context: &[ContextState],
         lineage: Option<&serde_json::value::RawValue>,
     ) -> Answer {
+        self.decide_at(session, tool, canonical_args, context, lineage, None)
+            .await
+    }
+
+    /// [`GateLink::decide`] naming the tool's tier (an MCP server's tool: the tier its
+    /// operator-written definition gives it; only mcpfs's connection may name one).
+    pub async fn decide_at(
+        &self,
+        session: &str,
+        tool: &str,
+        canonical_args: &[u8],
+        context: &[ContextState],
+        lineage: Option<&serde_json::value::RawValue>,
+        tier: Option<warren_gate::policy::tier::Tier>,
+    ) -> Answer {
         let Some(c) = &self.client else {
             return no_gate();
         };
@@ -101,7 +116,7 @@ impl GateLink {
         // with its pending id; only `wait` blocks for a person.)
         tokio::time::timeout(
             DECIDE_TIMEOUT,
-            c.decide_in(session, tool, canonical_args, context, lineage),
+            c.decide_in(session, tool, canonical_args, context, lineage, tier),
         )
         .await
         .unwrap_or_else(|_| {

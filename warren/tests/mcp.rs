@@ -174,10 +174,12 @@ fn a_mounted_mcp_server_serves_exactly_its_accepted_grant_through_the_gate() {
         "mount mcp:everything /mnt/mcp/everything echo get-sum get-tiny-image\n",
     )
     .unwrap();
-    let _approver = approve_every_ask(&w);
+    // No one answers asks here: `echo` is read tier in its definition, so the gate allows it by
+    // default, and again after the first result made the session's context untrusted.
     let (code, out, err) = w.sh(
         &["--asks", "operator", "--ns", spec.to_str().unwrap()],
-        r#"cat /mnt/mcp/everything/tools; echo ---
+        r#"exec 4<>/mnt/mcp/everything/echo/call; printf '{"message":"first"}' >&4; cat <&4 >/dev/null
+           cat /mnt/mcp/everything/tools; echo ---
            test -e /mnt/mcp/everything/get-tiny-image || echo HELD-ABSENT
            test -e /mnt/mcp/everything/get-env || echo UNGRANTED-ABSENT
            cat /mnt/mcp/everything/echo/schema | grep -q message && echo SCHEMA-OK
@@ -206,7 +208,6 @@ fn a_mounted_mcp_server_serves_exactly_its_accepted_grant_through_the_gate() {
     );
     assert!(env["receipt"].is_object(), "the call is receipted: {reply}");
     // The server's namespace is mcpfs's, not a stranded namespace: `warren down` goes ahead.
-    drop(_approver);
     let down = w.run(&["down"]);
     assert!(
         down.status.success(),
@@ -287,13 +288,8 @@ fn mcp_calls_are_decided_before_the_server_sees_them_and_a_failed_server_comes_b
     );
     let (id, request) = next_ask(&w, 0);
     assert!(request.contains("mcp:notes:search"), "{request}");
-    // The gate decides MCP tools at its dynamic class (asks unless a rule allows).
-    assert!(
-        request
-            .lines()
-            .any(|l| l.contains("tier") && l.contains("dynamic")),
-        "{request}"
-    );
+    // The gate decides at the tier the operator's definition gives (an unlisted tool: exec).
+    assert!(request.lines().any(|l| l == "tier exec"), "{request}");
     let answered = w.run(&["write", &format!("/gate/pending/{id}/ctl"), "deny"]);
     assert!(answered.status.success());
     let out = child.wait_with_output().unwrap();

@@ -3,7 +3,9 @@
 //! The table is code: no caller, rule or registration can change which tier a name has. Tools
 //! registered at runtime (an MCP server's, a skill's) are namespaced before they get here
 //! (`mcp:<server>:<tool>`, `skill:<name>`), so a hostile server naming its tool `fs_read` is
-//! `mcp:evil:fs_read` — dynamic, never the read tier.
+//! `mcp:evil:fs_read` — dynamic, never the read tier. One exception, for `mcp:` names only: the
+//! tier its operator's definition gives the tool, which mcpfs names with each call and the gate
+//! takes from mcpfs's connection alone (`crate::tree`); without it the tool is dynamic.
 
 use std::fmt;
 use std::str::FromStr;

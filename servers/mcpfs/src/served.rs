@@ -246,7 +246,8 @@ fn tool_def(
         def.input_schema.clone(),
         runner,
     )?
-    .gated_as(def.gate_name(&served.name)))
+    .gated_as(def.gate_name(&served.name))
+    .at_tier(tier.as_str().parse()?))
 }
 
 /// One server: its live session (started on first use) and its restarts.
