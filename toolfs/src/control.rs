@@ -133,6 +133,19 @@ impl Server {
         counter
     }
 
+    /// Writes the receipts still queued before the daemon goes (for a bounded time), and says at
+    /// error level how many could not be.
+    pub async fn drain_receipts(&self) {
+        let unwritten = self
+            .services
+            .receipts
+            .drain(std::time::Duration::from_secs(5))
+            .await;
+        if unwritten > 0 {
+            tracing::error!(unwritten, "stopping with receipts not written");
+        }
+    }
+
     /// Serves the operator socket forever.
     pub async fn serve_operator(self: Arc<Self>, listener: UnixListener) {
         let server = self.clone();

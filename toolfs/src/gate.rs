@@ -62,6 +62,18 @@ impl GateLink {
 
     /// Speaks 9P on the handed-over socket and attaches to the gate. A failure is logged and
     /// leaves toolfs without a gate (every call denied).
+    /// The link over the supervisor's handed-over connection ([`take_inherited_fd`]), or, with
+    /// none, no gate (every call denied) and a warning saying so.
+    pub async fn inherited(fd: Option<OwnedFd>) -> GateLink {
+        match fd {
+            Some(fd) => GateLink::attach(fd).await,
+            None => {
+                tracing::warn!("{GATE_FD_ENV} is not set: {NO_GATE}");
+                GateLink::none()
+            }
+        }
+    }
+
     pub async fn attach(fd: OwnedFd) -> GateLink {
         let attached = async {
             let stream = std::os::unix::net::UnixStream::from(fd);

@@ -91,13 +91,7 @@ fn main() -> anyhow::Result<()> {
             .build()?,
     };
     let result = runtime.block_on(async move {
-        let gate = match gate_fd {
-            Some(fd) => GateLink::attach(fd).await,
-            None => {
-                tracing::warn!("{} is not set: {}", gate::GATE_FD_ENV, gate::NO_GATE);
-                GateLink::none()
-            }
-        };
+        let gate = GateLink::inherited(gate_fd).await;
         let workers = WorkerBuilder::new(
             args.nsd_workers
                 .clone()
@@ -131,14 +125,7 @@ fn main() -> anyhow::Result<()> {
             _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
         }
         // Receipts still queued are written before toolfs goes (for a bounded time).
-        let unwritten = server
-            .services
-            .receipts
-            .drain(std::time::Duration::from_secs(5))
-            .await;
-        if unwritten > 0 {
-            tracing::error!(unwritten, "stopping with receipts not written");
-        }
+        server.drain_receipts().await;
         tracing::info!(target: "warren_toolfs::hops", "{}", server.services.hops.summary());
         anyhow::Ok(())
     });

@@ -51,13 +51,7 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let result = runtime.block_on(async move {
-        let gate = match gate_fd {
-            Some(fd) => GateLink::attach(fd).await,
-            None => {
-                tracing::warn!("{} is not set: {}", gate::GATE_FD_ENV, gate::NO_GATE);
-                GateLink::none()
-            }
-        };
+        let gate = GateLink::inherited(gate_fd).await;
         // MCP tools run in no worker: the builder is never asked.
         let services = Services::new(
             gate,
@@ -82,14 +76,7 @@ fn main() -> anyhow::Result<()> {
             _ = term.recv() => tracing::info!("SIGTERM: stopping"),
             _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
         }
-        let unwritten = server
-            .services
-            .receipts
-            .drain(std::time::Duration::from_secs(5))
-            .await;
-        if unwritten > 0 {
-            tracing::error!(unwritten, "stopping with receipts not written");
-        }
+        server.drain_receipts().await;
         anyhow::Ok(())
     });
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));

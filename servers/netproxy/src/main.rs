@@ -169,16 +169,7 @@ fn control(args: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let result = runtime.block_on(async move {
-        let gate = match gate_fd {
-            Some(fd) => GateLink::attach(fd).await,
-            None => {
-                tracing::warn!(
-                    "{} is not set: every destination is denied",
-                    gate::GATE_FD_ENV
-                );
-                GateLink::none()
-            }
-        };
+        let gate = GateLink::inherited(gate_fd).await;
         let receipts = Arc::new(warren_toolfs::effects::Receipts::start(
             dirs.socket("receipts"),
         ));
