@@ -390,6 +390,47 @@ fn mcp_calls_are_decided_before_the_server_sees_them_and_a_failed_server_comes_b
         "search two\nsearch three\n",
         "the changed search ran"
     );
+
+    // The operator withdraws a pin while a namespace uses the tool: its next call is held,
+    // without a restart (mcpfs works out what is accepted again when the pins file changes).
+    let go = journal_dir.path().join("go");
+    let dir = journal_dir.path().display();
+    let child = w.spawn_sh(
+        &[
+            "--asks",
+            "operator",
+            "--ro",
+            &dir.to_string(),
+            "--ns",
+            spec.to_str().unwrap(),
+        ],
+        &format!(
+            "{}; while [ ! -e {dir}/go ]; do sleep 0.05; done; {}",
+            call("stderr_probe", "{}"),
+            call("stderr_probe", "{}")
+        ),
+    );
+    wait_until("the first probe ran", || {
+        std::fs::read_to_string(w.runtime().join("warren.log"))
+            .unwrap_or_default()
+            .matches("red probe")
+            .count()
+            >= 2
+    });
+    let pins_file = config.path().join("mcp/notes.pins");
+    let mut pins: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&pins_file).unwrap()).unwrap();
+    pins.as_object_mut().unwrap().remove("stderr_probe");
+    std::fs::write(&pins_file, pins.to_string()).unwrap();
+    std::fs::write(&go, "").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let withdrawn = envelope_of(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(withdrawn["basis"], "drift", "{withdrawn}");
 }
 
 /// What the MCP Inspector's CLI mode gets for the same call made directly on the server (no

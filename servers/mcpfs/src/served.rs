@@ -273,6 +273,9 @@ pub struct Live {
     session: Session,
     /// The tools as last listed: at the start, and again after the server said they changed.
     defs: Mutex<Vec<Definition>>,
+    /// Which of `defs` the operator's pins accept, as of the pins file's modification time:
+    /// worked out again only when the file or the listing changes, not on every call.
+    accepted: Mutex<Option<Accepted>>,
     /// A stdio server's namespace (none for an HTTP server, which runs elsewhere).
     _namespace: Option<warren_proto::launch::Launched>,
     ended: Arc<AtomicBool>,
@@ -383,6 +386,7 @@ impl Served {
         Ok(Live {
             session,
             defs: Mutex::new(defs),
+            accepted: Mutex::new(None),
             _namespace: namespace,
             ended: Arc::new(AtomicBool::new(false)),
         })
@@ -486,6 +490,13 @@ fn relay_stderr(server: &str, pipe: OwnedFd) {
     });
 }
 
+/// The names of the listed tools whose definitions are the accepted ones, and the pins file's
+/// modification time they were worked out from.
+struct Accepted {
+    pins_modified: Option<std::time::SystemTime>,
+    tools: std::collections::HashSet<String>,
+}
+
 /// One accepted tool of one server, as a call file's runner.
 struct McpTool {
     served: Arc<Served>,
@@ -518,11 +529,32 @@ impl McpTool {
             let defs: Vec<Definition> = listed.into_iter().filter_map(Result::ok).collect();
             tracing::info!(server = %self.served.name, tools = defs.len(), "tools listed again after list_changed");
             *live.defs.lock().unwrap_or_else(|p| p.into_inner()) = defs;
+            *live.accepted.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
-        let pins = Pins::load(&self.served.pins).map_err(|e| e.to_string())?;
+        let modified = std::fs::metadata(&self.served.pins)
+            .and_then(|m| m.modified())
+            .ok();
         let defs = live.defs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut accepted = live.accepted.lock().unwrap_or_else(|p| p.into_inner());
+        if accepted
+            .as_ref()
+            .is_none_or(|a| a.pins_modified != modified)
+        {
+            let pins = Pins::load(&self.served.pins).map_err(|e| e.to_string())?;
+            *accepted = Some(Accepted {
+                pins_modified: modified,
+                tools: defs
+                    .iter()
+                    .filter(|d| pins.standing(d).is_served())
+                    .map(|d| d.name.clone())
+                    .collect(),
+            });
+        }
+        let served = accepted
+            .as_ref()
+            .is_some_and(|a| a.tools.contains(&self.tool));
         match defs.iter().find(|d| d.name == self.tool) {
-            Some(d) if pins.standing(d).is_served() => Ok(()),
+            Some(_) if served => Ok(()),
             Some(_) => Err(format!(
                 "the server's definition of {} changed since the operator accepted it (drift): \
                  held until `warren mcp accept {}` accepts it again",
