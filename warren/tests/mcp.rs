@@ -257,15 +257,7 @@ fn envelope_of(out: &str) -> serde_json::Value {
 #[test]
 fn mcp_calls_are_decided_before_the_server_sees_them_and_a_failed_server_comes_back() {
     let (w, config) = up_with_config();
-    let journal_dir = tempfile::Builder::new()
-        .prefix("wjournal")
-        .tempdir_in("/tmp")
-        .unwrap();
-    std::fs::set_permissions(
-        journal_dir.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
-    )
-    .unwrap();
+    let journal_dir = tempdir_with_mode("wjournal", 0o777);
     let journal = journal_dir.path().join("calls");
     // Each start of the server runs under a uid of its own namespace's: all may append.
     std::fs::write(&journal, "").unwrap();
@@ -433,10 +425,9 @@ fn mcp_calls_are_decided_before_the_server_sees_them_and_a_failed_server_comes_b
     assert_eq!(withdrawn["basis"], "drift", "{withdrawn}");
 }
 
-/// What the MCP Inspector's CLI mode gets for the same call made directly on the server (no
-/// warren): the text of its content blocks, and the decoded bytes of its images.
-fn inspector_call(tool: &str, args: &[(&str, &str)]) -> (String, Vec<Vec<u8>>) {
-    use base64::Engine;
+/// The MCP Inspector's CLI mode run directly on server-everything over stdio (no warren) with
+/// `method_words` (`--method …`): its JSON answer.
+fn inspector(method_words: &[&str]) -> serde_json::Value {
     let peers = repo().join("target/peers/mcp");
     let cli = peers.join("node_modules/.bin/mcp-inspector");
     assert!(
@@ -445,21 +436,32 @@ fn inspector_call(tool: &str, args: &[(&str, &str)]) -> (String, Vec<Vec<u8>>) {
         cli.display()
     );
     let js = peers.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    let mut cmd = std::process::Command::new(&cli);
-    cmd.current_dir(&peers)
+    let out = std::process::Command::new(&cli)
+        .current_dir(&peers)
         .args(["--cli", "/usr/bin/node"])
         .arg(&js)
-        .args(["stdio", "--method", "tools/call", "--tool-name", tool]);
-    for (k, v) in args {
-        cmd.arg("--tool-arg").arg(format!("{k}={v}"));
-    }
-    let out = cmd.output().unwrap();
+        .arg("stdio")
+        .args(method_words)
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "inspector: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// What the MCP Inspector's CLI mode gets for the same call made directly on the server (no
+/// warren): the text of its content blocks, and the decoded bytes of its images.
+fn inspector_call(tool: &str, args: &[(&str, &str)]) -> (String, Vec<Vec<u8>>) {
+    use base64::Engine;
+    let mut words = vec!["--method", "tools/call", "--tool-name", tool];
+    let args: Vec<String> = args.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    for a in &args {
+        words.extend(["--tool-arg", a.as_str()]);
+    }
+    let result = inspector(&words);
     let mut text = Vec::new();
     let mut images = Vec::new();
     for block in result["content"].as_array().unwrap() {
@@ -551,15 +553,7 @@ fn the_filesystem_server_reads_only_what_its_own_namespace_holds() {
         "{}: run scripts/install-test-deps",
         js.display()
     );
-    let data = tempfile::Builder::new()
-        .prefix("wfsdata")
-        .tempdir_in("/tmp")
-        .unwrap();
-    std::fs::set_permissions(
-        data.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    let data = tempdir_with_mode("wfsdata", 0o755);
     std::fs::write(data.path().join("notes.txt"), "granted data\n").unwrap();
     std::fs::write(
         config.path().join("mcp/files.toml"),
@@ -585,15 +579,7 @@ fn the_filesystem_server_reads_only_what_its_own_namespace_holds() {
         )
     };
     // A host file outside its spec: the server may ask for it by name, and finds nothing.
-    let secret = tempfile::Builder::new()
-        .prefix("wfssecret")
-        .tempdir_in("/tmp")
-        .unwrap();
-    std::fs::set_permissions(
-        secret.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    let secret = tempdir_with_mode("wfssecret", 0o755);
     let key = secret.path().join("key");
     std::fs::write(&key, "host secret\n").unwrap();
     std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
@@ -712,16 +698,7 @@ fn a_whole_server_mount_serves_its_resources_as_read_only_files() {
     assert_eq!(code, 0, "{err}");
     let parts: Vec<&str> = out.split("---\n").collect();
     assert!(parts[0].trim().parse::<usize>().unwrap() >= 1, "{out}");
-    let peers = repo().join("target/peers/mcp");
-    let js = peers.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    let direct = std::process::Command::new(peers.join("node_modules/.bin/mcp-inspector"))
-        .current_dir(&peers)
-        .args(["--cli", "/usr/bin/node"])
-        .arg(&js)
-        .args(["stdio", "--method", "resources/read", "--uri", uri])
-        .output()
-        .unwrap();
-    let direct: serde_json::Value = serde_json::from_slice(&direct.stdout).unwrap();
+    let direct = inspector(&["--method", "resources/read", "--uri", uri]);
     let text = direct["contents"][0]["text"].as_str().unwrap();
     assert_eq!(parts[1], text, "the resource as the Inspector reads it");
     assert!(parts[2].contains("READ-ONLY"), "{out}");
@@ -748,18 +725,7 @@ fn the_agent_calls_a_mounted_mcp_servers_tool() {
             {"text": "It echoed."}
         ]),
     );
-    let config = tempfile::Builder::new()
-        .prefix("wmcp")
-        .tempdir_in("/tmp")
-        .unwrap();
-    std::fs::set_permissions(
-        config.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    std::fs::create_dir_all(config.path().join("mcp")).unwrap();
-    let w = Warren::up_with(&[
-        ("WARREN_CONFIG_DIR", config.path().to_str().unwrap()),
+    let (w, config) = up_with_config_and(&[
         ("WARREN_LLM_URL", &script.url()),
         ("WARREN_LLM_MODEL", "scripted"),
     ]);

@@ -308,18 +308,32 @@ pub fn mcp(
 /// An operator config dir the daemons can read (mcpfs runs under its own uid), and warren up
 /// with it: nsd and mcpfs read the server definitions there.
 pub fn up_with_config() -> (Warren, tempfile::TempDir) {
-    let config = tempfile::Builder::new()
-        .prefix("wmcp")
+    up_with_config_and(&[])
+}
+
+/// [`up_with_config`], with more `env` for `warren up`.
+pub fn up_with_config_and(env: &[(&str, &str)]) -> (Warren, tempfile::TempDir) {
+    let config = tempdir_with_mode("wmcp", 0o755);
+    std::fs::create_dir_all(config.path().join("mcp")).unwrap();
+    let mut all = vec![("WARREN_CONFIG_DIR", config.path().to_str().unwrap())];
+    all.extend_from_slice(env);
+    let w = Warren::up_with(&all);
+    (w, config)
+}
+
+/// A temp dir in /tmp with `mode`: one the daemons, the servers and the payloads, each under a
+/// uid of its own, can reach.
+pub fn tempdir_with_mode(prefix: &str, mode: u32) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
         .tempdir_in("/tmp")
         .unwrap();
     std::fs::set_permissions(
-        config.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(mode),
     )
     .unwrap();
-    std::fs::create_dir_all(config.path().join("mcp")).unwrap();
-    let w = Warren::up_with(&[("WARREN_CONFIG_DIR", config.path().to_str().unwrap())]);
-    (w, config)
+    dir
 }
 
 /// `server-everything` defined with `echo` at the read tier.
