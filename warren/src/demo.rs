@@ -278,9 +278,10 @@ fn verify_session(dirs: &Dirs, session: &str, model_calls: usize) -> Result<()> 
     let count = |f: &dyn Fn(&crate::log::Entry) -> bool| entries.iter().filter(|e| f(e)).count();
     if model_calls > 0 {
         println!(
-            "{} model calls (receipted by llmfs), {} gate decisions ({} of them the operator's answers), {} tool runs (receipted by toolfs)",
+            "{} model calls (receipted by llmfs, each admitted by one of {} gate decisions on `llm`), {} gate decisions on tool calls ({} of them the operator's answers), {} tool runs (receipted by toolfs)",
             count(&|e| is_model_call(e)),
-            count(&|e| e.kind == "decision"),
+            count(&|e| e.kind == "decision" && e.subject()["tool"] == "llm"),
+            count(&|e| e.kind == "decision" && e.subject()["tool"] != "llm"),
             count(&|e| e.kind == "decision" && !e.subject()["answered_by"].is_null()),
             count(&|e| e.body["appender"] == "toolfs" && e.kind != "withdrawn"),
         );

@@ -133,7 +133,8 @@ const DAEMONS: &[Daemon] = &[
         // WARREN_LLM_API, WARREN_LLM_MODEL); its key file is opened here ([`llm_key_fd`]).
         sockets: &["llm.sock", "llmfs.ctl"],
         caps: &[],
-        gate_client: false,
+        // Each namespace's model call is decided by the gate (as `llm`).
+        gate_client: true,
     },
 ];
 

@@ -212,6 +212,14 @@ fn an_agent_summarises_a_repository_and_every_call_is_receipted() {
         assert_eq!(b["appender"], "llmfs", "{b}");
         assert_eq!(b["kind"], "query");
         assert_eq!(b["subject"]["model"], "scripted");
+        // Each model call was admitted by a decision of the gate's, which its receipt names.
+        let seq = &b["subject"]["decision"]["seq"];
+        assert!(
+            bodies.iter().any(|d| d["kind"] == "decision"
+                && d["subject"]["tool"] == "llm"
+                && d["seq"] == *seq),
+            "{b}"
+        );
     }
     let ran: Vec<&str> = bodies
         .iter()
@@ -419,4 +427,120 @@ fn the_calls_of_one_turn_run_concurrently() {
         std::fs::read_to_string(format!("{out}/a.txt")).unwrap(),
         "a\n"
     );
+}
+
+/// Model calls cross the gate like tool calls: each is decided as `llm` with the namespace's
+/// lineage, so a subtree's `limit receipt-bytes=` is spent by model calls alone (their
+/// decisions and `query` receipts charged) until the gate denies the next one for the budget;
+/// and an operator's `deny llm` stops the agent before its model is asked at all (exit 3, the
+/// gate's basis said), with the deny receipted in the namespace's session; under `ask llm` each
+/// model call waits for the operator's answer.
+#[test]
+fn model_calls_are_decided_by_the_gate_and_charged_to_the_budgets() {
+    let base = tempfile::Builder::new()
+        .prefix("wagent")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let (repo, _) = repo(base.path());
+    // Every turn calls a tool the namespace does not have: agentd refuses it itself, so no tool
+    // call reaches the gate and only the model calls spend the budget.
+    let turn = json!({"tool_calls": [{"id": "n", "name": "nope", "arguments": {}}],
+                      "usage": {"prompt_tokens": 1, "completion_tokens": 1}});
+    let script = Script::start(base.path(), &Value::Array(vec![turn; 30]));
+    let w = Warren::up_with(&[("WARREN_LLM_URL", &script.url()), ("WARREN_LLM_MODEL", "m")]);
+    let spec = base.path().join("agent.ns");
+    let agent = |spec_text: &str| {
+        std::fs::write(&spec, spec_text).unwrap();
+        let run = w.run(&[
+            "agent",
+            "--asks",
+            "operator",
+            "--ns",
+            spec.to_str().unwrap(),
+            "--max-turns",
+            "30",
+            "call nope forever",
+        ]);
+        let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
+        (run.status.code(), stderr)
+    };
+    let grant = format!("mount tool /tool fs_read\ntool fs_read -r {repo}\n");
+
+    let (code, stderr) = agent(&format!("{grant}limit receipt-bytes=6000\n"));
+    assert_eq!(code, Some(3), "{stderr}");
+    assert!(
+        stderr.contains("the gate denied this model call: budget:receipt_bytes"),
+        "{stderr}"
+    );
+    let asked = script.requests().len();
+    assert!((1..30).contains(&asked), "{asked} model calls made");
+    let session = session_of(&stderr);
+    let bodies = w.receipts(&session);
+    let queries: Vec<&Value> = bodies.iter().filter(|b| b["kind"] == "query").collect();
+    assert_eq!(queries.len(), asked, "one query receipt per model call");
+    for q in &queries {
+        assert!(q["subject"]["decision"]["seq"].is_u64(), "{q}");
+    }
+    let llm_allowed = bodies
+        .iter()
+        .filter(|b| {
+            b["kind"] == "decision"
+                && b["subject"]["tool"] == "llm"
+                && b["subject"]["verdict"] == "allow"
+        })
+        .count();
+    assert_eq!(llm_allowed, asked, "{bodies:?}");
+
+    w.run_ok(&["write", "/gate/rules", "deny llm"]);
+    let (code, stderr) = agent(&grant);
+    assert_eq!(code, Some(3), "{stderr}");
+    assert!(
+        stderr.contains("the gate denied this model call: rule"),
+        "{stderr}"
+    );
+    assert_eq!(script.requests().len(), asked, "the model was asked");
+    let session = session_of(&stderr);
+    wait_until("the deny receipted", || {
+        w.receipts(&session).iter().any(|b| {
+            b["kind"] == "decision"
+                && b["subject"]["tool"] == "llm"
+                && b["subject"]["verdict"] == "deny"
+        })
+    });
+
+    // `ask llm`: each model call waits for the operator, and runs once allowed.
+    let rules = String::from_utf8(w.run_ok(&["cat", "/gate/rules"]).stdout).unwrap();
+    let deny = rules
+        .lines()
+        .find(|l| l.contains("deny\tllm"))
+        .and_then(|l| l.split('\t').next())
+        .unwrap_or_else(|| panic!("no deny rule in {rules}"));
+    w.run_ok(&["write", "/gate/rules", &format!("delete {deny}\nask llm")]);
+    let _approver = approve_every_ask(&w);
+    std::fs::write(&spec, &grant).unwrap();
+    let run = w.run(&[
+        "agent",
+        "--asks",
+        "operator",
+        "--ns",
+        spec.to_str().unwrap(),
+        "--max-turns",
+        "2",
+        "call nope twice",
+    ]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("the turns budget is spent"), "{stderr}");
+    assert_eq!(script.requests().len(), asked + 2);
+    let session = session_of(&stderr);
+    let answered = w
+        .receipts(&session)
+        .iter()
+        .filter(|b| {
+            b["kind"] == "decision"
+                && b["subject"]["tool"] == "llm"
+                && b["subject"]["answered_by"].is_string()
+        })
+        .count();
+    assert_eq!(answered, 2, "each model call was asked and answered");
 }

@@ -406,16 +406,17 @@ fn the_demo_runs_the_main_job() {
         act2.contains("home/.bashrc says: \"# the operator's shell startup file\""),
         "{act2}"
     );
-    // Receipts: the four model calls (llmfs), the gate's decisions on the four tool calls that
-    // crossed it (the two writes asked and answered), the four runs; the chain verifies.
+    // Receipts: the four model calls (llmfs) and the gate's decisions admitting them, the
+    // gate's decisions on the four tool calls that crossed it (the two writes asked and
+    // answered), the four runs; the chain verifies.
     assert!(
         act2.contains(
-            "4 model calls (receipted by llmfs), 8 gate decisions (2 of them the operator's answers), 4 tool runs (receipted by toolfs)"
+            "4 model calls (receipted by llmfs, each admitted by one of 4 gate decisions on `llm`), 8 gate decisions on tool calls (2 of them the operator's answers), 4 tool runs (receipted by toolfs)"
         ),
         "{act2}"
     );
     assert!(
-        act2.contains("16 receipts; warren verify: verified"),
+        act2.contains("20 receipts; warren verify: verified"),
         "{act2}"
     );
     // Its output is a pipe here: words alone, no terminal codes; counts in the right number.
