@@ -544,3 +544,107 @@ fn model_calls_are_decided_by_the_gate_and_charged_to_the_budgets() {
         .count();
     assert_eq!(answered, 2, "each model call was asked and answered");
 }
+
+/// llmfs killed while a namespace with `mount llm` runs: the supervisor restarts it, the bridge
+/// gets a new connection through nsd (with the namespace's grant again), and a session minted
+/// afterwards is answered and receipted in the namespace's session; the session of the old
+/// connection is gone with it.
+#[test]
+fn a_restarted_llmfs_serves_the_running_namespace_again() {
+    let script_dir = tempfile::Builder::new()
+        .prefix("wllmr")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let script = Script::start(
+        script_dir.path(),
+        &json!([{"text": "before"}, {"text": "after"}]),
+    );
+    let w = Warren::up_with(&[("WARREN_LLM_URL", &script.url()), ("WARREN_LLM_MODEL", "m")]);
+    let share = tempfile::Builder::new()
+        .prefix("wllmr")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(share.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let s = share.path().to_str().unwrap();
+    let spec = script_dir.path().join("llm.ns");
+    std::fs::write(&spec, "mount llm /mnt/llm\n").unwrap();
+    // One open of `ask` is one ask: the message written, the reply read on the same fd (in a
+    // subshell: a failed `exec` redirection would end the script).
+    let sh = format!(
+        "ask() ( exec 3<>\"/mnt/llm/$1/ask\" && printf '%s' \"$2\" >&3 && cat <&3 > \"$3\" )\n\
+         old=$(cat /mnt/llm/new)\n\
+         ask \"$old\" hello {s}/first\n\
+         while [ ! -e {s}/go ]; do sleep 0.05; done\n\
+         if ask \"$old\" again {s}/old 2>{s}/old.err; then echo kept > {s}/old.status; else echo gone > {s}/old.status; fi\n\
+         new=$(cat /mnt/llm/new)\n\
+         ask \"$new\" hello {s}/second\n"
+    );
+    let launcher = w.spawn_sh(
+        &[
+            "--asks",
+            "operator",
+            "--ns",
+            spec.to_str().unwrap(),
+            "--rw",
+            s,
+        ],
+        &sh,
+    );
+    let first = share.path().join("first");
+    wait_until("the first ask's reply", || {
+        std::fs::read_to_string(&first).is_ok_and(|t| t.contains("\"done\""))
+    });
+    assert!(
+        std::fs::read_to_string(&first).unwrap().contains("before"),
+        "{}",
+        std::fs::read_to_string(&first).unwrap()
+    );
+    let old = w.daemon_pid("warren-llmfs");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(old),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    wait_until("a new llmfs", || {
+        let pids = w.daemon_pids("warren-llmfs");
+        pids.len() == 1 && pids[0] != old
+    });
+    std::fs::write(share.path().join("go"), "").unwrap();
+    let out = launcher.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let read = |name: &str| std::fs::read_to_string(share.path().join(name)).unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "{:?} {stderr}\nold: {} {}\nsecond: {}",
+        out.status,
+        read("old.status"),
+        read("old.err"),
+        read("second")
+    );
+    assert_eq!(read("old.status").trim(), "gone", "{}", read("old.err"));
+    let second = read("second");
+    assert!(
+        second.contains("after") && second.contains("\"done\""),
+        "{second}"
+    );
+    assert_eq!(script.requests().len(), 2);
+    // Both model calls, before and after the restart, in the one namespace's session.
+    wait_until(
+        "both model calls receipted in the namespace's session",
+        || {
+            let listing =
+                String::from_utf8_lossy(&w.run_ok(&["ls", "/receipts"]).stdout).into_owned();
+            listing
+                .lines()
+                .map(|l| l.trim_end_matches('/'))
+                .filter(|l| l.len() == 32)
+                .any(|scope| {
+                    w.receipts(scope)
+                        .iter()
+                        .filter(|b| b["kind"] == "query" && b["appender"] == "llmfs")
+                        .count()
+                        == 2
+                })
+        },
+    );
+}
