@@ -141,19 +141,22 @@ impl AgentAct {
     /// The model: the operator's (`WARREN_LLM_URL`) if given, else `warren-llm-script` started
     /// on the script (before the daemons, which must be told its address).
     pub fn start_model(&self) -> Result<Model> {
+        let libexec = crate::supervise::libexec_dir()?;
+        for bin in ["warren-agentd", "warren-llm-script"] {
+            if !libexec.join(bin).is_file() {
+                bail!(
+                    "{} is missing: build the workspace first (cargo build --workspace)",
+                    libexec.join(bin).display()
+                );
+            }
+        }
         if let Some(url) = std::env::var("WARREN_LLM_URL")
             .ok()
             .filter(|u| !u.is_empty())
         {
             return Ok(Model::Real(url));
         }
-        let bin = crate::supervise::libexec_dir()?.join("warren-llm-script");
-        if !bin.is_file() {
-            bail!(
-                "{} is missing: build the workspace first (cargo build --workspace)",
-                bin.display()
-            );
-        }
+        let bin = libexec.join("warren-llm-script");
         let script = self.base.join("llm-script.json");
         std::fs::write(&script, self.script().to_string())?;
         let mut child = std::process::Command::new(&bin)
