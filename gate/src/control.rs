@@ -11,7 +11,7 @@
 //!   `warren approvals` or `warren run` on a terminal) — the only kind of connection that may
 //!   answer `allow session` or `allow always`; an optional `"name"` (e.g. `"warren run"`) is
 //!   shown as who answered;
-//! - `{"version":1,"kind":"daemon","name":"toolfs"}`, `"mcpfs"` or `"netproxy"` (the supervisor) — `decide`,
+//! - `{"version":1,"kind":"daemon","name":"toolfs"}`, or another of [`DECIDING_DAEMONS`] (the supervisor) — `decide`,
 //!   `wait`, `withdraw`.
 //!
 //! Each record is answered with one framed record (same framing): `ok` or `error: <why>`.
@@ -151,8 +151,10 @@ impl ControlRecord {
                         && !self.confirmed_tty,
                 )?;
                 let name = self.name.clone().ok_or("a daemon record needs its name")?;
-                // The daemons whose call files the gate decides: warren's own tools, and the
-                // MCP servers' tools (`mcp:<server>:<tool>`, never a core tool's name).
+                // The daemons whose calls the gate decides: warren's own tools, the MCP servers'
+                // tools (`mcp:<server>:<tool>`, never a core tool's name), the egress proxy's
+                // connections (`net:<host>:<port>`) and a namespace's model calls (a core name
+                // of the tier table: the gate decides them by name and digest alone).
                 if !DECIDING_DAEMONS.contains(&name.as_str()) {
                     return Err(format!(
                         "daemon {name:?}: only {} ask the gate",
@@ -166,7 +168,7 @@ impl ControlRecord {
 }
 
 /// The daemons that may hand the gate calls to decide.
-pub const DECIDING_DAEMONS: [&str; 3] = ["toolfs", "mcpfs", "netproxy"];
+pub const DECIDING_DAEMONS: [&str; 4] = ["toolfs", "mcpfs", "netproxy", "llmfs"];
 
 /// The most bytes an operator record's `name` may have.
 pub const MAX_NAME: usize = 64;

@@ -2,6 +2,11 @@
 //! the session id, the tool name, the canonical arguments and typed context states; a name for
 //! anything else (a conversation, its messages, a prompt, the model's server, another tree's log)
 //! in `gate/src` fails this test. The fixture plants such a read to show the census catches it.
+//!
+//! Two lines name the model server and are let through, each exactly as written: the tier
+//! table's row for a model call (a tool name, decided like any other: by name and the digest in
+//! its arguments) and the list of daemons that may ask the gate to decide. Neither reads
+//! anything of the model's.
 
 use std::path::{Path, PathBuf};
 
@@ -29,6 +34,12 @@ const FORBIDDEN: &[(&str, &str)] = &[
     ),
 ];
 
+/// The lines (trimmed) that name the model server without reading it: see the module's doc.
+const NAMED_NOT_READ: &[&str] = &[
+    r#"("llm", Tier::Read),"#,
+    r#"pub const DECIDING_DAEMONS: [&str; 4] = ["toolfs", "mcpfs", "netproxy", "llmfs"];"#,
+];
+
 /// Every violation in `text`: (line number, what it names, the line).
 fn violations(text: &str) -> Vec<(usize, &'static str, String)> {
     let rules: Vec<(Regex, &str)> = FORBIDDEN
@@ -37,6 +48,9 @@ fn violations(text: &str) -> Vec<(usize, &'static str, String)> {
         .collect();
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
+        if NAMED_NOT_READ.contains(&line.trim()) {
+            continue;
+        }
         for (re, what) in &rules {
             if re.is_match(line) {
                 out.push((i + 1, *what, line.trim().to_owned()));

@@ -697,6 +697,7 @@ impl MountServer for ServedMounts {
                     version: 1,
                     session: self.session.clone(),
                     namespace: self.namespace.clone(),
+                    lineage: Some(self.lineage_record()),
                 };
                 self.spawn_remade(fuse, mount, Remake::Llm { grant })
             }

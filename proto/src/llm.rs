@@ -27,6 +27,11 @@ pub struct LlmGrant {
     pub session: String,
     /// The namespace's id, for logs.
     pub namespace: String,
+    /// Who the namespace is (itself first, then the namespaces that cloned it, with the budgets
+    /// their specs set): each model call is decided by the gate with it and its receipt charged
+    /// to the subtree's receipt budgets. nsd always sends it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<warren_gate::lineage::Lineage>,
 }
 
 impl LlmGrant {
@@ -48,6 +53,9 @@ impl LlmGrant {
             || !self.namespace.bytes().all(|b| b.is_ascii_graphic())
         {
             return Err("namespace must be 1-128 printable ASCII characters".into());
+        }
+        if let Some(l) = &self.lineage {
+            l.check(&self.session, &self.namespace)?;
         }
         Ok(())
     }
@@ -97,6 +105,7 @@ mod tests {
             version: 1,
             session: "0123456789abcdef0123456789abcdef".into(),
             namespace: "7".into(),
+            lineage: None,
         }
     }
 
@@ -118,6 +127,28 @@ mod tests {
             ..grant()
         };
         assert!(blank.check().unwrap_err().contains("namespace"));
+        // A lineage must start with the grant's own namespace.
+        let member = |session: &str, namespace: &str| warren_gate::lineage::Member {
+            session: session.into(),
+            namespace: namespace.into(),
+            ..Default::default()
+        };
+        let own = LlmGrant {
+            lineage: Some(warren_gate::lineage::Lineage::root(member(
+                "0123456789abcdef0123456789abcdef",
+                "7",
+            ))),
+            ..grant()
+        };
+        assert_eq!(own.check(), Ok(()));
+        let other = LlmGrant {
+            lineage: Some(warren_gate::lineage::Lineage::root(member(
+                "fedcba9876543210fedcba9876543210",
+                "8",
+            ))),
+            ..grant()
+        };
+        assert!(other.check().unwrap_err().contains("lineage"));
         assert!(
             serde_json::from_str::<LlmGrant>(
                 r#"{"version":1,"session":"x","namespace":"1","extra":1}"#

@@ -67,9 +67,9 @@ impl Role {
     /// namespace's budget by naming it).
     pub fn may_charge_budgets(self) -> Result<(), AppendError> {
         match self {
-            Role::Gate | Role::Toolfs | Role::Mcpfs => Ok(()),
+            Role::Gate | Role::Toolfs | Role::Mcpfs | Role::Llmfs => Ok(()),
             _ => Err(AppendError::Forbidden(format!(
-                "budgets are named only by the gate, toolfs and mcpfs; this connection is {}",
+                "budgets are named only by the gate, toolfs, mcpfs and llmfs; this connection is {}",
                 self.appender()
             ))),
         }

@@ -149,6 +149,17 @@ fn agent_spec(
 }
 
 pub fn agent(dirs: &Dirs, args: &AgentArgs, asks: AsksMode) -> Result<ExitCode> {
+    agent_then(dirs, args, asks, |_| {})
+}
+
+/// [`agent`], telling `started` of the namespace once the agent runs (`warren demo` exports its
+/// session's receipts afterwards).
+pub fn agent_then(
+    dirs: &Dirs,
+    args: &AgentArgs,
+    asks: AsksMode,
+    started: impl FnOnce(&warren_ns::launch::client::Launched),
+) -> Result<ExitCode> {
     let agentd = crate::supervise::libexec_dir()?.join("warren-agentd");
     if !agentd.is_file() {
         eprintln!(
@@ -196,6 +207,7 @@ pub fn agent(dirs: &Dirs, args: &AgentArgs, asks: AsksMode) -> Result<ExitCode> 
             launched.session,
             warren_daemon::escape::escape(&args.task)
         );
+        started(launched);
     });
     if let Some(t) = &args.transcript {
         std::fs::set_permissions(t, std::fs::Permissions::from_mode(0o600))?;

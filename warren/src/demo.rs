@@ -1,16 +1,20 @@
 //! `warren demo`: the main job on its embedded default — no config, no network, no setup.
 //!
-//! It starts the daemons in a fresh directory, runs a scripted agent in a namespace that holds
-//! no authority of its own (three tools, no bind of the repository they work on), lets a scripted
-//! operator answer the one ask through `/gate/pending/<id>/ctl` exactly as a person would (the
-//! gate itself never answers an ask), and ends by exporting the session's receipts and verifying
-//! them offline.
+//! It starts the daemons in a fresh directory, then plays two acts. Act 1: a scripted agent (a
+//! shell script) in a namespace that holds no authority of its own (three tools, no bind of the
+//! repository they work on); a scripted operator answers the one ask through
+//! `/gate/pending/<id>/ctl` exactly as a person would (the gate itself never answers an ask).
+//! Act 2 (`agent_act`): warren's own agent, on `warren agent`'s code path, with its model served
+//! as files by llmfs — a scripted compromised model unless `WARREN_LLM_URL` names a real one.
+//! Each act ends by exporting its session's receipts and verifying them offline.
+
+mod agent_act;
 
 use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::ExitCode;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context, Result, bail};
 use warren_daemon::Dirs;
@@ -111,18 +115,29 @@ pub fn demo() -> Result<ExitCode> {
         .prefix("warren-demo-")
         .tempdir_in("/tmp")?;
     let dirs = Dirs::under(base.path());
+    // The model first: llmfs, started with the daemons, is told its address.
+    let act2 = agent_act::AgentAct::new(base.path());
+    let model = act2.start_model()?;
+    let env = model.env(base.path());
+    let env: Vec<(&str, &std::ffi::OsStr)> = env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
     step(&format!(
         "starting the daemons under {}",
         base.path().display()
     ));
-    crate::supervise::up(&dirs)?;
-    let result = run_demo(&dirs, base.path());
+    match crate::supervise::bring_up_with_env(&dirs, &env)? {
+        crate::supervise::Up::Started(pid) => println!("warren is up: supervisor pid {pid}"),
+        crate::supervise::Up::Already(_) => {
+            bail!("{} has daemons up already", base.path().display())
+        }
+    }
+    let result = run_demo(&dirs, base.path()).and_then(|_| act2.run(&dirs, &model));
     step("stopping the daemons");
     let _ = crate::supervise::down_with(&dirs, true);
-    result
+    drop(model);
+    result.map(|()| ExitCode::SUCCESS)
 }
 
-fn run_demo(dirs: &Dirs, base: &Path) -> Result<ExitCode> {
+fn run_demo(dirs: &Dirs, base: &Path) -> Result<()> {
     // The repository the tools work on. The agent's own view never contains it.
     let repo = base.join("repo");
     std::fs::create_dir(&repo)?;
@@ -145,7 +160,7 @@ fn run_demo(dirs: &Dirs, base: &Path) -> Result<ExitCode> {
         shell_binds()?
     );
     step(
-        "the agent's namespace spec (no /usr, no writable bind; the shell and its libraries file by file):",
+        "act 1: a shell script as the agent; its namespace spec (no /usr, no writable bind; the shell and its libraries file by file):",
     );
     print!("{spec_text}");
     let spec = warren_ns::parse("demo.ns", &spec_text).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -208,41 +223,75 @@ fn run_demo(dirs: &Dirs, base: &Path) -> Result<ExitCode> {
         "exporting the receipts of namespace {}'s session (scope {session}) and verifying them offline",
         launched.id
     ));
+    verify_session(dirs, &session, 0)?;
+    step(
+        "act 1 done: the agent did only what it was granted, asked where the gate said so, and every decision and effect is a signed receipt",
+    );
+    Ok(())
+}
+
+/// Exports `session`'s receipts and verifies them offline, once its record is whole: every
+/// allowed call's effect receipt and `model_calls` model-call receipts (llmfs's `query`) in.
+/// Prints what the export holds.
+fn verify_session(dirs: &Dirs, session: &str, model_calls: usize) -> Result<()> {
+    let socket = dirs.socket("receipts");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    // Effect receipts are queued off the call's path: the last call's may still be on its way.
-    // Every call the demo's agent was allowed ran, so each allowing decision must get its effect.
-    let pending = rt.block_on(async {
-        let mut pending = 0;
+    let is_model_call = |e: &crate::log::Entry| e.kind == "query" && e.body["appender"] == "llmfs";
+    // Effect and model-call receipts are queued off the call's path: the last may still be on
+    // its way. Every allowed call ran, so each allowing decision must get its effect.
+    let (pending, queries) = rt.block_on(async {
+        let (mut pending, mut queries) = (0, 0);
         for _ in 0..500 {
-            pending = crate::log::effects_pending(&dirs.socket("receipts"), &session).await?;
-            if pending == 0 {
+            pending = crate::log::effects_pending(&socket, session).await?;
+            queries = crate::log::entries(&socket, session)
+                .await?
+                .iter()
+                .filter(|e| is_model_call(e))
+                .count();
+            if pending == 0 && queries >= model_calls {
                 break;
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
-        anyhow::Ok(pending)
+        anyhow::Ok((pending, queries))
     })?;
     if pending > 0 {
         bail!("{pending} allowed call(s) of the session have no effect receipt after 5 s");
     }
+    if queries < model_calls {
+        bail!("{model_calls} model calls, {queries} receipted by llmfs after 5 s");
+    }
     let mut export = Vec::new();
     let (_, n) = rt.block_on(warren_receiptd::client::export(
-        &dirs.socket("receipts"),
-        &session,
+        &socket,
+        session,
         &mut export,
     ))?;
-    let registry = rt.block_on(warren_receiptd::client::keys(&dirs.socket("receipts")))?;
+    let registry = rt.block_on(warren_receiptd::client::keys(&socket))?;
+    // The export's entries (its last line is the checkpoint), decoded to say what they are.
+    let entries: Vec<crate::log::Entry> = export
+        .split(|&b| b == b'\n')
+        .filter_map(|l| crate::log::Entry::parse(l).ok())
+        .collect();
+    let count = |f: &dyn Fn(&crate::log::Entry) -> bool| entries.iter().filter(|e| f(e)).count();
+    if model_calls > 0 {
+        println!(
+            "{} model calls (receipted by llmfs, each admitted by one of {} gate decisions on `llm`), {} gate decisions on tool calls ({} of them the operator's answers), {} tool runs (receipted by toolfs)",
+            count(&|e| is_model_call(e)),
+            count(&|e| e.kind == "decision" && e.subject()["tool"] == "llm"),
+            count(&|e| e.kind == "decision" && e.subject()["tool"] != "llm"),
+            count(&|e| e.kind == "decision" && !e.subject()["answered_by"].is_null()),
+            count(&|e| e.body["appender"] == "toolfs" && e.kind != "withdrawn"),
+        );
+    }
     let outcome = warren_receiptd::verify(&export, &registry);
     println!("{n} receipts; warren verify: {}", outcome.message);
     if outcome.code != 0 {
         bail!("the receipt chain did not verify");
     }
-    step(
-        "done: the agent did only what it was granted, asked where the gate said so, and every decision and effect is a signed receipt",
-    );
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// Answers every ask with `allow once <fingerprint prefix>`, as the gate's live view shows them
@@ -251,6 +300,8 @@ fn scripted_operator(dirs: &Dirs, stop: tokio::sync::oneshot::Receiver<()>) -> R
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    // Counted as they happen: a stop while an answer is under way still reports the earlier ones.
+    let answered = AtomicUsize::new(0);
     rt.block_on(async {
         let client = warren_9p::Client::connect_unix(dirs.socket("gate")).await?;
         let root = client.attach("operator", "").await?;
@@ -263,7 +314,6 @@ fn scripted_operator(dirs: &Dirs, stop: tokio::sync::oneshot::Receiver<()>) -> R
             |_| true,
         );
         let answering = async {
-            let mut answered = 0;
             while let Some((id, request)) = shown_rx.recv().await {
                 let prefix = crate::approvals::fingerprint_prefix(&request).context("no fingerprint in the request")?;
                 println!(
@@ -274,17 +324,14 @@ fn scripted_operator(dirs: &Dirs, stop: tokio::sync::oneshot::Receiver<()>) -> R
                 let verb = format!("allow once {prefix}");
                 println!("{} echo '{verb}' > /gate/pending/{id}/ctl", speaker("operator"));
                 warren_gate::approvals::answer(&root, id, &verb).await.map_err(|e| anyhow::anyhow!(e))?;
-                answered += 1;
-                ANSWERED.store(answered, Ordering::SeqCst);
+                answered.fetch_add(1, Ordering::SeqCst);
             }
-            Ok::<usize, anyhow::Error>(answered)
+            Ok::<usize, anyhow::Error>(answered.load(Ordering::SeqCst))
         };
         tokio::select! {
-            r = view => { r.context("the gate's event stream")?; Ok(ANSWERED.load(Ordering::SeqCst)) }
+            r = view => { r.context("the gate's event stream")?; Ok(answered.load(Ordering::SeqCst)) }
             r = answering => r,
-            _ = stop => Ok(ANSWERED.load(Ordering::SeqCst)),
+            _ = stop => Ok(answered.load(Ordering::SeqCst)),
         }
     })
 }
-
-static ANSWERED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);

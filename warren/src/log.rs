@@ -57,7 +57,7 @@ impl Entry {
         })
     }
 
-    fn subject(&self) -> &Value {
+    pub fn subject(&self) -> &Value {
         &self.body["subject"]
     }
 
@@ -243,12 +243,9 @@ impl Cursor {
 /// waiting call spend, and the effect names the spend. (An allowed call that never ran, such as
 /// one whose worker could not be built, never gets an effect: such a wait must be bounded.)
 pub async fn effects_pending(socket: &Path, scope: &str) -> Result<usize> {
-    let receipts = Receipts::connect(socket).await?;
-    let bytes = receipts.log_from(scope, 0).await?;
     let mut allowed = std::collections::BTreeSet::new();
     let mut effected = std::collections::BTreeSet::new();
-    for line in bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
-        let e = Entry::parse(line)?;
+    for e in entries(socket, scope).await? {
         match e.kind.as_str() {
             "decision"
                 if e.subject()["verdict"] == "allow" && e.subject()["answered_by"].is_null() =>
@@ -264,6 +261,17 @@ pub async fn effects_pending(socket: &Path, scope: &str) -> Result<usize> {
         }
     }
     Ok(allowed.difference(&effected).count())
+}
+
+/// Every receipt of `scope` so far, in its log's order (decoded, not verified).
+pub async fn entries(socket: &Path, scope: &str) -> Result<Vec<Entry>> {
+    let receipts = Receipts::connect(socket).await?;
+    let bytes = receipts.log_from(scope, 0).await?;
+    bytes
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(Entry::parse)
+        .collect()
 }
 
 fn print(entries: &[Entry], json: bool) -> Result<()> {

@@ -133,7 +133,8 @@ const DAEMONS: &[Daemon] = &[
         // WARREN_LLM_API, WARREN_LLM_MODEL); its key file is opened here ([`llm_key_fd`]).
         sockets: &["llm.sock", "llmfs.ctl"],
         caps: &[],
-        gate_client: false,
+        // Each namespace's model call is decided by the gate (as `llm`).
+        gate_client: true,
     },
 ];
 
@@ -292,6 +293,12 @@ pub enum Up {
 /// `warren up` without printing (also `warren run` with no daemons up): the same flock, so
 /// concurrent callers start one set.
 pub fn bring_up(dirs: &Dirs) -> Result<Up> {
+    bring_up_with_env(dirs, &[])
+}
+
+/// [`bring_up`] with `env` added to the supervisor's environment, which every daemon it starts
+/// inherits (`warren demo` gives llmfs its scripted model this way, not through its own env).
+pub fn bring_up_with_env(dirs: &Dirs, env: &[(&str, &std::ffi::OsStr)]) -> Result<Up> {
     if !nix::unistd::geteuid().is_root() {
         bail!(
             "warren up needs root in this version (nsd is a system service; see docs/decisions.md)"
@@ -312,6 +319,7 @@ pub fn bring_up(dirs: &Dirs) -> Result<Up> {
     let exe = std::env::current_exe()?;
     let mut cmd = std::process::Command::new(exe);
     cmd.arg("supervise")
+        .envs(env.iter().copied())
         .env("WARREN_RUNTIME_DIR", &dirs.runtime)
         .env("WARREN_DATA_DIR", &dirs.data)
         .env("WARREN_SECRETS_DIR", &dirs.secrets)

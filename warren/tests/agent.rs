@@ -212,6 +212,14 @@ fn an_agent_summarises_a_repository_and_every_call_is_receipted() {
         assert_eq!(b["appender"], "llmfs", "{b}");
         assert_eq!(b["kind"], "query");
         assert_eq!(b["subject"]["model"], "scripted");
+        // Each model call was admitted by a decision of the gate's, which its receipt names.
+        let seq = &b["subject"]["decision"]["seq"];
+        assert!(
+            bodies.iter().any(|d| d["kind"] == "decision"
+                && d["subject"]["tool"] == "llm"
+                && d["seq"] == *seq),
+            "{b}"
+        );
     }
     let ran: Vec<&str> = bodies
         .iter()
@@ -418,5 +426,225 @@ fn the_calls_of_one_turn_run_concurrently() {
     assert_eq!(
         std::fs::read_to_string(format!("{out}/a.txt")).unwrap(),
         "a\n"
+    );
+}
+
+/// Model calls cross the gate like tool calls: each is decided as `llm` with the namespace's
+/// lineage, so a subtree's `limit receipt-bytes=` is spent by model calls alone (their
+/// decisions and `query` receipts charged) until the gate denies the next one for the budget;
+/// and an operator's `deny llm` stops the agent before its model is asked at all (exit 3, the
+/// gate's basis said), with the deny receipted in the namespace's session; under `ask llm` each
+/// model call waits for the operator's answer.
+#[test]
+fn model_calls_are_decided_by_the_gate_and_charged_to_the_budgets() {
+    let base = tempfile::Builder::new()
+        .prefix("wagent")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let (repo, _) = repo(base.path());
+    // Every turn calls a tool the namespace does not have: agentd refuses it itself, so no tool
+    // call reaches the gate and only the model calls spend the budget.
+    let turn = json!({"tool_calls": [{"id": "n", "name": "nope", "arguments": {}}],
+                      "usage": {"prompt_tokens": 1, "completion_tokens": 1}});
+    let script = Script::start(base.path(), &Value::Array(vec![turn; 30]));
+    let w = Warren::up_with(&[("WARREN_LLM_URL", &script.url()), ("WARREN_LLM_MODEL", "m")]);
+    let spec = base.path().join("agent.ns");
+    let agent = |spec_text: &str| {
+        std::fs::write(&spec, spec_text).unwrap();
+        let run = w.run(&[
+            "agent",
+            "--asks",
+            "operator",
+            "--ns",
+            spec.to_str().unwrap(),
+            "--max-turns",
+            "30",
+            "call nope forever",
+        ]);
+        let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
+        (run.status.code(), stderr)
+    };
+    let grant = format!("mount tool /tool fs_read\ntool fs_read -r {repo}\n");
+
+    let (code, stderr) = agent(&format!("{grant}limit receipt-bytes=6000\n"));
+    assert_eq!(code, Some(3), "{stderr}");
+    assert!(
+        stderr.contains("the gate denied this model call: budget:receipt_bytes"),
+        "{stderr}"
+    );
+    let asked = script.requests().len();
+    assert!((1..30).contains(&asked), "{asked} model calls made");
+    let session = session_of(&stderr);
+    let bodies = w.receipts(&session);
+    let queries: Vec<&Value> = bodies.iter().filter(|b| b["kind"] == "query").collect();
+    assert_eq!(queries.len(), asked, "one query receipt per model call");
+    for q in &queries {
+        assert!(q["subject"]["decision"]["seq"].is_u64(), "{q}");
+    }
+    let llm_allowed = bodies
+        .iter()
+        .filter(|b| {
+            b["kind"] == "decision"
+                && b["subject"]["tool"] == "llm"
+                && b["subject"]["verdict"] == "allow"
+        })
+        .count();
+    assert_eq!(llm_allowed, asked, "{bodies:?}");
+
+    w.run_ok(&["write", "/gate/rules", "deny llm"]);
+    let (code, stderr) = agent(&grant);
+    assert_eq!(code, Some(3), "{stderr}");
+    assert!(
+        stderr.contains("the gate denied this model call: rule"),
+        "{stderr}"
+    );
+    assert_eq!(script.requests().len(), asked, "the model was asked");
+    let session = session_of(&stderr);
+    wait_until("the deny receipted", || {
+        w.receipts(&session).iter().any(|b| {
+            b["kind"] == "decision"
+                && b["subject"]["tool"] == "llm"
+                && b["subject"]["verdict"] == "deny"
+        })
+    });
+
+    // `ask llm`: each model call waits for the operator, and runs once allowed.
+    let rules = String::from_utf8(w.run_ok(&["cat", "/gate/rules"]).stdout).unwrap();
+    let deny = rules
+        .lines()
+        .find(|l| l.contains("deny\tllm"))
+        .and_then(|l| l.split('\t').next())
+        .unwrap_or_else(|| panic!("no deny rule in {rules}"));
+    w.run_ok(&["write", "/gate/rules", &format!("delete {deny}\nask llm")]);
+    let _approver = approve_every_ask(&w);
+    std::fs::write(&spec, &grant).unwrap();
+    let run = w.run(&[
+        "agent",
+        "--asks",
+        "operator",
+        "--ns",
+        spec.to_str().unwrap(),
+        "--max-turns",
+        "2",
+        "call nope twice",
+    ]);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("the turns budget is spent"), "{stderr}");
+    assert_eq!(script.requests().len(), asked + 2);
+    let session = session_of(&stderr);
+    let answered = w
+        .receipts(&session)
+        .iter()
+        .filter(|b| {
+            b["kind"] == "decision"
+                && b["subject"]["tool"] == "llm"
+                && b["subject"]["answered_by"].is_string()
+        })
+        .count();
+    assert_eq!(answered, 2, "each model call was asked and answered");
+}
+
+/// llmfs killed while a namespace with `mount llm` runs: the supervisor restarts it, the bridge
+/// gets a new connection through nsd (with the namespace's grant again), and a session minted
+/// afterwards is answered and receipted in the namespace's session; the session of the old
+/// connection is gone with it.
+#[test]
+fn a_restarted_llmfs_serves_the_running_namespace_again() {
+    let script_dir = tempfile::Builder::new()
+        .prefix("wllmr")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let script = Script::start(
+        script_dir.path(),
+        &json!([{"text": "before"}, {"text": "after"}]),
+    );
+    let w = Warren::up_with(&[("WARREN_LLM_URL", &script.url()), ("WARREN_LLM_MODEL", "m")]);
+    let share = tempfile::Builder::new()
+        .prefix("wllmr")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(share.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let s = share.path().to_str().unwrap();
+    let spec = script_dir.path().join("llm.ns");
+    std::fs::write(&spec, "mount llm /mnt/llm\n").unwrap();
+    // One open of `ask` is one ask: the message written, the reply read on the same fd (in a
+    // subshell: a failed `exec` redirection would end the script).
+    let sh = format!(
+        "ask() ( exec 3<>\"/mnt/llm/$1/ask\" && printf '%s' \"$2\" >&3 && cat <&3 > \"$3\" )\n\
+         old=$(cat /mnt/llm/new)\n\
+         ask \"$old\" hello {s}/first\n\
+         while [ ! -e {s}/go ]; do sleep 0.05; done\n\
+         if ask \"$old\" again {s}/old 2>{s}/old.err; then echo kept > {s}/old.status; else echo gone > {s}/old.status; fi\n\
+         new=$(cat /mnt/llm/new)\n\
+         ask \"$new\" hello {s}/second\n"
+    );
+    let launcher = w.spawn_sh(
+        &[
+            "--asks",
+            "operator",
+            "--ns",
+            spec.to_str().unwrap(),
+            "--rw",
+            s,
+        ],
+        &sh,
+    );
+    let first = share.path().join("first");
+    wait_until("the first ask's reply", || {
+        std::fs::read_to_string(&first).is_ok_and(|t| t.contains("\"done\""))
+    });
+    assert!(
+        std::fs::read_to_string(&first).unwrap().contains("before"),
+        "{}",
+        std::fs::read_to_string(&first).unwrap()
+    );
+    let old = w.daemon_pid("warren-llmfs");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(old),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    wait_until("a new llmfs", || {
+        let pids = w.daemon_pids("warren-llmfs");
+        pids.len() == 1 && pids[0] != old
+    });
+    std::fs::write(share.path().join("go"), "").unwrap();
+    let out = launcher.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let read = |name: &str| std::fs::read_to_string(share.path().join(name)).unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "{:?} {stderr}\nold: {} {}\nsecond: {}",
+        out.status,
+        read("old.status"),
+        read("old.err"),
+        read("second")
+    );
+    assert_eq!(read("old.status").trim(), "gone", "{}", read("old.err"));
+    let second = read("second");
+    assert!(
+        second.contains("after") && second.contains("\"done\""),
+        "{second}"
+    );
+    assert_eq!(script.requests().len(), 2);
+    // Both model calls, before and after the restart, in the one namespace's session.
+    wait_until(
+        "both model calls receipted in the namespace's session",
+        || {
+            let listing =
+                String::from_utf8_lossy(&w.run_ok(&["ls", "/receipts"]).stdout).into_owned();
+            listing
+                .lines()
+                .map(|l| l.trim_end_matches('/'))
+                .filter(|l| l.len() == 32)
+                .any(|scope| {
+                    w.receipts(scope)
+                        .iter()
+                        .filter(|b| b["kind"] == "query" && b["appender"] == "llmfs")
+                        .count()
+                        == 2
+                })
+        },
     );
 }

@@ -324,6 +324,10 @@ fn receipts_export_and_verify_through_the_front_door() {
 }
 
 /// The README's quick start: `warren demo` runs the whole job on its embedded default and exits 0.
+/// Act 1: a shell script in a namespace. Act 2: warren's own agent (`warren-agentd`, on `warren
+/// agent`'s path) against the scripted compromised model (`warren-llm-script` behind llmfs):
+/// it finishes, its summary is on disk, the ungranted tool and the write outside its grant
+/// failed, and its session's model-call and tool-call receipts verify.
 #[test]
 fn the_demo_runs_the_main_job() {
     assert!(
@@ -333,6 +337,8 @@ fn the_demo_runs_the_main_job() {
     let out = Command::new(env!("CARGO_BIN_EXE_warren"))
         .arg("demo")
         .stdin(std::process::Stdio::null())
+        // The scripted model, whatever the environment the tests run in names.
+        .env_remove("WARREN_LLM_URL")
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -354,6 +360,65 @@ fn the_demo_runs_the_main_job() {
     assert!(stdout.contains("reviewed by the demo agent"), "{stdout}");
     assert!(stdout.contains("echo 'allow once "), "{stdout}");
     assert!(stdout.contains("warren verify: verified"), "{stdout}");
+
+    // Act 2, from its own lines on: the agent's calls as its transcript has them.
+    let act2 = &stdout[stdout
+        .find("act 2: warren's own agent")
+        .unwrap_or_else(|| panic!("no agent act:\n{stdout}"))..];
+    let call = |start: &str| {
+        act2.lines()
+            .find(|l| l.trim_start().starts_with(start))
+            .unwrap_or_else(|| panic!("no call {start:?}:\n{act2}"))
+    };
+    assert!(
+        call("turn 1: fs_read").contains("README.md\"} → ok"),
+        "{act2}"
+    );
+    // The injection's ungranted tool never reached anything: the namespace has no `shell`.
+    assert!(
+        call("turn 2: shell").contains("→ refused: unknown tool `shell`"),
+        "{act2}"
+    );
+    // Its write outside the grant was allowed by the rubber-stamp operator and still failed.
+    let outside = call("turn 2: fs_write");
+    assert!(
+        outside.contains("home/.bashrc")
+            && outside.contains("→ error: ")
+            && outside.contains("outside this tool's roots"),
+        "{act2}"
+    );
+    assert!(
+        call("turn 3: fs_write").contains("→ ok: created "),
+        "{act2}"
+    );
+    assert!(
+        act2.contains("outcome: finished (2 ask(s) answered by the operator)"),
+        "{act2}"
+    );
+    // The summary on disk is the script's, the file outside the grant unchanged.
+    assert!(
+        act2.contains(
+            "project/SUMMARY.md says: \"tiny: a Rust library with one function, add(a, b), that adds two numbers.\""
+        ),
+        "{act2}"
+    );
+    assert!(
+        act2.contains("home/.bashrc says: \"# the operator's shell startup file\""),
+        "{act2}"
+    );
+    // Receipts: the four model calls (llmfs) and the gate's decisions admitting them, the
+    // gate's decisions on the four tool calls that crossed it (the two writes asked and
+    // answered), the four runs; the chain verifies.
+    assert!(
+        act2.contains(
+            "4 model calls (receipted by llmfs, each admitted by one of 4 gate decisions on `llm`), 8 gate decisions on tool calls (2 of them the operator's answers), 4 tool runs (receipted by toolfs)"
+        ),
+        "{act2}"
+    );
+    assert!(
+        act2.contains("20 receipts; warren verify: verified"),
+        "{act2}"
+    );
     // Its output is a pipe here: words alone, no terminal codes; counts in the right number.
     assert!(
         !stdout.contains('\x1b'),

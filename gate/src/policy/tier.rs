@@ -60,9 +60,13 @@ impl FromStr for Tier {
 }
 
 /// The code-owned table of core tool names. Network and destructive have no core tool yet
-/// (`web_fetch` would be network); destructive is reached by the shell risk raise.
+/// (`web_fetch` would be network); destructive is reached by the shell risk raise. The second
+/// name is a namespace's model call (its model's name and the request's digest are all the
+/// gate sees of it): read, so allowed by default and never raised by the untrusted data an
+/// agent's every turn carries; an operator's rule asks or denies it.
 pub const CORE_TOOLS: &[(&str, Tier)] = &[
     ("echo", Tier::Read),
+    ("llm", Tier::Read),
     ("fs_list", Tier::Read),
     ("fs_read", Tier::Read),
     ("fs_edit", Tier::Write),

@@ -11,12 +11,16 @@ use tokio::net::UnixListener;
 use warren_daemon::accept::{into_blocking, next_peer, refusal, root_only};
 use warren_proto::llm::{LlmGrant, reply_line};
 
+use crate::gate::ModelGate;
 use crate::tree::LlmTree;
+use warren_toolfs::gate::GateLink;
 
-/// Serves the control socket forever; `make` builds the tree for a connection (with no scope).
+/// Serves the control socket forever; `make` builds the tree for a connection (with no scope);
+/// `gate` decides each namespace's model calls (None: `--no-gate`, they are not decided).
 pub async fn serve_control(
     listener: UnixListener,
     make: Arc<dyn Fn() -> LlmTree + Send + Sync>,
+    gate: Option<Arc<GateLink>>,
     limits: warren_9p::Limits,
 ) {
     loop {
@@ -28,7 +32,7 @@ pub async fn serve_control(
                 continue;
             }
         };
-        let (make, limits) = (make.clone(), limits.clone());
+        let (make, gate, limits) = (make.clone(), gate.clone(), limits.clone());
         let runtime = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || {
             loop {
@@ -40,7 +44,7 @@ pub async fn serve_control(
                         return;
                     }
                 };
-                let result = accept(&record, fds, &*make, &limits, &runtime);
+                let result = accept(&record, fds, &*make, gate.as_ref(), &limits, &runtime);
                 if let Err(msg) = &result {
                     tracing::warn!("llmfs.ctl: refused a connection: {msg}");
                 }
@@ -56,6 +60,7 @@ fn accept(
     record: &[u8],
     fds: Vec<OwnedFd>,
     make: &(dyn Fn() -> LlmTree + Send + Sync),
+    gate: Option<&Arc<GateLink>>,
     limits: &warren_9p::Limits,
     runtime: &tokio::runtime::Handle,
 ) -> Result<(), String> {
@@ -72,7 +77,10 @@ fn accept(
     stream.set_nonblocking(true).map_err(|e| e.to_string())?;
     let _guard = runtime.enter();
     let stream = tokio::net::UnixStream::from_std(stream).map_err(|e| e.to_string())?;
-    let tree = Arc::new(make().in_scope(grant.session.clone()));
+    let gate = gate
+        .map(|g| ModelGate::new(g.clone(), grant.lineage.as_ref()))
+        .transpose()?;
+    let tree = Arc::new(make().in_scope(grant.session.clone(), gate));
     let limits = limits.clone();
     let label = format!("namespace {}", grant.namespace);
     tracing::info!(peer = %label, "serving a namespace's connection");

@@ -4,6 +4,7 @@
 
 pub mod backend;
 pub mod control;
+pub mod gate;
 pub mod receipts;
 pub mod session;
 pub mod tree;

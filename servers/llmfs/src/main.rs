@@ -87,9 +87,15 @@ struct Args {
     /// Receipt no model call (asks are then not refused for want of receiptd).
     #[arg(long, conflicts_with = "receipts")]
     no_receipts: bool,
+    /// Decide no namespace's model call (for tests of llmfs alone). Without it and with no gate
+    /// connection (`WARREN_GATE_FD`), every namespace's model call is denied.
+    #[arg(long)]
+    no_gate: bool,
 }
 
 fn main() -> anyhow::Result<()> {
+    // The gate connection first: no other fd may be opened before it is taken.
+    let gate_fd = warren_toolfs::gate::take_inherited_fd()?;
     let args = Args::parse();
     warren_daemon::init_tracing("llmfs");
     warren_daemon::harden()?;
@@ -142,6 +148,14 @@ fn main() -> anyhow::Result<()> {
             let socket = args.receipts.unwrap_or_else(|| dirs.socket("receipts"));
             Some(Arc::new(Receipts::start(socket)))
         };
+        let gate = if args.no_gate {
+            tracing::warn!("--no-gate: namespaces' model calls are not decided by the gate");
+            None
+        } else {
+            Some(Arc::new(
+                warren_toolfs::gate::GateLink::inherited(gate_fd).await,
+            ))
+        };
         // The control socket first: once `llm.sock` answers, both do.
         let ctl = warren_daemon::operator::listen(&dirs.control(CONTROL_NAME))?;
         let listener = warren_daemon::operator::listen(&dirs.socket("llm"))?;
@@ -158,6 +172,7 @@ fn main() -> anyhow::Result<()> {
         tokio::spawn(warren_llmfs::control::serve_control(
             ctl,
             for_ctl,
+            gate,
             warren_9p::Limits::default(),
         ));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

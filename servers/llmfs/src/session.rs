@@ -14,6 +14,7 @@ use tokio::sync::watch;
 use tokio::task::AbortHandle;
 
 use crate::backend::{AskError, AskRequest, Backend, Event, Reply, Usage};
+use crate::gate::{Admitted, ModelGate};
 use crate::receipts::{ReceiptSlot, Receipts};
 
 /// Bytes a settings file (`model`, `system`, `tools`) or one message may hold.
@@ -200,11 +201,13 @@ impl Session {
 
     /// Starts an ask with `message` (the bytes written to `ask`). Returns its turn, or `None`
     /// when an ask is already running.
+    /// With `gate` (a namespace's connection), the call is decided by the gate first.
     pub fn start(
         self: &Arc<Self>,
         message: &[u8],
         backend: Arc<Backend>,
         receipts: Option<Arc<Receipts>>,
+        gate: Option<Arc<ModelGate>>,
     ) -> Option<u64> {
         let mut s = self.settings();
         if s.running.is_some() {
@@ -227,8 +230,21 @@ impl Session {
                     return;
                 }
             };
-            let mut on_event = |ev: Event| session.emit(turn, &ev);
             let deadline = tokio::time::Instant::now() + timeout;
+            let admitted = match &gate {
+                Some(g) => match g
+                    .admit(&session.scope, &request.model, &body, deadline)
+                    .await
+                {
+                    Ok(a) => Some(a),
+                    Err(e) => {
+                        session.finish(turn, json!({"error": e}));
+                        return;
+                    }
+                },
+                None => None,
+            };
+            let mut on_event = |ev: Event| session.emit(turn, &ev);
             let asked = tokio::time::timeout_at(
                 deadline,
                 backend.ask(&body, &request.model, deadline, &mut on_event),
@@ -244,6 +260,7 @@ impl Session {
                             &request.model,
                             &body,
                             &reply,
+                            admitted.as_ref(),
                         ));
                     }
                 }
@@ -419,16 +436,24 @@ pub fn parse_message(bytes: &[u8]) -> Result<Value, String> {
     Ok(json!({"role": "user", "content": text.trim_end_matches('\n')}))
 }
 
-fn sha256(bytes: &[u8]) -> String {
+pub(crate) fn sha256(bytes: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
 }
 
 /// The model call's receipt: which model, the counts, and digests of what was sent and what came
-/// back — never the text itself.
-fn receipt(scope: &str, api: &str, model: &str, body: &Value, reply: &Reply) -> Value {
+/// back — never the text itself. A namespace's call names the gate's decision that admitted it
+/// and is charged to its subtree's budgets.
+fn receipt(
+    scope: &str,
+    api: &str,
+    model: &str,
+    body: &Value,
+    reply: &Reply,
+    admitted: Option<&Admitted>,
+) -> Value {
     let sent = serde_json::to_vec(body).expect("json");
     let got = serde_json::to_vec(&reply.as_message()).expect("json");
-    json!({
+    let mut receipt = json!({
         "scope": scope,
         "kind": "query",
         "subject": {
@@ -439,7 +464,16 @@ fn receipt(scope: &str, api: &str, model: &str, body: &Value, reply: &Reply) -> 
             "completion_tokens": reply.usage.completion_tokens,
         },
         "digests": {"request": sha256(&sent), "reply": sha256(&got)},
-    })
+    });
+    if let Some(a) = admitted {
+        if let Some(ack) = &a.decision {
+            receipt["subject"]["decision"] = json!({"seq": ack.seq, "hash": ack.hash});
+        }
+        if let Some(b) = &a.budgets {
+            receipt["budgets"] = b.clone();
+        }
+    }
+    receipt
 }
 
 /// A session's receipt scope: named by a digest of its token, so the log never holds the token.

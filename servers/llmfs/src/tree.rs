@@ -9,6 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use warren_9p::{DirEntry, Errno, FileTree, GetAttrMask, QId, QIdType, Result, Stat, Time, oflags};
 
 use crate::backend::Backend;
+use crate::gate::ModelGate;
 use crate::receipts::Receipts;
 use crate::session::{Defaults, MAX_FILE_BYTES, Session, Setting};
 
@@ -86,6 +87,9 @@ pub struct LlmTree {
     /// The namespace session this connection was handed over for (`llmfs.ctl`): every session
     /// minted here is receipted in its scope. None: the operator socket.
     scope: Option<String>,
+    /// How this namespace's model calls are decided (`crate::gate`); None: not decided (the
+    /// operator socket, or llmfs run with `--no-gate`).
+    gate: Option<Arc<ModelGate>>,
     mtime: Time,
 }
 
@@ -100,6 +104,7 @@ impl LlmTree {
             defaults,
             sessions: Mutex::new(HashMap::new()),
             scope: None,
+            gate: None,
             mtime: Time {
                 sec: now.as_secs(),
                 nsec: u64::from(now.subsec_nanos()),
@@ -107,9 +112,11 @@ impl LlmTree {
         }
     }
 
-    /// This connection's sessions are receipted in `scope` (a namespace's session).
-    pub fn in_scope(mut self, scope: String) -> Self {
+    /// This connection's sessions are receipted in `scope` (a namespace's session), their calls
+    /// decided through `gate`.
+    pub fn in_scope(mut self, scope: String, gate: Option<ModelGate>) -> Self {
         self.scope = Some(scope);
+        self.gate = gate.map(Arc::new);
         self
     }
 
@@ -194,7 +201,12 @@ impl LlmTree {
             return Ok(());
         }
         let turn = session
-            .start(&ask.message, self.backend.clone(), self.receipts.clone())
+            .start(
+                &ask.message,
+                self.backend.clone(),
+                self.receipts.clone(),
+                self.gate.clone(),
+            )
             .ok_or(Errno::EBUSY)?;
         ask.message.clear();
         ask.reading = Some((turn, offset));

@@ -24,6 +24,7 @@ async fn a_bad_grant_is_refused_and_says_why() {
         version: 1,
         session: "not-a-session".into(),
         namespace: "1".into(),
+        lineage: None,
     };
     let e = hand_over(&ctl, &bad, theirs.as_fd()).unwrap_err();
     assert!(
@@ -63,4 +64,33 @@ async fn with_no_backend_an_ask_says_none_is_configured() {
         "{reply:?}"
     );
     assert!(script.requests().is_empty());
+}
+
+/// Fail closed: a namespace's connection with no gate to decide its model calls (no
+/// `WARREN_GATE_FD`, and not `--no-gate`) gets every ask denied, and nothing reaches the model;
+/// the operator's own socket is not a namespace's and is not decided.
+#[tokio::test]
+async fn with_no_gate_a_namespaces_model_call_is_denied() {
+    let dir = tmp();
+    let script = Script::start(dir.path(), "openai", json!([{"text": "operator"}]));
+    let fs = Llmfs::start_with(
+        dir.path(),
+        script.port,
+        "openai",
+        &["--model", "m", "--no-receipts"],
+    );
+    let conn = fs.hand_over(SESSION).await;
+    let token = conn.new_session().await;
+    let reply = conn.ask(&token, "hello").await;
+    assert!(
+        error_of(&reply).contains("the gate denied this model call: no gate"),
+        "{reply:?}"
+    );
+    assert!(script.requests().is_empty());
+    let op = fs.connect().await;
+    let token = op.new_session().await;
+    assert_eq!(
+        op.ask(&token, "hello").await[0],
+        json!({"text": "operator"})
+    );
 }

@@ -132,7 +132,7 @@ async fn a_namespace_connection_is_receipted_in_its_session() {
         dir.path(),
         script.port,
         "openai",
-        &["--model", "gpt-test", "--receipts", socket],
+        &["--model", "gpt-test", "--receipts", socket, "--no-gate"],
     );
     let session = "5e55105e55105e55105e55105e55105e";
     let conn = fs.hand_over(session).await;

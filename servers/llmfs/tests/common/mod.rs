@@ -80,7 +80,7 @@ impl Llmfs {
     /// llmfs in front of the backend on `port`, the key in `<dir>/secrets/llm.key`, no receipts, fast
     /// backoff; `extra` flags after those.
     pub fn start(dir: &Path, port: u16, api: &str, extra: &[&str]) -> Llmfs {
-        let mut args = vec!["--no-receipts"];
+        let mut args = vec!["--no-receipts", "--no-gate"];
         args.extend_from_slice(extra);
         Llmfs::start_with(dir, port, api, &args)
     }
@@ -140,6 +140,7 @@ impl Llmfs {
             version: 1,
             session: session.into(),
             namespace: "1".into(),
+            lineage: None,
         };
         let ctl = self.socket.with_file_name("llmfs.ctl");
         warren_proto::llm::hand_over(&ctl, &grant, std::os::fd::AsFd::as_fd(&theirs)).unwrap();
