@@ -343,6 +343,10 @@ impl ServedMounts {
         }
         if let Some(r) = &reconnect {
             cmd.arg("--reconnect-fd").arg(r.as_raw_fd().to_string());
+            // A peer's /tool: the bridge reports each call, and nsd receipts it here.
+            if presentation == Presentation::CallFiles && mount.key.is_some() {
+                cmd.arg("--report-calls");
+            }
         }
         let mut keep = vec![fuse.as_raw_fd(), conn.as_raw_fd()];
         keep.extend(reconnect.as_ref().map(|r| r.as_raw_fd()));
@@ -395,6 +399,8 @@ impl ServedMounts {
             // name resolved again as root.
             addr: tcp.peer_addr()?,
             secrets: self.dirs.secrets.clone(),
+            session: self.session.clone(),
+            key: Mutex::new(String::new()),
         };
         let conn = import.link(tcp)?;
         tracing::info!(peer = %import.peer, tree = %import.tree, path = %mount.path, "imported a peer's tree");
@@ -644,6 +650,10 @@ struct Import {
     label: String,
     addr: std::net::SocketAddr,
     secrets: PathBuf,
+    /// The namespace's session: where its calls to the peer are receipted.
+    session: String,
+    /// The fingerprint of the key the current link's server proved.
+    key: Mutex<String>,
 }
 
 /// How long a re-dial waits for the peer's TCP connect (the handshake has its own limit).
@@ -676,6 +686,7 @@ impl Import {
             };
             refused(kind, e.to_string())
         })?;
+        *self.key.lock().unwrap_or_else(|p| p.into_inner()) = peer.key.fingerprint();
         let (ours, bridges) = UnixStream::pair()?;
         let label = self.label.clone();
         std::thread::Builder::new()
@@ -697,6 +708,113 @@ impl Import {
         let conn = self.link(tcp)?;
         tracing::info!(peer = %self.peer, tree = %self.tree, "a peer's link was dialled again");
         Ok(conn)
+    }
+}
+
+/// The most of a peer's receipt reference a `remote` receipt copies (it is the peer's claim).
+const MAX_REMOTE_REF: usize = 1024;
+
+impl Import {
+    /// The `remote` receipt of one call the bridge reported (`called TOOL ARGS_SHA256 ARGS_LEN
+    /// RESULT_LEN`, a newline, the result's first bytes): the tool, the arguments' digest, the
+    /// peer and its key, and the receipt the peer's envelope names (its decision: scope, seq,
+    /// hash). The bridge's words are checked, never trusted to be well formed.
+    fn remote_receipt(&self, report: &[u8]) -> Result<serde_json::Value, String> {
+        let (head, result) = match report.iter().position(|&b| b == b'\n') {
+            Some(i) => (&report[..i], &report[i + 1..]),
+            None => return Err("a call report without its header line".into()),
+        };
+        let head = std::str::from_utf8(head).map_err(|_| "a call report that is not UTF-8")?;
+        let [tool, args, args_len, result_len] = head.split(' ').collect::<Vec<_>>()[..] else {
+            return Err(
+                "a call report's header is not TOOL ARGS_SHA256 ARGS_LEN RESULT_LEN".into(),
+            );
+        };
+        let hex64 = |s: &str| {
+            s.len() == 64
+                && s.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        };
+        let (Ok(args_len), Ok(result_len)) = (args_len.parse::<u64>(), result_len.parse::<u64>())
+        else {
+            return Err("a call report's lengths are not numbers".into());
+        };
+        if !crate::spec::is_tool_name(tool) || !hex64(args) || result.len() as u64 > result_len {
+            return Err("a call report with a bad tool name, digest or length".into());
+        }
+        let mut subject = serde_json::json!({
+            "peer": self.peer,
+            "key": *self.key.lock().unwrap_or_else(|p| p.into_inner()),
+            "tool": tool,
+            "args_bytes": args_len,
+            "result_bytes": result_len,
+        });
+        let mut digests = serde_json::json!({"args": format!("sha256:{args}")});
+        if result.len() as u64 == result_len {
+            let d = sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(result));
+            let hex: String = d.iter().map(|b| format!("{b:02x}")).collect();
+            digests["result"] = serde_json::json!(format!("sha256:{hex}"));
+        }
+        // The peer's envelope: its status and the receipt it names, as the peer wrote them.
+        if let Ok(envelope) = serde_json::from_slice::<serde_json::Value>(result) {
+            if let Some(status) = envelope.get("status").and_then(|s| s.as_str())
+                && status.len() <= 64
+            {
+                subject["status"] = serde_json::json!(status);
+            }
+            if let Some(r) = envelope.get("receipt").filter(|r| r.is_object())
+                && r.to_string().len() <= MAX_REMOTE_REF
+            {
+                subject["remote"] = r.clone();
+            }
+        }
+        Ok(serde_json::json!({
+            "scope": self.session,
+            "kind": "remote",
+            "subject": subject,
+            "digests": digests,
+        }))
+    }
+}
+
+/// nsd's connection to receiptd for `remote` receipts, made on first use on the thread that
+/// serves one mount's reconnect socket (and made again after it failed).
+#[derive(Default)]
+struct RemoteReceipts {
+    rt: Option<tokio::runtime::Runtime>,
+    appender: Option<warren_receiptd::client::Appender>,
+}
+
+impl RemoteReceipts {
+    fn append(&mut self, dirs: &Dirs, request: &serde_json::Value) -> Result<(), String> {
+        let rt = match &mut self.rt {
+            Some(rt) => rt,
+            None => self.rt.insert(
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?,
+            ),
+        };
+        let bytes = serde_json::to_vec(request).map_err(|e| e.to_string())?;
+        let appender = &mut self.appender;
+        rt.block_on(async {
+            let a = match appender {
+                Some(a) => a,
+                None => appender.insert(
+                    warren_receiptd::client::Appender::connect(&dirs.socket("receipts"))
+                        .await
+                        .map_err(|e| format!("receiptd: {e}"))?,
+                ),
+            };
+            match a.append(&bytes).await {
+                Ok(_) => Ok(()),
+                Err(e) => {
+                    *appender = None;
+                    Err(e.to_string())
+                }
+            }
+        })
     }
 }
 
@@ -771,7 +889,26 @@ fn serve_reconnects(sock: UnixStream, dirs: Dirs, remake: Remake) {
     std::thread::spawn(move || {
         let mut last: Option<Instant> = None;
         let mut redial = Backoff::default();
+        let mut receipts = RemoteReceipts::default();
         while let Ok((request, _)) = warren_daemon::handoff::recv(&sock) {
+            if let (Some(report), Remake::Import(import)) =
+                (request.strip_prefix(b"called "), &remake)
+            {
+                let recorded = import
+                    .remote_receipt(report)
+                    .and_then(|r| receipts.append(&dirs, &r));
+                let answer = match recorded {
+                    Ok(()) => "ok".to_owned(),
+                    Err(e) => {
+                        tracing::warn!(peer = %import.peer, "a call to the peer not receipted: {e}");
+                        format!("error: {e}")
+                    }
+                };
+                if warren_daemon::handoff::send(&sock, answer.as_bytes(), &[]).is_err() {
+                    return;
+                }
+                continue;
+            }
             if request != b"reconnect" {
                 let _ = warren_daemon::handoff::send(&sock, b"error: unknown request", &[]);
                 continue;

@@ -148,6 +148,7 @@ struct Hosts {
     a: Warren,
     b: Warren,
     a_key: PublicKey,
+    b_key: PublicKey,
     a_config: PathBuf,
     exportfs: Child,
     addr: String,
@@ -186,12 +187,25 @@ fn hosts(b_grants: &str) -> Hosts {
         a,
         b,
         a_key,
+        b_key,
         a_config,
         exportfs,
         addr,
         link,
         _configs: configs,
     }
+}
+
+/// Every `remote` receipt on `w`, in any session.
+fn remote_receipts(w: &Warren) -> Vec<serde_json::Value> {
+    let listed = w.run(&["ls", "/receipts"]);
+    String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .map(|l| l.trim_end_matches('/'))
+        .filter(|s| s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit()))
+        .flat_map(|s| w.receipts(s))
+        .filter(|b| b["kind"] == "remote")
+        .collect()
 }
 
 /// The kinds of a session's receipts on `w` so far (none while it has no log yet).
@@ -251,6 +265,42 @@ fn a_peer_sees_exactly_its_grant_and_b_decides_and_receipts_its_calls() {
     });
     let kinds = receipt_kinds(&h.b, &session);
     assert!(kinds.iter().any(|k| k == "decision"), "{kinds:?}");
+
+    // A's own receipt of the call, in the calling namespace's session: the tool, the digest of
+    // the arguments written, B's key, and the decision receipt B's envelope named; that entry
+    // is in B's chain (B's next entry names its hash as `prev`).
+    let remote = remote_receipts(&h.a);
+    assert_eq!(
+        remote.len(),
+        1,
+        "{remote:?}\n{}",
+        std::fs::read_to_string(h.a.runtime().join("warren.log")).unwrap_or_default()
+    );
+    let (subject, digests) = (&remote[0]["subject"], &remote[0]["digests"]);
+    assert_eq!(subject["tool"], "echo", "{subject}");
+    assert_eq!(subject["peer"], "b", "{subject}");
+    assert_eq!(subject["key"], h.b_key.fingerprint(), "{subject}");
+    assert_eq!(subject["status"], "ok", "{subject}");
+    let args = sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(
+        br#"{"text":"across"}"#,
+    ));
+    assert_eq!(
+        digests["args"],
+        format!("sha256:{}", hex::encode(args)),
+        "{digests}"
+    );
+    assert_eq!(remote[0]["appender"], "operator:0", "{:?}", remote[0]);
+    let decision = &subject["remote"]["decision"];
+    let (seq, hash) = (decision["seq"].as_u64().unwrap(), &decision["hash"]);
+    let b_chain = h.b.receipts(&session);
+    let at = |n: u64| {
+        b_chain
+            .iter()
+            .find(|b| b["seq"] == n)
+            .unwrap_or_else(|| panic!("no entry {n} in B's chain: {b_chain:?}"))
+    };
+    assert_eq!(at(seq)["kind"], "decision", "{b_chain:?}");
+    assert_eq!(&at(seq + 1)["prev"], hash, "{b_chain:?}");
 
     // An exec-tier call asks on B's gate, and runs once B's operator allows it.
     let agent = h.a.spawn_run(&[
