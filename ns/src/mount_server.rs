@@ -777,6 +777,9 @@ impl Import {
     }
 }
 
+/// How long nsd waits for receiptd to take a `remote` receipt.
+const REMOTE_APPEND_PATIENCE: Duration = Duration::from_secs(10);
+
 /// nsd's connection to receiptd for `remote` receipts, made on first use on the thread that
 /// serves one mount's reconnect socket (and made again after it failed).
 #[derive(Default)]
@@ -802,16 +805,27 @@ impl RemoteReceipts {
             let a = match appender {
                 Some(a) => a,
                 None => appender.insert(
-                    warren_receiptd::client::Appender::connect(&dirs.socket("receipts"))
-                        .await
-                        .map_err(|e| format!("receiptd: {e}"))?,
+                    tokio::time::timeout(
+                        REMOTE_APPEND_PATIENCE,
+                        warren_receiptd::client::Appender::connect(&dirs.socket("receipts")),
+                    )
+                    .await
+                    .map_err(|_| "receiptd did not answer the connection".to_owned())?
+                    .map_err(|e| format!("receiptd: {e}"))?,
                 ),
             };
-            match a.append(&bytes).await {
-                Ok(_) => Ok(()),
-                Err(e) => {
+            // Bounded: the reader's read waits for this answer.
+            match tokio::time::timeout(REMOTE_APPEND_PATIENCE, a.append(&bytes)).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => {
                     *appender = None;
                     Err(e.to_string())
+                }
+                Err(_) => {
+                    *appender = None;
+                    Err(format!(
+                        "receiptd did not answer within {REMOTE_APPEND_PATIENCE:?}"
+                    ))
                 }
             }
         })
