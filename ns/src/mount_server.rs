@@ -13,7 +13,11 @@
 //! - `mount unix!PATH` / `mount tcp!HOST!PORT` — the launcher, with the operator's own
 //!   credentials, handed to nsd with the run request ([`ServedMounts::with_connections`]), so
 //!   nsd never connects as root on an operator's behalf. Its bridge reads real file sizes and
-//!   attaches with the mount's SPEC words as the aname.
+//!   attaches with the mount's SPEC words as the aname. Plain 9P off this host needs the
+//!   line's `--insecure-plain` (`refuse_plain_off_host`).
+//! - `mount -k PEER tcp!HOST!PORT` — the launcher's connection first, nsd running the handshake
+//!   on it as the host key; after the link drops, nsd dials the same address itself
+//!   (`Import::dial`), and receipts the namespace's calls to the peer (`remote`).
 //! - `mount llm` — nsd: a socketpair to llmfs's control socket with the namespace's session
 //!   (`warren_proto::llm`): its model sessions live on that connection and are receipted in the
 //!   namespace's session, in an operator namespace too.
