@@ -69,7 +69,9 @@ impl Conn {
     }
 
     /// Called after a request on attachment `failed` found the connection gone: re-attaches
-    /// through the reconnect hook (once per dead attachment), or says ENOTCONN for good.
+    /// through the reconnect hook (once per dead attachment). Without a hook the mount is gone
+    /// for good: ENOTCONN. With one, a failed reconnect is EIO for this request only: the
+    /// server (a daemon restarting, a peer's link) may be back for the next, which tries again.
     pub(crate) async fn recover(&self, failed: u64) -> Result<Arc<Attachment>, Errno> {
         let Some(reconnect) = &self.reconnect else {
             return Err(Errno::ENOTCONN);
@@ -81,11 +83,11 @@ impl Conn {
         }
         let client = reconnect().await.map_err(|e| {
             tracing::warn!(error = %e, "bridge: reconnect failed");
-            Errno::ENOTCONN
+            Errno::EIO
         })?;
         let root = client.attach(&self.uname, &self.aname).await.map_err(|e| {
             tracing::warn!(error = %e, "bridge: re-attach failed");
-            Errno::ENOTCONN
+            Errno::EIO
         })?;
         let next = Arc::new(Attachment {
             client,

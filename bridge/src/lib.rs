@@ -49,6 +49,31 @@ pub struct BridgeOptions {
     /// Makes a new client when the server went away (see [`Reconnect`]); the bridge re-attaches
     /// and re-walks its nodes. `None`: requests fail with ENOTCONN once the server is gone.
     pub reconnect: Option<Reconnect>,
+    /// With `call_files`: each call made on a `NAME/call` file is reported here when a read
+    /// finds the end of its result (or its handle is closed first), and the read is answered
+    /// once the report is acknowledged (nsd receipts a namespace's calls to a peer from these).
+    pub calls: Option<CallSink>,
+}
+
+/// Where call reports go: each with the sender the bridge waits on for the acknowledgement.
+pub type CallSink = tokio::sync::mpsc::Sender<(CallReport, tokio::sync::oneshot::Sender<()>)>;
+
+/// One call seen on a call file: the tool, the digest of what was written, and the first
+/// [`CallReport::RESULT_KEPT`] bytes of what was read (the result envelope).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CallReport {
+    pub tool: String,
+    /// SHA-256 of the bytes written, in order, as lowercase hex.
+    pub args_sha256: String,
+    pub args_len: u64,
+    pub result: Vec<u8>,
+    pub result_len: u64,
+}
+
+impl CallReport {
+    /// The most of a result a report carries: an envelope is parsed from it, so a larger one is
+    /// reported cut (its length says so).
+    pub const RESULT_KEPT: usize = 64 * 1024;
 }
 
 impl Default for BridgeOptions {
@@ -62,6 +87,7 @@ impl Default for BridgeOptions {
             uname: "warren".to_owned(),
             aname: String::new(),
             reconnect: None,
+            calls: None,
         }
     }
 }
@@ -96,13 +122,14 @@ impl Bridge {
             uid: opts.uid,
             gid: opts.gid,
         };
-        let settings = session::Settings::new(
+        let mut settings = session::Settings::new(
             opts.direct_io_all,
             opts.call_files,
             opts.entry_timeout,
             owner,
             client.msize(),
         );
+        settings.calls = opts.calls.filter(|_| opts.call_files);
         let conn = conn::Conn::attach(client, opts.uname, opts.aname, opts.reconnect).await?;
         let device = device::Device::new(fuse)?;
         Ok(Bridge {

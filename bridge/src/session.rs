@@ -33,7 +33,7 @@ const MAX_WRITE: u32 = 128 * 1024;
 const INIT_FLAGS: u32 = abi::FUSE_ASYNC_READ | abi::FUSE_BIG_WRITES | abi::FUSE_PARALLEL_DIROPS;
 
 /// How the session presents the server's files.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Settings {
     pub direct_io_all: bool,
     pub call_files: bool,
@@ -42,6 +42,8 @@ pub(crate) struct Settings {
     /// Data bytes one Tread/Twrite can carry on this connection.
     pub rpc_max: u32,
     pub max_write: u32,
+    /// Where finished calls are reported (`BridgeOptions::calls`).
+    pub calls: Option<crate::CallSink>,
 }
 
 impl Settings {
@@ -60,6 +62,7 @@ impl Settings {
             owner,
             rpc_max,
             max_write: MAX_WRITE.min(rpc_max).max(4096),
+            calls: None,
         }
     }
 }
@@ -79,6 +82,20 @@ pub(crate) struct OpenFile {
     read_sent: std::sync::atomic::AtomicBool,
     /// Opened with FOPEN_DIRECT_IO: its reads must be read(2)s at the descriptor's offset.
     pub direct_io: bool,
+    /// A call file whose call is reported (`Settings::calls`): what it saw so far.
+    seen: Option<std::sync::Mutex<SeenCall>>,
+}
+
+/// What a reported call file saw: the writes in order (digested) and the reads from offset 0.
+pub(crate) struct SeenCall {
+    tool: String,
+    args: sha2::Sha256,
+    args_len: u64,
+    result: Vec<u8>,
+    result_len: u64,
+    /// The offset of the first read (o₀).
+    result_from: Option<u64>,
+    reported: bool,
 }
 
 /// A write the kernel was told succeeded, to be sent before (pipelined with) the next request
@@ -104,7 +121,69 @@ impl OpenFile {
             deferred: std::sync::Mutex::new(None),
             read_sent: std::sync::atomic::AtomicBool::new(false),
             direct_io,
+            seen: None,
         }
+    }
+
+    /// Reports this handle's call as a call of `tool` (see [`OpenFile::report`]).
+    pub(crate) fn seeing(mut self, tool: String) -> OpenFile {
+        self.seen = Some(std::sync::Mutex::new(SeenCall {
+            tool,
+            args: sha2::Digest::new(),
+            args_len: 0,
+            result: Vec::new(),
+            result_len: 0,
+            result_from: None,
+            reported: false,
+        }));
+        self
+    }
+
+    fn seen(&self) -> Option<std::sync::MutexGuard<'_, SeenCall>> {
+        self.seen
+            .as_ref()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// A write the caller was told succeeded. Calls append: a write elsewhere than at the end
+    /// of what was written is left out of the digest (and the length says so).
+    pub(crate) fn saw_write(&self, offset: u64, data: &[u8]) {
+        if let Some(mut seen) = self.seen()
+            && offset == seen.args_len
+        {
+            sha2::Digest::update(&mut seen.args, data);
+            seen.args_len += data.len() as u64;
+        }
+    }
+
+    /// A read's answer: the result, read on from the first read's offset (a call's reads
+    /// start where its writes ended: specs/tool-tree.md, o₀).
+    pub(crate) fn saw_read(&self, offset: u64, data: &[u8]) {
+        if let Some(mut seen) = self.seen()
+            && offset == *seen.result_from.get_or_insert(offset) + seen.result_len
+        {
+            let room = crate::CallReport::RESULT_KEPT.saturating_sub(seen.result.len());
+            seen.result.extend_from_slice(&data[..data.len().min(room)]);
+            seen.result_len += data.len() as u64;
+        }
+    }
+
+    /// The report of this handle's call, once: if it is reported and something was read (a
+    /// call never read never ran).
+    pub(crate) fn report(&self) -> Option<crate::CallReport> {
+        let mut seen = self.seen()?;
+        if seen.result_len == 0 || seen.reported {
+            return None;
+        }
+        seen.reported = true;
+        let digest = sha2::Digest::finalize(seen.args.clone());
+        Some(crate::CallReport {
+            tool: seen.tool.clone(),
+            args_sha256: digest.iter().map(|b| format!("{b:02x}")).collect(),
+            args_len: seen.args_len,
+            result: seen.result.clone(),
+            result_len: seen.result_len,
+        })
     }
 
     fn deferred(&self) -> std::sync::MutexGuard<'_, Option<DeferredWrite>> {

@@ -349,6 +349,50 @@ fn a_restarted_server_is_reattached_and_names_rewalked() {
     m.unmount().unwrap();
 }
 
+/// A server that is not back yet (its reconnect fails) gives EIO, not ENOTCONN and never a
+/// hang: the mount is not dead, and a later request, once the server is back, re-attaches.
+#[test]
+fn a_server_not_back_yet_gives_eio_and_a_later_request_reattaches() {
+    let m = Mounted::start_with(Setup {
+        reconnect: true,
+        ..Default::default()
+    });
+    let mut blocked = Command::new("cat")
+        .arg(m.path("slow"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(wait_until(Duration::from_secs(10), || m
+        .stats
+        .slow_reads_started
+        .load(Ordering::SeqCst)
+        == 1));
+    m.server.refusing.store(true, Ordering::SeqCst);
+    m.server.kill();
+    let status = wait_bounded(&mut blocked, Duration::from_secs(10))
+        .expect("the blocked reader hung after the server died");
+    assert!(!status.success());
+    let mut stderr = String::new();
+    blocked
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(stderr.contains("Input/output error"), "{stderr}");
+    for _ in 0..2 {
+        let err = std::fs::read(m.path("static")).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EIO));
+    }
+    m.server.refusing.store(false, Ordering::SeqCst);
+    assert_eq!(
+        std::fs::read(m.path("static")).unwrap(),
+        common::STATIC_TEXT
+    );
+    m.unmount().unwrap();
+}
+
 #[test]
 fn names_are_cached_until_invalidated() {
     let m = Mounted::start();

@@ -269,7 +269,10 @@ pub fn covers(parent: &Spec, child: &Spec) -> Result<(), Widening> {
         let found = parent.mounts.iter().any(|p| {
             // As written: a child names its parent's own server and key, and nothing is
             // resolved on its behalf (a path would be opened by name, as nsd).
-            p.server == m.server && p.key == m.key && spec_covered(p, m)
+            p.server == m.server
+                && p.key == m.key
+                && p.insecure_plain == m.insecure_plain
+                && spec_covered(p, m)
         });
         if !found {
             out.push(Widened::MountNotInParent {

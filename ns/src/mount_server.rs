@@ -13,7 +13,11 @@
 //! - `mount unix!PATH` / `mount tcp!HOST!PORT` — the launcher, with the operator's own
 //!   credentials, handed to nsd with the run request ([`ServedMounts::with_connections`]), so
 //!   nsd never connects as root on an operator's behalf. Its bridge reads real file sizes and
-//!   attaches with the mount's SPEC words as the aname.
+//!   attaches with the mount's SPEC words as the aname. Plain 9P off this host needs the
+//!   line's `--insecure-plain` (`refuse_plain_off_host`).
+//! - `mount -k PEER tcp!HOST!PORT` — the launcher's connection first, nsd running the handshake
+//!   on it as the host key; after the link drops, nsd dials the same address itself
+//!   (`Import::dial`), and receipts the namespace's calls to the peer (`remote`).
 //! - `mount llm` — nsd: a socketpair to llmfs's control socket with the namespace's session
 //!   (`warren_proto::llm`): its model sessions live on that connection and are receipted in the
 //!   namespace's session, in an operator namespace too.
@@ -343,6 +347,10 @@ impl ServedMounts {
         }
         if let Some(r) = &reconnect {
             cmd.arg("--reconnect-fd").arg(r.as_raw_fd().to_string());
+            // A peer's /tool: the bridge reports each call, and nsd receipts it here.
+            if presentation == Presentation::CallFiles && mount.key.is_some() {
+                cmd.arg("--report-calls");
+            }
         }
         let mut keep = vec![fuse.as_raw_fd(), conn.as_raw_fd()];
         keep.extend(reconnect.as_ref().map(|r| r.as_raw_fd()));
@@ -375,47 +383,32 @@ impl ServedMounts {
     /// `mount -k PEER tcp!HOST!PORT PATH [TREE]`: on the connection the launcher made, the
     /// handshake as this host's key, the server's key checked against PEER's entry in the peers
     /// file, and TREE (default `tool`) asked for; the bridge gets the decrypted 9P stream on a
-    /// socketpair whose other end a relay thread here encrypts (docs/distribution.md).
-    fn import(&self, mount: &Mount) -> io::Result<OwnedFd> {
-        use warren_exportfs::{keys, peers, wire};
-        let name = mount.key.as_deref().unwrap_or_default();
-        let tree = mount.spec.first().map_or("tool", String::as_str);
-        let refused = |kind: io::ErrorKind, why: String| {
-            io::Error::new(
-                kind,
-                format!("mount -k {name} {} at {}: {why}", mount.server, mount.path),
-            )
-        };
-        let peers_path = peers::peers_path();
-        let peers = peers::Peers::load(&peers_path)
-            .map_err(|e| refused(io::ErrorKind::PermissionDenied, e.to_string()))?;
-        let peer = peers.by_name(name).ok_or_else(|| {
-            refused(
-                io::ErrorKind::NotFound,
-                format!("no peer {name} in {}", peers_path.display()),
-            )
-        })?;
-        let key = keys::HostKey::load(&keys::host_key_path(&self.dirs.secrets))
-            .map_err(|e| refused(e.kind(), e.to_string()))?;
+    /// socketpair whose other end a relay thread here encrypts (docs/distribution.md). When
+    /// the link drops, nsd dials the same address again itself ([`Import::dial`]).
+    fn import(&self, mount: &Mount) -> io::Result<(OwnedFd, Import)> {
         let tcp = std::net::TcpStream::from(self.launcher_connection(mount)?);
-        let link = wire::dial(tcp, &key, peer, tree).map_err(|e| {
-            let kind = match e {
-                wire::DialError::Io(ref io) => io.kind(),
-                _ => io::ErrorKind::PermissionDenied,
-            };
-            refused(kind, e.to_string())
-        })?;
-        tracing::info!(peer = %name, %tree, path = %mount.path, "imported a peer's tree");
-        let (ours, bridges) = UnixStream::pair()?;
-        let path = mount.path.clone();
-        std::thread::Builder::new()
-            .name("import-relay".into())
-            .spawn(move || {
-                if let Err(e) = link.relay(ours) {
-                    tracing::warn!("the link serving {path} ended: {e}");
-                }
-            })?;
-        Ok(OwnedFd::from(bridges))
+        let import = Import {
+            peer: mount.key.clone().unwrap_or_default(),
+            tree: mount
+                .spec
+                .first()
+                .map_or_else(|| "tool".to_owned(), String::clone),
+            label: format!(
+                "mount -k {} {} at {}",
+                mount.key.as_deref().unwrap_or_default(),
+                mount.server,
+                mount.path
+            ),
+            // The address the operator's own connection reached: re-dials go there, never to a
+            // name resolved again as root.
+            addr: tcp.peer_addr()?,
+            secrets: self.dirs.secrets.clone(),
+            session: self.session.clone(),
+            key: Mutex::new(String::new()),
+        };
+        let conn = import.link(tcp)?;
+        tracing::info!(peer = %import.peer, tree = %import.tree, path = %mount.path, "imported a peer's tree");
+        Ok((conn, import))
     }
 
     /// Calls `on_death` (once, on a thread of its own) when a bridge of this namespace dies
@@ -537,10 +530,25 @@ impl ServedMounts {
     /// finds the server gone (a daemon restarted) and asks on its reconnect socket.
     fn spawn_remade(&self, fuse: OwnedFd, mount: &Mount, remake: Remake) -> io::Result<()> {
         let conn = remake.connect(&self.dirs)?;
+        self.spawn_reconnectable(fuse, conn, mount, remake)
+    }
+
+    /// Serves a mount on `conn`, and on a new connection from `remake` whenever the bridge
+    /// finds the old one gone and asks on its reconnect socket.
+    fn spawn_reconnectable(
+        &self,
+        fuse: OwnedFd,
+        conn: OwnedFd,
+        mount: &Mount,
+        remake: Remake,
+    ) -> io::Result<()> {
         let (ours, bridges) = UnixStream::pair()?;
-        let presentation = match remake {
+        let presentation = match &remake {
             Remake::Tool { .. } | Remake::Mcp { .. } => Presentation::CallFiles,
-            _ => Presentation::Synthetic,
+            // A peer's `tool` is a /tool tree; any other tree is a directory of files.
+            Remake::Import(import) if import.tree == "tool" => Presentation::CallFiles,
+            Remake::Import(_) => Presentation::FileServer,
+            Remake::Gate { .. } | Remake::Llm { .. } => Presentation::Synthetic,
         };
         self.spawn_bridge(
             fuse,
@@ -569,6 +577,8 @@ enum Remake {
     Llm {
         grant: warren_proto::llm::LlmGrant,
     },
+    /// A peer's tree: dialled again, with a new handshake.
+    Import(Import),
 }
 
 impl Remake {
@@ -578,6 +588,7 @@ impl Remake {
         let (ours, theirs) = UnixStream::pair()?;
         match self {
             Remake::Tool { record, roots } => return tool_connection(dirs, record, roots),
+            Remake::Import(import) => return import.dial(),
             Remake::Mcp { record } => {
                 warren_toolfs::hand_over(&dirs.control("mcpfs"), record, theirs.as_fd(), &[])
                     .map_err(|e| {
@@ -613,6 +624,257 @@ impl Remake {
     }
 }
 
+/// Refuses plain 9P (a `tcp!` mount without `-k`) to an address that is not this host's
+/// loopback unless the spec line says `--insecure-plain`: on the network such a link is
+/// neither authenticated nor encrypted (docs/decisions.md, "Plain 9P off this host is
+/// refused unless the spec says --insecure-plain"). The address checked is the one the
+/// launcher's connection reached, not a name.
+fn refuse_plain_off_host(conn: &OwnedFd, mount: &Mount) -> io::Result<()> {
+    let tcp = std::net::TcpStream::from(conn.try_clone()?);
+    let peer = tcp.peer_addr()?;
+    if peer.ip().to_canonical().is_loopback() {
+        return Ok(());
+    }
+    Err(io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!(
+            "mount {} at {}: plain 9P to {peer}, off this host, is neither authenticated nor \
+             encrypted; mount a warren peer with `mount -k PEER`, or write `mount \
+             --insecure-plain {} {}` to accept that",
+            mount.server, mount.path, mount.server, mount.path
+        ),
+    ))
+}
+
+/// A keyed mount's link, as nsd makes it again after it dropped.
+struct Import {
+    peer: String,
+    tree: String,
+    /// `mount -k PEER tcp!HOST!PORT at PATH`, for messages.
+    label: String,
+    addr: std::net::SocketAddr,
+    secrets: PathBuf,
+    /// The namespace's session: where its calls to the peer are receipted.
+    session: String,
+    /// The fingerprint of the key the current link's server proved.
+    key: Mutex<String>,
+}
+
+/// How long a re-dial waits for the peer's TCP connect (the handshake has its own limit).
+const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Import {
+    /// On `tcp`: the handshake as this host's key, the server's key checked against the peer's
+    /// entry in the peers file as it is now, the tree asked for; then a relay thread that
+    /// encrypts what the returned end (the bridge's) carries.
+    fn link(&self, tcp: std::net::TcpStream) -> io::Result<OwnedFd> {
+        use warren_exportfs::{keys, peers, wire};
+        let refused = |kind: io::ErrorKind, why: String| {
+            io::Error::new(kind, format!("{}: {why}", self.label))
+        };
+        let peers_path = peers::peers_path();
+        let peers = peers::Peers::load(&peers_path)
+            .map_err(|e| refused(io::ErrorKind::PermissionDenied, e.to_string()))?;
+        let peer = peers.by_name(&self.peer).ok_or_else(|| {
+            refused(
+                io::ErrorKind::NotFound,
+                format!("no peer {} in {}", self.peer, peers_path.display()),
+            )
+        })?;
+        let key = keys::HostKey::load(&keys::host_key_path(&self.secrets))
+            .map_err(|e| refused(e.kind(), e.to_string()))?;
+        let link = wire::dial(tcp, &key, peer, &self.tree).map_err(|e| {
+            let kind = match e {
+                wire::DialError::Io(ref io) => io.kind(),
+                _ => io::ErrorKind::PermissionDenied,
+            };
+            refused(kind, e.to_string())
+        })?;
+        *self.key.lock().unwrap_or_else(|p| p.into_inner()) = peer.key.fingerprint();
+        let (ours, bridges) = UnixStream::pair()?;
+        let label = self.label.clone();
+        std::thread::Builder::new()
+            .name("import-relay".into())
+            .spawn(move || {
+                if let Err(e) = link.relay(ours) {
+                    tracing::warn!("the link of {label} ended: {e}");
+                }
+            })?;
+        Ok(OwnedFd::from(bridges))
+    }
+
+    /// A new TCP connection to the address the launcher's reached, and a new link on it. nsd
+    /// dials it (docs/decisions.md, "nsd re-dials a dropped peer link").
+    fn dial(&self) -> io::Result<OwnedFd> {
+        let tcp = std::net::TcpStream::connect_timeout(&self.addr, DIAL_TIMEOUT).map_err(|e| {
+            io::Error::new(e.kind(), format!("{}: dial {}: {e}", self.label, self.addr))
+        })?;
+        let conn = self.link(tcp)?;
+        tracing::info!(peer = %self.peer, tree = %self.tree, "a peer's link was dialled again");
+        Ok(conn)
+    }
+}
+
+/// The most of a peer's receipt reference a `remote` receipt copies (it is the peer's claim).
+const MAX_REMOTE_REF: usize = 1024;
+
+impl Import {
+    /// The `remote` receipt of one call the bridge reported (`called TOOL ARGS_SHA256 ARGS_LEN
+    /// RESULT_LEN`, a newline, the result's first bytes): the tool, the arguments' digest, the
+    /// peer and its key, and the receipt the peer's envelope names (its decision: scope, seq,
+    /// hash). The bridge's words are checked, never trusted to be well formed.
+    fn remote_receipt(&self, report: &[u8]) -> Result<serde_json::Value, String> {
+        let (head, result) = match report.iter().position(|&b| b == b'\n') {
+            Some(i) => (&report[..i], &report[i + 1..]),
+            None => return Err("a call report without its header line".into()),
+        };
+        let head = std::str::from_utf8(head).map_err(|_| "a call report that is not UTF-8")?;
+        let [tool, args, args_len, result_len] = head.split(' ').collect::<Vec<_>>()[..] else {
+            return Err(
+                "a call report's header is not TOOL ARGS_SHA256 ARGS_LEN RESULT_LEN".into(),
+            );
+        };
+        let hex64 = |s: &str| {
+            s.len() == 64
+                && s.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        };
+        let (Ok(args_len), Ok(result_len)) = (args_len.parse::<u64>(), result_len.parse::<u64>())
+        else {
+            return Err("a call report's lengths are not numbers".into());
+        };
+        if !crate::spec::is_tool_name(tool) || !hex64(args) || result.len() as u64 > result_len {
+            return Err("a call report with a bad tool name, digest or length".into());
+        }
+        let mut subject = serde_json::json!({
+            "peer": self.peer,
+            "key": *self.key.lock().unwrap_or_else(|p| p.into_inner()),
+            "tool": tool,
+            "args_bytes": args_len,
+            "result_bytes": result_len,
+        });
+        let mut digests = serde_json::json!({"args": format!("sha256:{args}")});
+        if result.len() as u64 == result_len {
+            let d = sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(result));
+            let hex: String = d.iter().map(|b| format!("{b:02x}")).collect();
+            digests["result"] = serde_json::json!(format!("sha256:{hex}"));
+        }
+        // The peer's envelope: its status and the receipt it names, as the peer wrote them.
+        if let Ok(envelope) = serde_json::from_slice::<serde_json::Value>(result) {
+            if let Some(status) = envelope.get("status").and_then(|s| s.as_str())
+                && status.len() <= 64
+            {
+                subject["status"] = serde_json::json!(status);
+            }
+            if let Some(r) = envelope.get("receipt").filter(|r| r.is_object())
+                && r.to_string().len() <= MAX_REMOTE_REF
+            {
+                subject["remote"] = r.clone();
+            }
+        }
+        Ok(serde_json::json!({
+            "scope": self.session,
+            "kind": "remote",
+            "subject": subject,
+            "digests": digests,
+        }))
+    }
+}
+
+/// How long nsd waits for receiptd to take a `remote` receipt.
+const REMOTE_APPEND_PATIENCE: Duration = Duration::from_secs(10);
+
+/// nsd's connection to receiptd for `remote` receipts, made on first use on the thread that
+/// serves one mount's reconnect socket (and made again after it failed).
+#[derive(Default)]
+struct RemoteReceipts {
+    rt: Option<tokio::runtime::Runtime>,
+    appender: Option<warren_receiptd::client::Appender>,
+}
+
+impl RemoteReceipts {
+    fn append(&mut self, dirs: &Dirs, request: &serde_json::Value) -> Result<(), String> {
+        let rt = match &mut self.rt {
+            Some(rt) => rt,
+            None => self.rt.insert(
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| e.to_string())?,
+            ),
+        };
+        let bytes = serde_json::to_vec(request).map_err(|e| e.to_string())?;
+        let appender = &mut self.appender;
+        rt.block_on(async {
+            let a = match appender {
+                Some(a) => a,
+                None => appender.insert(
+                    tokio::time::timeout(
+                        REMOTE_APPEND_PATIENCE,
+                        warren_receiptd::client::Appender::connect(&dirs.socket("receipts")),
+                    )
+                    .await
+                    .map_err(|_| "receiptd did not answer the connection".to_owned())?
+                    .map_err(|e| format!("receiptd: {e}"))?,
+                ),
+            };
+            // Bounded: the reader's read waits for this answer.
+            match tokio::time::timeout(REMOTE_APPEND_PATIENCE, a.append(&bytes)).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => {
+                    *appender = None;
+                    Err(e.to_string())
+                }
+                Err(_) => {
+                    *appender = None;
+                    Err(format!(
+                        "receiptd did not answer within {REMOTE_APPEND_PATIENCE:?}"
+                    ))
+                }
+            }
+        })
+    }
+}
+
+/// The first wait after a failed re-dial of a peer's link; each failure doubles it, up to
+/// [`REDIAL_MAX`].
+const REDIAL_FIRST: Duration = Duration::from_secs(1);
+const REDIAL_MAX: Duration = Duration::from_secs(30);
+
+/// Spaces a dropped link's re-dials: while the wait after a failure runs, a request is
+/// refused at once (the bridge answers EIO) instead of dialling, or waiting, again.
+#[derive(Default)]
+struct Backoff {
+    wait: Duration,
+    not_before: Option<Instant>,
+    last_error: String,
+}
+
+impl Backoff {
+    fn attempt(&mut self, dial: impl FnOnce() -> io::Result<OwnedFd>) -> io::Result<OwnedFd> {
+        let now = Instant::now();
+        if let Some(t) = self.not_before
+            && now < t
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                format!(
+                    "the link is down ({}); the next dial is in {} s",
+                    self.last_error,
+                    (t - now).as_secs() + 1
+                ),
+            ));
+        }
+        dial()
+            .inspect(|_| *self = Backoff::default())
+            .inspect_err(|e| {
+                self.wait = (self.wait * 2).clamp(REDIAL_FIRST, REDIAL_MAX);
+                self.not_before = Some(Instant::now() + self.wait);
+                self.last_error = e.to_string();
+            })
+    }
+}
+
 /// A `/tool` connection for `record`: one end handed to toolfs's control socket with the
 /// record and `roots`, the other returned (a namespace's bridge, or a peer's link).
 pub fn tool_connection(
@@ -644,24 +906,49 @@ const RECONNECT_SPACING: Duration = Duration::from_secs(1);
 fn serve_reconnects(sock: UnixStream, dirs: Dirs, remake: Remake) {
     std::thread::spawn(move || {
         let mut last: Option<Instant> = None;
+        let mut redial = Backoff::default();
+        let mut receipts = RemoteReceipts::default();
         while let Ok((request, _)) = warren_daemon::handoff::recv(&sock) {
+            if let (Some(report), Remake::Import(import)) =
+                (request.strip_prefix(b"called "), &remake)
+            {
+                let recorded = import
+                    .remote_receipt(report)
+                    .and_then(|r| receipts.append(&dirs, &r));
+                let answer = match recorded {
+                    Ok(()) => "ok".to_owned(),
+                    Err(e) => {
+                        tracing::warn!(peer = %import.peer, "a call to the peer not receipted: {e}");
+                        format!("error: {e}")
+                    }
+                };
+                if warren_daemon::handoff::send(&sock, answer.as_bytes(), &[]).is_err() {
+                    return;
+                }
+                continue;
+            }
             if request != b"reconnect" {
                 let _ = warren_daemon::handoff::send(&sock, b"error: unknown request", &[]);
                 continue;
             }
-            if let Some(wait) = last.and_then(|t| RECONNECT_SPACING.checked_sub(t.elapsed())) {
-                std::thread::sleep(wait);
-            }
-            last = Some(Instant::now());
-            let deadline = Instant::now() + RECONNECT_PATIENCE;
-            let made = loop {
-                match remake.connect(&dirs) {
-                    Ok(fd) => break Ok(fd),
-                    Err(e) if Instant::now() < deadline => {
-                        tracing::debug!(error = %e, "reconnect: the daemon is not back yet");
-                        std::thread::sleep(Duration::from_millis(100));
+            let made = if let Remake::Import(import) = &remake {
+                // A peer may be down for long: one dial, then refusals until the next is due.
+                redial.attempt(|| import.dial())
+            } else {
+                if let Some(wait) = last.and_then(|t| RECONNECT_SPACING.checked_sub(t.elapsed())) {
+                    std::thread::sleep(wait);
+                }
+                last = Some(Instant::now());
+                let deadline = Instant::now() + RECONNECT_PATIENCE;
+                loop {
+                    match remake.connect(&dirs) {
+                        Ok(fd) => break Ok(fd),
+                        Err(e) if Instant::now() < deadline => {
+                            tracing::debug!(error = %e, "reconnect: the daemon is not back yet");
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                        Err(e) => break Err(e),
                     }
-                    Err(e) => break Err(e),
                 }
             };
             let sent = match made {
@@ -702,13 +989,8 @@ impl MountServer for ServedMounts {
                 self.spawn_remade(fuse, mount, Remake::Llm { grant })
             }
             Server::Tcp { .. } if mount.key.is_some() => {
-                let conn = self.import(mount)?;
-                // A peer's `tool` is a /tool tree; any other tree is a directory of files.
-                let presentation = match mount.spec.first().map(String::as_str) {
-                    None | Some("tool") => Presentation::CallFiles,
-                    Some(_) => Presentation::FileServer,
-                };
-                self.spawn_bridge(fuse, conn, mount, presentation, None)
+                let (conn, import) = self.import(mount)?;
+                self.spawn_reconnectable(fuse, conn, mount, Remake::Import(import))
             }
             _ if mount.key.is_some() => Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -719,6 +1001,9 @@ impl MountServer for ServedMounts {
             )),
             Server::Unix(_) | Server::Tcp { .. } => {
                 let conn = self.launcher_connection(mount)?;
+                if matches!(mount.server, Server::Tcp { .. }) && !mount.insecure_plain {
+                    refuse_plain_off_host(&conn, mount)?;
+                }
                 self.spawn_bridge(fuse, conn, mount, Presentation::FileServer, None)
             }
             Server::Local(_) if self.operator => {
@@ -760,5 +1045,31 @@ impl Drop for ServedMounts {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// After a failed re-dial the next request is refused without dialling until the wait is
+    /// over; each failure doubles the wait up to the cap, and a success starts it over.
+    #[test]
+    fn a_failed_redial_is_spaced_by_a_doubling_wait() {
+        let mut b = Backoff::default();
+        let down = || Err(io::Error::from(io::ErrorKind::NetworkUnreachable));
+        assert!(b.attempt(down).is_err());
+        assert_eq!(b.wait, REDIAL_FIRST);
+        let e = b.attempt(|| panic!("dialled during the wait")).unwrap_err();
+        assert!(e.to_string().contains("the link is down"), "{e}");
+        for want in [2, 4, 8, 16, 30, 30] {
+            b.not_before = Some(Instant::now());
+            assert!(b.attempt(down).is_err());
+            assert_eq!(b.wait, Duration::from_secs(want));
+        }
+        b.not_before = Some(Instant::now());
+        let (ours, _theirs) = UnixStream::pair().unwrap();
+        assert!(b.attempt(|| Ok(OwnedFd::from(ours))).is_ok());
+        assert_eq!((b.wait, b.not_before), (Duration::ZERO, None));
     }
 }

@@ -88,6 +88,9 @@ impl fmt::Display for Server {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mount {
     pub key: Option<String>,
+    /// `--insecure-plain`: plain 9P (no authentication, no encryption) to a `tcp!` server that
+    /// is not on this host. Without it nsd refuses such a mount.
+    pub insecure_plain: bool,
     pub server: Server,
     pub path: String,
     /// For `tool`: the granted tool names. Otherwise passed to the server as its attach spec.
@@ -395,7 +398,7 @@ fn check_abs_path(ctx: &LineCtx<'_>, w: &Word, what: &str) -> Result<String, Spe
     Ok(p.clone())
 }
 
-fn is_tool_name(s: &str) -> bool {
+pub(crate) fn is_tool_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 128
         && s.chars()
@@ -624,24 +627,44 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
             "mount" => {
                 let mut rest = args;
                 let mut key = None;
-                if let Some((w, tail)) = rest.split_first()
-                    && w.text == "-k"
-                {
-                    let Some((k, tail2)) = tail.split_first() else {
-                        return Err(ctx.err(w, "-k needs a PEER (a name in the peers file)"));
-                    };
-                    check_shown(&ctx, k, "PEER")?;
-                    if !warren_exportfs::peers::valid_name(&k.text) {
-                        return Err(ctx.err(
-                            k,
-                            format!(
-                                "`{}` is not a peer name (lowercase letters, digits, `._-`)",
-                                k.text
-                            ),
-                        ));
+                let mut plain: Option<&Word> = None;
+                while let Some((w, tail)) = rest.split_first() {
+                    match w.text.as_str() {
+                        "-k" if key.is_none() => {
+                            let Some((k, tail2)) = tail.split_first() else {
+                                return Err(
+                                    ctx.err(w, "-k needs a PEER (a name in the peers file)")
+                                );
+                            };
+                            check_shown(&ctx, k, "PEER")?;
+                            if !warren_exportfs::peers::valid_name(&k.text) {
+                                return Err(ctx.err(
+                                    k,
+                                    format!(
+                                        "`{}` is not a peer name (lowercase letters, digits, `._-`)",
+                                        k.text
+                                    ),
+                                ));
+                            }
+                            key = Some(k.text.clone());
+                            rest = tail2;
+                        }
+                        "--insecure-plain" if plain.is_none() => {
+                            plain = Some(w);
+                            rest = tail;
+                        }
+                        "-k" | "--insecure-plain" => {
+                            return Err(ctx.err(w, format!("`{}` given twice", w.text)));
+                        }
+                        _ => break,
                     }
-                    key = Some(k.text.clone());
-                    rest = tail2;
+                }
+                if let (Some(w), Some(_)) = (plain, &key) {
+                    return Err(ctx.err(
+                        w,
+                        "--insecure-plain and -k PEER exclude each other: a keyed mount is \
+                         authenticated and encrypted",
+                    ));
                 }
                 let Some((server_w, tail)) = rest.split_first() else {
                     return Err(ctx.err_at(ctx.end(), 1, "mount needs SERVER and PATH"));
@@ -649,10 +672,21 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                 if server_w.text.starts_with('-') {
                     return Err(ctx.err(
                         server_w,
-                        format!("unknown mount flag `{}` (expected -k PEER)", server_w.text),
+                        format!(
+                            "unknown mount flag `{}` (expected -k PEER or --insecure-plain)",
+                            server_w.text
+                        ),
                     ));
                 }
                 let server = parse_server(&ctx, server_w)?;
+                if let Some(w) = plain
+                    && !matches!(server, Server::Tcp { .. })
+                {
+                    return Err(ctx.err(
+                        w,
+                        "--insecure-plain is for a tcp!HOST!PORT server (plain 9P over the network)",
+                    ));
+                }
                 let Some((path_w, spec_words)) = tail.split_first() else {
                     return Err(ctx.err_at(ctx.end(), 1, "mount needs a PATH after SERVER"));
                 };
@@ -703,6 +737,7 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                 }
                 spec.mounts.push(Mount {
                     key,
+                    insecure_plain: plain.is_some(),
                     server,
                     path,
                     spec: names,
@@ -940,6 +975,9 @@ impl Spec {
             if let Some(k) = &m.key {
                 out.push_str(&format!(" -k {}", quote(k)));
             }
+            if m.insecure_plain {
+                out.push_str(" --insecure-plain");
+            }
             out.push_str(&format!(
                 " {} {}",
                 quote(&m.server.to_string()),
@@ -1057,6 +1095,43 @@ mod tests {
         );
         assert_eq!(s.mounts[1].key.as_deref(), Some("gpu1"));
         assert_eq!(s.net, Some(Net::None));
+    }
+
+    #[test]
+    fn insecure_plain_is_a_tcp_mounts_flag_and_excludes_a_key() {
+        let s = parse("x", "mount --insecure-plain tcp!10.0.0.2!564 /n/d /srv\n").unwrap();
+        assert!(s.mounts[0].insecure_plain && s.mounts[0].key.is_none());
+        assert!(
+            s.to_text()
+                .contains("mount --insecure-plain tcp!10.0.0.2!564 /n/d /srv\n")
+        );
+        assert_eq!(parse("x", &s.to_text()).unwrap(), s);
+        assert!(!parse("x", "mount tcp!h!564 /n/d").unwrap().mounts[0].insecure_plain);
+        for (line, why) in [
+            (
+                "mount --insecure-plain unix!/s /n/d",
+                "for a tcp!HOST!PORT server",
+            ),
+            (
+                "mount --insecure-plain -k b tcp!h!1 /n/d",
+                "exclude each other",
+            ),
+            (
+                "mount -k b --insecure-plain tcp!h!1 /n/d",
+                "exclude each other",
+            ),
+            (
+                "mount --insecure-plain --insecure-plain tcp!h!1 /n/d",
+                "given twice",
+            ),
+            (
+                "mount --plain tcp!h!1 /n/d",
+                "expected -k PEER or --insecure-plain",
+            ),
+        ] {
+            let e = parse("x", line).unwrap_err();
+            assert!(e.message.contains(why), "{line}: {e}");
+        }
     }
 
     #[test]
@@ -1329,6 +1404,7 @@ mod tests {
                 let names: Vec<String> = tools.into_iter().collect();
                 let mut mounts = vec![Mount {
                     key: None,
+                    insecure_plain: false,
                     server: Server::Local(LocalServer::Tool),
                     path: "/tool".into(),
                     spec: names.clone(),
@@ -1338,8 +1414,10 @@ mod tests {
                     let keyed = matches!(server, Server::Tcp { .. })
                         && spec.len() <= 1
                         && spec.iter().all(|w| warren_exportfs::peers::valid_name(w));
+                    let plain = key.is_none() && matches!(server, Server::Tcp { .. }) && i % 2 == 0;
                     mounts.push(Mount {
                         key: key.filter(|_| keyed),
+                        insecure_plain: plain,
                         server,
                         path: format!("/mnt/m{i}"),
                         spec,

@@ -83,6 +83,8 @@ impl Role {
             Kind::Query | Kind::Cap | Kind::Conflict | Kind::Withdrawn => true,
             // Only an operator accepts a definition: never a daemon on a call's path.
             Kind::Accept => matches!(self, Role::Operator(_)),
+            // nsd (root) records its namespaces' calls to peers; no daemon on a call's path.
+            Kind::Remote => self == Role::Operator(0),
         };
         if allowed {
             Ok(())
@@ -91,6 +93,7 @@ impl Role {
                 Kind::Decision => "the gate's uid",
                 Kind::Effect => "toolfs's, mcpfs's or netproxy's uid",
                 Kind::Accept => "an operator",
+                Kind::Remote => "nsd (root)",
                 _ => "receiptd itself",
             };
             Err(AppendError::Forbidden(format!(

@@ -29,6 +29,9 @@ pub enum Kind {
     Withdrawn,
     /// An operator accepted a tool definition (an MCP server's tool, pinned by its digest).
     Accept,
+    /// This host's namespace called a peer's tool over a keyed mount: nsd's record of the
+    /// call, naming the peer's receipt of it (docs/distribution.md, "Receipts on both sides").
+    Remote,
 }
 
 impl Kind {
@@ -49,6 +52,7 @@ impl Kind {
             Kind::Conflict => "conflict",
             Kind::Withdrawn => "withdrawn",
             Kind::Accept => "accept",
+            Kind::Remote => "remote",
         }
     }
 }

@@ -196,6 +196,10 @@ fn decision_and_effect_only_from_their_daemons_and_the_appender_is_recorded() {
         (Kind::Accept, Role::Mcpfs, false),
         (Kind::Accept, Role::Toolfs, false),
         (Kind::Accept, Role::Gate, false),
+        (Kind::Remote, Role::Operator(0), true),
+        (Kind::Remote, Role::Operator(1000), false),
+        (Kind::Remote, Role::Toolfs, false),
+        (Kind::Remote, Role::Gate, false),
         (Kind::Boot, Role::Operator(0), false),
         (Kind::Checkpoint, Role::Gate, false),
         (Kind::Query, Role::Operator(0), true),
@@ -218,7 +222,14 @@ fn decision_and_effect_only_from_their_daemons_and_the_appender_is_recorded() {
         .collect();
     assert_eq!(
         appenders,
-        ["gate", "toolfs", "mcpfs", "operator:0", "operator:0"]
+        [
+            "gate",
+            "toolfs",
+            "mcpfs",
+            "operator:0",
+            "operator:0",
+            "operator:0"
+        ]
     );
 }
 

@@ -95,6 +95,19 @@ impl Entry {
                 text("tool"),
                 text("digest")
             ),
+            "remote" => {
+                let mut w = format!(
+                    "called {}:{} ({}): {}",
+                    text("peer"),
+                    text("tool"),
+                    text("key"),
+                    text("status")
+                );
+                if let Some(seq) = s["remote"]["decision"]["seq"].as_u64() {
+                    w.push_str(&format!(" (the peer's decision #{seq})"));
+                }
+                w
+            }
             "boot" => format!("receiptd {}", text("event")),
             _ => serde_json::to_string(s).unwrap_or_default(),
         }

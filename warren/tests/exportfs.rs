@@ -20,6 +20,9 @@ use warren_exportfs::keys::PublicKey;
 struct Link {
     netns: String,
     inside_ip: String,
+    /// The veth end in the root namespace (host A's side of the cable), and its address.
+    outside: String,
+    outside_ip: String,
 }
 
 impl Link {
@@ -33,19 +36,12 @@ impl Link {
             format!("wxb{}-{c}", pid % 10000),
         );
         let (net, host) = (pid % 200 + 20, 4 * (c % 60));
-        let ip = |args: &[&str]| {
-            let out = Command::new("ip").args(args).output().unwrap();
-            assert!(
-                out.status.success(),
-                "ip {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
         ip(&["netns", "add", &netns]);
         let link = Link {
             netns: netns.clone(),
             inside_ip: format!("10.231.{net}.{}", host + 2),
+            outside: outside.clone(),
+            outside_ip: format!("10.231.{net}.{}", host + 1),
         };
         ip(&[
             "link", "add", &outside, "type", "veth", "peer", "name", &inside,
@@ -64,6 +60,23 @@ impl Link {
         ip(&["-n", &netns, "link", "set", &inside, "up"]);
         ip(&["-n", &netns, "link", "set", "lo", "up"]);
         link
+    }
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Link {
+    /// Host A's end of the cable down (`false`: the cable pulled) or up again.
+    fn set_up(&self, up: bool) {
+        ip(&["link", "set", &self.outside, if up { "up" } else { "down" }]);
     }
 }
 
@@ -135,10 +148,11 @@ struct Hosts {
     a: Warren,
     b: Warren,
     a_key: PublicKey,
+    b_key: PublicKey,
     a_config: PathBuf,
     exportfs: Child,
     addr: String,
-    _link: Link,
+    link: Link,
     _configs: tempfile::TempDir,
 }
 
@@ -173,12 +187,25 @@ fn hosts(b_grants: &str) -> Hosts {
         a,
         b,
         a_key,
+        b_key,
         a_config,
         exportfs,
         addr,
-        _link: link,
+        link,
         _configs: configs,
     }
+}
+
+/// Every `remote` receipt on `w`, in any session.
+fn remote_receipts(w: &Warren) -> Vec<serde_json::Value> {
+    let listed = w.run(&["ls", "/receipts"]);
+    String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .map(|l| l.trim_end_matches('/'))
+        .filter(|s| s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit()))
+        .flat_map(|s| w.receipts(s))
+        .filter(|b| b["kind"] == "remote")
+        .collect()
 }
 
 /// The kinds of a session's receipts on `w` so far (none while it has no log yet).
@@ -238,6 +265,42 @@ fn a_peer_sees_exactly_its_grant_and_b_decides_and_receipts_its_calls() {
     });
     let kinds = receipt_kinds(&h.b, &session);
     assert!(kinds.iter().any(|k| k == "decision"), "{kinds:?}");
+
+    // A's own receipt of the call, in the calling namespace's session: the tool, the digest of
+    // the arguments written, B's key, and the decision receipt B's envelope named; that entry
+    // is in B's chain (B's next entry names its hash as `prev`).
+    let remote = remote_receipts(&h.a);
+    assert_eq!(
+        remote.len(),
+        1,
+        "{remote:?}\n{}",
+        std::fs::read_to_string(h.a.runtime().join("warren.log")).unwrap_or_default()
+    );
+    let (subject, digests) = (&remote[0]["subject"], &remote[0]["digests"]);
+    assert_eq!(subject["tool"], "echo", "{subject}");
+    assert_eq!(subject["peer"], "b", "{subject}");
+    assert_eq!(subject["key"], h.b_key.fingerprint(), "{subject}");
+    assert_eq!(subject["status"], "ok", "{subject}");
+    let args = sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(
+        br#"{"text":"across"}"#,
+    ));
+    assert_eq!(
+        digests["args"],
+        format!("sha256:{}", hex::encode(args)),
+        "{digests}"
+    );
+    assert_eq!(remote[0]["appender"], "operator:0", "{:?}", remote[0]);
+    let decision = &subject["remote"]["decision"];
+    let (seq, hash) = (decision["seq"].as_u64().unwrap(), &decision["hash"]);
+    let b_chain = h.b.receipts(&session);
+    let at = |n: u64| {
+        b_chain
+            .iter()
+            .find(|b| b["seq"] == n)
+            .unwrap_or_else(|| panic!("no entry {n} in B's chain: {b_chain:?}"))
+    };
+    assert_eq!(at(seq)["kind"], "decision", "{b_chain:?}");
+    assert_eq!(&at(seq + 1)["prev"], hash, "{b_chain:?}");
 
     // An exec-tier call asks on B's gate, and runs once B's operator allows it.
     let agent = h.a.spawn_run(&[
@@ -349,6 +412,220 @@ fn a_dropped_link_fails_the_call_in_flight_instead_of_hanging() {
         "the read failed: {stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The next line of an agent's output, waiting at most a generous bound: a line that never
+/// comes (a call that hangs) fails the test instead of hanging it.
+fn next_line(lines: &std::sync::mpsc::Receiver<String>, what: &str) -> String {
+    lines
+        .recv_timeout(std::time::Duration::from_secs(240))
+        .unwrap_or_else(|e| panic!("no line for {what} ({e}): a call hung"))
+}
+
+/// The cable pulled while a call waits on B's gate: the call fails with EIO once the link's
+/// keepalives give up (never a hang), a later call fails with EIO while the cable is out, B
+/// withdraws the ask of the call whose connection died, and once the cable is back the same
+/// mount works again: nsd dials B again, a new handshake, B's key checked again (while A's
+/// entry names another key, the re-dial is refused).
+#[test]
+fn pulling_the_cable_mid_call_gives_eio_and_the_mount_works_again_once_it_is_back() {
+    let work = tempfile::Builder::new()
+        .prefix("wexpw")
+        .tempdir_in("/tmp")
+        .unwrap();
+    common::open_to_shell_workers(work.path());
+    let dir = work.path().to_str().unwrap();
+    let h = hosts(&format!("tool:echo,shell root:shell:{dir}"));
+    let spec = h.spec("");
+    // Each step prints one line; `read` waits for the test between the steps.
+    let mut agent =
+        h.a.cmd(&[
+            "run",
+            "--ns",
+            &spec,
+            "--",
+            "/bin/sh",
+            "-c",
+            &format!(
+                r#"exec 3<>/n/b/tool/shell/call; printf '{{"command":"true","cwd":"{dir}"}}' >&3
+                   out=$(cat <&3 2>&1); echo "in-flight: $out exit=$?"
+                   exec 3<&-
+                   out=$(cat /n/b/tool/tools 2>&1); echo "while-down: $out exit=$?"
+                   read back
+                   n=0
+                   until out=$(exec 4<>/n/b/tool/echo/call; printf '{{"text":"again"}}' >&4; cat <&4 2>&1); do
+                     n=$((n+1)); [ $n -lt 120 ] || break; sleep 1
+                   done
+                   echo "after: $out""#
+            ),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = agent.stdout.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let (id, _) = next_ask(&h.b, 0);
+    h.link.set_up(false);
+
+    let in_flight = next_line(&lines, "the call in flight");
+    assert!(
+        in_flight.contains("Input/output error") && in_flight.ends_with("exit=1"),
+        "{in_flight}"
+    );
+    let while_down = next_line(&lines, "a call while the cable is out");
+    assert!(
+        while_down.contains("Input/output error") && while_down.ends_with("exit=1"),
+        "{while_down}"
+    );
+    // B: the call never started, its connection is gone, so its ask is withdrawn.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(240);
+    loop {
+        let out = h.b.run(&["cat", &format!("/gate/pending/{id}/request")]);
+        if field(&String::from_utf8_lossy(&out.stdout), "state") == "orphaned" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "B never withdrew the ask of the dropped call"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+
+    // The cable back, but A's entry for b now names another key: nsd's re-dial checks the
+    // key again, and refuses the host that answers.
+    let b_key =
+        warren_exportfs::keys::HostKey::load(&h.b.base.path().join("secrets").join("host.key"))
+            .unwrap()
+            .public();
+    let other = tempfile::tempdir().unwrap();
+    let other_key = warren_exportfs::keys::HostKey::create(&other.path().join("k")).unwrap();
+    write_peers(
+        &h.a_config,
+        &format!("b {} addr:{}\n", other_key.public(), h.addr),
+    );
+    h.link.set_up(true);
+    {
+        use std::io::Write;
+        let mut stdin = agent.stdin.take().unwrap();
+        stdin.write_all(b"back\n").unwrap();
+    }
+    let log = h.a.runtime().join("warren.log");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(240);
+    let presented = format!("the server presented {}", b_key.fingerprint());
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains(&presented)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no re-dial refused b's key while A's entry named another"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    write_peers(&h.a_config, &format!("b {b_key} addr:{}\n", h.addr));
+    let after = next_line(&lines, "a call once the cable is back");
+    assert!(
+        after.contains(r#""status":"ok""#) && after.contains("again"),
+        "{after}"
+    );
+    let status = agent.wait().unwrap();
+    assert!(status.success(), "{status}");
+}
+
+/// diod, a peer: missing is a failure (scripts/install-test-deps installs it).
+fn diod() -> &'static str {
+    ["/usr/sbin/diod", "/usr/bin/diod"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("diod is not installed (scripts/install-test-deps installs it)")
+}
+
+/// Plain 9P interop across the cable: a diod export served in B's network namespace is mounted
+/// on A with `mount --insecure-plain tcp!…`, and the same line without the flag is refused
+/// (neither authenticated nor encrypted, and not on this host).
+#[test]
+fn a_diod_export_across_the_cable_mounts_only_with_insecure_plain() {
+    let link = Link::new();
+    let a = Warren::up();
+    let export = tempfile::Builder::new()
+        .prefix("wexpx")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(export.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(export.path().join("small"), "through diod on b\n").unwrap();
+    // diod names each client with getnameinfo, which fails (and drops the client) where B's
+    // namespace has no resolver: `ip netns exec` shows B this hosts file instead of /etc/hosts.
+    let etc = Path::new("/etc/netns").join(&link.netns);
+    std::fs::create_dir_all(&etc).unwrap();
+    struct Remove(PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _etc = Remove(etc.clone());
+    std::fs::write(
+        etc.join("hosts"),
+        format!("127.0.0.1 localhost\n{} host-a\n", link.outside_ip),
+    )
+    .unwrap();
+    let listen = format!("{}:564", link.inside_ip);
+    let mut diod = Command::new("ip")
+        .args(["netns", "exec", &link.netns, diod()])
+        .args(["-f", "-n", "-L", "stderr", "-l", &listen, "-e"])
+        .arg(export.path())
+        .stderr(std::fs::File::create(a.base.path().join("diod.log")).unwrap())
+        .spawn()
+        .unwrap();
+    struct Reap<'a>(&'a mut Child);
+    impl Drop for Reap<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _reap = Reap(&mut diod);
+    wait_until("diod listens in B's namespace", || {
+        std::net::TcpStream::connect(&listen).is_ok()
+    });
+    let server = format!("tcp!{}!564", link.inside_ip);
+    let spec = |flag: &str| {
+        let path = a.base.path().join(format!("diod{}.ns", flag.len()));
+        std::fs::write(
+            &path,
+            format!("mount {flag}{server} /n/d {}\n", export.path().display()),
+        )
+        .unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+
+    let (code, out, err) = a.sh(&["--ns", &spec("")], "cat /n/d/small");
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        err.contains("neither authenticated nor encrypted") && err.contains("--insecure-plain"),
+        "{err}"
+    );
+    let (code, out, err) = a.sh(
+        &["--ns", &spec("--insecure-plain ")],
+        "cat /n/d/small; ls /n/d",
+    );
+    assert_eq!(
+        code,
+        0,
+        "{out}\n{err}\ndiod: {}\nwarren: {}",
+        std::fs::read_to_string(a.base.path().join("diod.log")).unwrap_or_default(),
+        std::fs::read_to_string(a.runtime().join("warren.log")).unwrap_or_default()
+    );
+    assert_eq!(out, "through diod on b\nsmall\n");
 }
 
 /// The shipped exportfs unit runs `warren export` with flags that parse, with the directories

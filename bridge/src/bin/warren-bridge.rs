@@ -4,7 +4,8 @@
 //! the mount goes away. The contract is `specs/bridge.md`.
 //!
 //!   warren-bridge --fuse-fd 3 --9p-fd 4 [--ctl-fd 5] [--owner UID:GID] [--runas UID:GID]
-//!                 [--entry-timeout-ms N] [--sized-files] [--call-files] [--uname U] [--aname A]
+//!                 [--entry-timeout-ms N] [--sized-files] [--call-files [--report-calls]]
+//!                 [--uname U] [--aname A]
 //!
 //! The control socket (optional) takes one path per line, each a name to drop from the kernel's
 //! cache (a grant shrank), and answers each line `ok` or `error: <why>`.
@@ -61,6 +62,11 @@ struct Args {
     /// write goes out with its first read.
     #[arg(long)]
     call_files: bool,
+    /// With --call-files and --reconnect-fd: report each finished call to nsd on the reconnect
+    /// socket (`called TOOL ARGS_SHA256 ARGS_LEN RESULT_LEN`, a newline, the result's first
+    /// bytes), so nsd receipts a namespace's calls to a peer.
+    #[arg(long, requires_all = ["call_files", "reconnect_fd"])]
+    report_calls: bool,
     #[arg(long, default_value = "warren")]
     uname: String,
     #[arg(long, default_value = "")]
@@ -154,13 +160,22 @@ fn run(args: Args) -> io::Result<()> {
         uname: args.uname,
         aname: args.aname,
         reconnect: None,
+        calls: None,
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     rt.block_on(async {
         if let Some(sock) = reconnect_sock {
-            opts.reconnect = Some(reconnect_hook(tokio::net::UnixStream::from_std(sock)?));
+            let sock = Arc::new(tokio::sync::Mutex::new(tokio::net::UnixStream::from_std(
+                sock,
+            )?));
+            if args.report_calls {
+                let (tx, rx) = tokio::sync::mpsc::channel(64);
+                opts.calls = Some(tx);
+                tokio::spawn(report_calls(sock.clone(), rx));
+            }
+            opts.reconnect = Some(reconnect_hook(sock));
         }
         let client = p9.client().await?;
         let bridge = Bridge::new(fuse, client, opts).await?;
@@ -222,8 +237,7 @@ impl NinePStream {
 
 /// Asks nsd for a new connection on `sock` (`reconnect` → `ok` plus the fd, or `error: <why>`).
 /// The bridge calls it once per lost connection, one at a time.
-fn reconnect_hook(sock: tokio::net::UnixStream) -> Reconnect {
-    let sock = Arc::new(tokio::sync::Mutex::new(sock));
+fn reconnect_hook(sock: Arc<tokio::sync::Mutex<tokio::net::UnixStream>>) -> Reconnect {
     Box::new(move || {
         let sock = sock.clone();
         Box::pin(async move {
@@ -239,6 +253,40 @@ fn reconnect_hook(sock: tokio::net::UnixStream) -> Reconnect {
             }
         })
     })
+}
+
+/// Sends each finished call to nsd (`called …`) and waits for its `ok`, one at a time on the
+/// socket the reconnect requests share; a refusal is logged (nsd says why in its own log).
+async fn report_calls(
+    sock: Arc<tokio::sync::Mutex<tokio::net::UnixStream>>,
+    mut calls: tokio::sync::mpsc::Receiver<(
+        warren_bridge::CallReport,
+        tokio::sync::oneshot::Sender<()>,
+    )>,
+) {
+    while let Some((c, ack)) = calls.recv().await {
+        let mut record = format!(
+            "called {} {} {} {}\n",
+            c.tool, c.args_sha256, c.args_len, c.result_len
+        )
+        .into_bytes();
+        record.extend_from_slice(&c.result);
+        let sock = sock.lock().await;
+        let answered = async {
+            warren_daemon::handoff::send_async(&sock, &record, &[]).await?;
+            warren_daemon::handoff::recv_async(&sock).await
+        };
+        match answered.await {
+            Ok((reply, _)) if reply == b"ok" => {}
+            Ok((reply, _)) => tracing::warn!(
+                tool = %c.tool,
+                "nsd did not record a call: {}",
+                String::from_utf8_lossy(&reply)
+            ),
+            Err(e) => tracing::warn!(tool = %c.tool, "nsd did not record a call: {e}"),
+        }
+        let _ = ack.send(());
+    }
 }
 
 /// The longest control line taken (a path); longer lines are answered with an error.

@@ -39,13 +39,22 @@ impl Session {
         } else {
             0
         };
-        let fh = self.add_file(OpenFile::new(
+        let mut file = OpenFile::new(
             fid,
             att.client.clone(),
             att.generation,
             defers_writes,
             open_flags & abi::FOPEN_DIRECT_IO != 0,
-        ));
+        );
+        if defers_writes
+            && self.settings.calls.is_some()
+            && let Some(path) = self.nodes().path(nodeid)
+            && let [tool, call] = path.as_slice()
+            && call == "call"
+        {
+            file = file.seeing(tool.clone());
+        }
+        let fh = self.add_file(file);
         let out = abi::fuse_open_out {
             fh,
             open_flags,
@@ -117,6 +126,11 @@ impl Session {
             }
             data.extend_from_slice(&more);
         }
+        file.saw_read(offset, &data);
+        if data.is_empty() {
+            // The end of the result: reported before the reader sees it.
+            self.report_call(&file).await;
+        }
         Ok(Reply::plain(data))
     }
 
@@ -126,6 +140,7 @@ impl Session {
     pub(super) async fn write(&self, fh: u64, offset: u64, data: &[u8]) -> Result<Reply, Errno> {
         let file = self.file(fh)?;
         if data.len() <= self.settings.rpc_max as usize && file.defer(offset, data) {
+            file.saw_write(offset, data);
             return Ok(write_out(data.len() as u32));
         }
         file.send_deferred().await?;
@@ -135,6 +150,7 @@ impl Session {
             file.fid.write_all(offset, data).await?;
             data.len() as u32
         };
+        file.saw_write(offset, &data[..(written as usize).min(data.len())]);
         Ok(write_out(written))
     }
 
@@ -184,11 +200,25 @@ impl Session {
     pub(super) async fn release(&self, fh: u64) -> Result<Reply, Errno> {
         let file = self.files().remove(&fh).ok_or(Errno::EBADF)?;
         let _ = file.send_deferred().await;
+        // A call whose reader stopped before the end of its result.
+        self.report_call(&file).await;
         if let Ok(file) = Arc::try_unwrap(file) {
             // The fid is gone on our side either way; a clunk error changes nothing for the caller.
             let _ = file.fid.clunk().await;
         }
         Ok(Reply::plain(Vec::new()))
+    }
+
+    /// Sends the handle's call report (once; see `BridgeOptions::calls`) and waits for its
+    /// acknowledgement.
+    async fn report_call(&self, file: &OpenFile) {
+        let (Some(calls), Some(report)) = (&self.settings.calls, file.report()) else {
+            return;
+        };
+        let (ack, acked) = tokio::sync::oneshot::channel();
+        if calls.send((report, ack)).await.is_err() || acked.await.is_err() {
+            tracing::warn!("bridge: a call was not reported: the report channel is closed");
+        }
     }
 
     pub(super) async fn fsync(&self, fh: u64) -> Result<Reply, Errno> {

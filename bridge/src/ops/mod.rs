@@ -18,7 +18,8 @@ impl Session {
     /// Runs one request. A request that finds the connection gone triggers a re-attach (when a
     /// reconnect hook was given); requests that only read or open are then run once more on
     /// the new connection. The others fail: EIO if their effect is unknown (it may have
-    /// happened before the server went away), ENOTCONN when there is no server any more.
+    /// happened before the server went away) or the server is not back yet (the next request
+    /// tries again), ENOTCONN when there is no server any more (no reconnect hook).
     pub(crate) async fn handle(&self, req: Request) -> Result<Reply, Errno> {
         let generation = self.conn.current().generation;
         match self.run_op(&req).await {
@@ -29,7 +30,7 @@ impl Session {
                 }
                 self.run_op(&req)
                     .await
-                    .map_err(|e| if is_disconnect(e) { Errno::ENOTCONN } else { e })
+                    .map_err(|e| if is_disconnect(e) { Errno::EIO } else { e })
             }
             other => other,
         }

@@ -26,6 +26,8 @@ pub struct Server {
     conns: Mutex<Vec<Runtime>>,
     /// Connections made so far.
     pub connects: std::sync::atomic::AtomicUsize,
+    /// While set, new connections are refused (a server that is not back yet).
+    pub refusing: std::sync::atomic::AtomicBool,
 }
 
 impl Server {
@@ -34,11 +36,15 @@ impl Server {
             shared: Shared::new(call_delay),
             conns: Mutex::new(Vec::new()),
             connects: Default::default(),
+            refusing: Default::default(),
         })
     }
 
     /// A new connection to the tree; returns the client's end.
     pub fn connect(&self) -> io::Result<StdUnixStream> {
+        if self.refusing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(io::Error::from(io::ErrorKind::ConnectionRefused));
+        }
         let (ours, theirs) = StdUnixStream::pair()?;
         ours.set_nonblocking(true)?;
         theirs.set_nonblocking(true)?;
