@@ -1,5 +1,5 @@
 """The tools `@modelcontextprotocol/conformance`'s server scenarios call, as a stdio MCP server
-(the Python SDK's MCPServer). scripts/mcp-serve-conformance mounts it through mcpfs and serves it
+(the Python SDK's MCPServer). warren's conformance test mounts it through mcpfs and serves it
 with `warren mcp serve --plain-names --listen`, so the suite sees these tools as warren serves
 them: confined, gated and receipted."""
 import base64
