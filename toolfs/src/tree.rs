@@ -7,7 +7,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use warren_9p::{DirEntry, Errno, FileTree, GetAttrMask, QId, QIdType, Result, Stat, Time, oflags};
 
-use crate::call::CallOpen;
+use crate::call::{CallOpen, ResultForm};
+use crate::catalog::Runner;
 use crate::dispatch::Dispatcher;
 use crate::grant::ConnGrant;
 use crate::services::Services;
@@ -39,6 +40,8 @@ enum Node {
     Doc(usize),
     Schema(usize),
     Call(usize),
+    /// `call.mcp`: a call whose result keeps its MCP form (an MCP server's tools only).
+    McpCall(usize),
     /// `resources/`, when the grant comes with read-only files (an MCP server's resources).
     Resources,
     Resource(usize),
@@ -148,6 +151,11 @@ impl ToolTree {
         self.dispatcher.grant()
     }
 
+    /// Whether tool `i`'s results have an MCP form (it is an MCP server's tool): `call.mcp`.
+    fn has_mcp_form(&self, i: usize) -> bool {
+        matches!(self.grant().tools[i].def.runner, Runner::External(_))
+    }
+
     fn tool_name(&self, i: usize) -> &str {
         &self.grant().tools[i].def.name
     }
@@ -160,6 +168,7 @@ impl ToolTree {
             Node::Doc(i) => format!("/{}/doc", self.tool_name(i)),
             Node::Schema(i) => format!("/{}/schema", self.tool_name(i)),
             Node::Call(i) => format!("/{}/call", self.tool_name(i)),
+            Node::McpCall(i) => format!("/{}/call.mcp", self.tool_name(i)),
             Node::Resources => "/resources".into(),
             Node::Resource(i) => format!("/resources/{}", self.resource_name(i)),
         }
@@ -211,6 +220,7 @@ impl ToolTree {
             (Node::Dir(i), "doc") => Some(Node::Doc(i)),
             (Node::Dir(i), "schema") => Some(Node::Schema(i)),
             (Node::Dir(i), "call") => Some(Node::Call(i)),
+            (Node::Dir(i), "call.mcp") if self.has_mcp_form(i) => Some(Node::McpCall(i)),
             _ => None,
         }
     }
@@ -242,6 +252,7 @@ impl ToolTree {
                 .collect(),
             Node::Dir(i) => DIR_FILES
                 .iter()
+                .chain(self.has_mcp_form(i).then_some(&"call.mcp"))
                 .map(|n| {
                     (
                         n.to_string(),
@@ -323,7 +334,7 @@ impl FileTree for ToolTree {
             Node::Root | Node::Dir(_) | Node::Resources => (libc::S_IFDIR | 0o555, 2, 0),
             // Its size is known only once read: read to the end (the bridge reads directly).
             Node::Resource(_) => (libc::S_IFREG | 0o444, 1, 0),
-            Node::Call(_) => (libc::S_IFREG | 0o666, 1, 0),
+            Node::Call(_) | Node::McpCall(_) => (libc::S_IFREG | 0o666, 1, 0),
             node => (
                 libc::S_IFREG | 0o444,
                 1,
@@ -352,14 +363,23 @@ impl FileTree for ToolTree {
         }
         let writes = flags & oflags::ACCMODE != oflags::RDONLY;
         fid.open = Some(match fid.node {
-            Node::Call(i) => {
+            Node::Call(i) | Node::McpCall(i) => {
                 if self.open_calls.fetch_add(1, Ordering::AcqRel) >= self.limits.max_open_calls {
                     self.open_calls.fetch_sub(1, Ordering::AcqRel);
                     tracing::warn!(conn = %self.grant().label, "open call cap ({}) reached", self.limits.max_open_calls);
                     return Err(Errno::EAGAIN);
                 }
                 let slot = CallSlot(self.open_calls.clone());
-                Opened::Call(Box::new(CallOpen::new(self.grant().tools[i].clone(), slot)))
+                let form = if matches!(fid.node, Node::McpCall(_)) {
+                    ResultForm::Mcp
+                } else {
+                    ResultForm::Envelope
+                };
+                Opened::Call(Box::new(CallOpen::new(
+                    self.grant().tools[i].clone(),
+                    slot,
+                    form,
+                )))
             }
             Node::Root | Node::Dir(_) | Node::Resources if writes => return Err(Errno::EISDIR),
             _ if writes => return Err(Errno::EACCES),

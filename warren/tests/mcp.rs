@@ -480,7 +480,9 @@ fn inspector_call(tool: &str, args: &[(&str, &str)]) -> (String, Vec<Vec<u8>>) {
 
 /// From inside `warren run`, each granted tool of `server-everything` answers what the same call
 /// made directly with the MCP Inspector's CLI answers: the same text, and an image described by
-/// the size and digest of the very bytes the Inspector decodes.
+/// the size and digest of the very bytes the Inspector decodes. `call` never inlines the image
+/// (no MCP form in its envelope); `call.mcp` (what `warren mcp serve` reads) carries the
+/// image block as the server sent it beside the same text.
 #[test]
 fn calls_through_mcpfs_answer_what_the_inspector_gets_directly() {
     use sha2::Digest;
@@ -491,13 +493,14 @@ fn calls_through_mcpfs_answer_what_the_inspector_gets_directly() {
     let _approver = approve_every_ask(&w);
     let call = |tool: &str, args: &str| {
         format!(
-            "exec 3<>/mnt/mcp/everything/{tool}/call; printf '%s' '{args}' >&3; cat <&3; echo; echo ---"
+            "exec 3<>/mnt/mcp/everything/{tool}; printf '%s' '{args}' >&3; cat <&3; echo; echo ---"
         )
     };
     let script = [
-        call("echo", r#"{"message":"same answer"}"#),
-        call("get-sum", r#"{"a":19,"b":23}"#),
-        call("get-tiny-image", "{}"),
+        call("echo/call", r#"{"message":"same answer"}"#),
+        call("get-sum/call", r#"{"a":19,"b":23}"#),
+        call("get-tiny-image/call", "{}"),
+        call("get-tiny-image/call.mcp", "{}"),
     ]
     .join("\n");
     let (code, out, err) = w.sh(
@@ -515,10 +518,13 @@ fn calls_through_mcpfs_answer_what_the_inspector_gets_directly() {
         .filter(|p| !p.trim().is_empty())
         .map(envelope_of)
         .collect();
-    assert_eq!(replies.len(), 3, "{out}");
+    assert_eq!(replies.len(), 4, "{out}");
     for r in &replies {
         assert_eq!(r["status"], "ok", "{r}");
         assert_eq!(r["taint"], "untrusted", "{r}");
+    }
+    for r in &replies[..3] {
+        assert!(r.get("mcp").is_none(), "`call` inlines the MCP form: {r}");
     }
     let (echo, _) = inspector_call("echo", &[("message", "same answer")]);
     assert_eq!(replies[0]["content"], echo.as_str());
@@ -538,6 +544,18 @@ fn calls_through_mcpfs_answer_what_the_inspector_gets_directly() {
             "{line:?} missing from {described}"
         );
     }
+    let mcp_form = &replies[3];
+    assert_eq!(mcp_form["content"], replies[2]["content"], "the same text");
+    let blocks = mcp_form["mcp"]["content"].as_array().unwrap();
+    let image = blocks
+        .iter()
+        .find(|b| b["type"] == "image")
+        .unwrap_or_else(|| panic!("no image block: {mcp_form}"));
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(image["data"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(bytes, images[0], "the image the Inspector gets");
 }
 
 /// The reference filesystem server, told it may serve all of `/`, still reads only what its own

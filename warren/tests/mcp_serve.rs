@@ -81,7 +81,11 @@ fn tools_list_is_exactly_the_grant_and_calls_cross_the_call_files() {
         init["capabilities"]["tools"].get("listChanged").is_none(),
         "it sends no list_changed: {init}"
     );
-    for absent in ["resources", "prompts", "logging", "completions"] {
+    assert!(
+        init["capabilities"]["logging"].is_object(),
+        "a mounted server's log messages are relayed: {init}"
+    );
+    for absent in ["resources", "prompts", "completions"] {
         assert!(
             init["capabilities"].get(absent).is_none(),
             "claims {absent}: {init}"
@@ -916,6 +920,9 @@ fn the_mcp_conformance_suite_passes_but_for_its_baseline() {
 const SCENARIO_TOOLS: &[&str] = &[
     "test_simple_text",
     "test_image_content",
+    "test_audio_content",
+    "test_embedded_resource",
+    "test_multiple_content_types",
     "test_error_handling",
     "test_tool_with_progress",
     "test_tool_with_logging",

@@ -602,19 +602,26 @@ impl ExternalTool for McpTool {
 }
 
 /// A result as the call file returns it: the server's text (attachments described by type,
-/// size and digest), `isError` as the status, always untrusted.
+/// size and digest), `isError` as the status, always untrusted; its MCP form beside it for
+/// `call.mcp`.
 fn envelope(server: &str, tool: &str, outcome: &Outcome) -> Envelope {
     let status = if outcome.is_error {
         Status::Error
     } else {
         Status::Ok
     };
-    Envelope::new(
+    let mut env = Envelope::new(
         &format!("mcp:{server}:{tool}"),
         status,
         Taint::Untrusted,
         outcome.text.clone(),
-    )
+    );
+    // Only `call.mcp` hands this on (warren_toolfs::call::ResultForm): `call` drops it.
+    env.mcp = Some(serde_json::json!({
+        "content": outcome.blocks,
+        "notifications": outcome.notes,
+    }));
+    env
 }
 
 #[cfg(test)]

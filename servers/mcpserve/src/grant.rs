@@ -16,6 +16,9 @@ pub const SEPARATOR: &str = "__";
 pub struct Granted {
     pub dir: PathBuf,
     pub tier: String,
+    /// A mounted MCP server's tool: called through `call.mcp`, whose result keeps the
+    /// server's content blocks and notes beside the text (specs/tool-tree.md §3).
+    pub mcp: bool,
 }
 
 /// The tools the namespace grants, by the name a client calls them by, sorted.
@@ -46,6 +49,7 @@ impl Roots {
                 Granted {
                     dir: self.tool.join(&name),
                     tier,
+                    mcp: false,
                 },
             );
         }
@@ -76,6 +80,7 @@ impl Roots {
                 let granted = Granted {
                     dir: server.join(&tool),
                     tier,
+                    mcp: true,
                 };
                 if tools.insert(name.clone(), granted).is_some() {
                     clashing.push(name);
@@ -110,6 +115,11 @@ fn listing(dir: &Path) -> Vec<(String, String)> {
 }
 
 impl Granted {
+    /// The call file a call opens.
+    pub fn call_file(&self) -> PathBuf {
+        self.dir.join(if self.mcp { "call.mcp" } else { "call" })
+    }
+
     /// The tool as `tools/list` shows it: description from `doc`, input schema from `schema`,
     /// and the gate's tier as hints (`read`: read-only; `destructive`: destructive).
     pub fn describe(&self, name: &str) -> std::io::Result<Tool> {
