@@ -62,6 +62,16 @@ def test_multiple_content_types() -> list:
     ]
 
 
+@server.resource("test://static-text", mime_type="text/plain")
+def static_text() -> str:
+    return "This is the content of the static text resource."
+
+
+@server.resource("test://static-binary", mime_type="image/png")
+def static_binary() -> bytes:
+    return PNG
+
+
 @server.tool(description="Fails.")
 def test_error_handling() -> str:
     raise RuntimeError("This tool intentionally returns an error for testing")

@@ -696,7 +696,8 @@ fn a_streamable_http_server_is_mounted_like_a_stdio_one() {
 
 /// A namespace that mounts a whole server (no tool names) gets its resources as read-only files
 /// under `resources/`, named by URI (`/` as `%2F`); a read returns what the Inspector reads
-/// directly. A mount naming tools gets no `resources/`.
+/// directly, and the same file under `resources.mcp/` the Inspector's whole answer (URI, MIME
+/// type, text). A mount naming tools gets neither.
 #[test]
 fn a_whole_server_mount_serves_its_resources_as_read_only_files() {
     let (w, config) = up_with_config();
@@ -710,7 +711,8 @@ fn a_whole_server_mount_serves_its_resources_as_read_only_files() {
         &format!(
             "ls /mnt/mcp/everything/resources | grep -c . ; echo ---
              cat '/mnt/mcp/everything/resources/{file}'; echo ---
-             echo x > '/mnt/mcp/everything/resources/{file}' 2>/dev/null || echo READ-ONLY"
+             echo x > '/mnt/mcp/everything/resources/{file}' 2>/dev/null || echo READ-ONLY; echo ---
+             cat '/mnt/mcp/everything/resources.mcp/{file}'"
         ),
     );
     assert_eq!(code, 0, "{err}");
@@ -720,10 +722,12 @@ fn a_whole_server_mount_serves_its_resources_as_read_only_files() {
     let text = direct["contents"][0]["text"].as_str().unwrap();
     assert_eq!(parts[1], text, "the resource as the Inspector reads it");
     assert!(parts[2].contains("READ-ONLY"), "{out}");
+    let mcp_form: serde_json::Value = serde_json::from_str(parts[3]).unwrap();
+    assert_eq!(mcp_form["contents"], direct["contents"], "{out}");
 
     let (code, out, err) = w.sh(
         &["--asks", "operator", "--mcp", "everything:echo"],
-        "test -e /mnt/mcp/everything/resources || echo NO-RESOURCES",
+        "test -e /mnt/mcp/everything/resources || test -e /mnt/mcp/everything/resources.mcp || echo NO-RESOURCES",
     );
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("NO-RESOURCES"), "{out}");

@@ -85,7 +85,11 @@ fn tools_list_is_exactly_the_grant_and_calls_cross_the_call_files() {
         init["capabilities"]["logging"].is_object(),
         "a mounted server's log messages are relayed: {init}"
     );
-    for absent in ["resources", "prompts", "completions"] {
+    assert!(
+        init["capabilities"]["resources"].is_object(),
+        "a mounted server's resources are served: {init}"
+    );
+    for absent in ["prompts", "completions"] {
         assert!(
             init["capabilities"].get(absent).is_none(),
             "claims {absent}: {init}"

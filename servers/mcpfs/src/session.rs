@@ -5,7 +5,7 @@
 //! or roots are refused with an error, and a result that asks for input (`input_required`) or
 //! hands back a task is a clear error to the caller, not a hang. Every call has a deadline.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -56,6 +56,8 @@ pub const MAX_NOTE_BYTES: usize = 4096;
 struct Notes {
     /// Numbers the calls and, across all of them, the notes (so a call's notes keep their order).
     next: u64,
+    /// How many progress and log notifications the handlers have taken (kept or not).
+    handled: u64,
     /// The log messages of each call under way, by call number.
     calls: std::collections::HashMap<u64, Vec<(u64, Value)>>,
     /// Progress by token (its JSON form), for at most [`MAX_TOKENS`] tokens at once.
@@ -80,6 +82,7 @@ impl Notes {
 
     /// Progress for the request whose token is `key`.
     fn progress(&mut self, key: String, note: Value) {
+        self.handled += 1;
         let seq = self.number();
         if self.progress.len() < MAX_TOKENS || self.progress.contains_key(&key) {
             Notes::keep(self.progress.entry(key).or_default(), seq, note);
@@ -88,6 +91,7 @@ impl Notes {
 
     /// A log message: the one call under way's, or dropped.
     fn log(&mut self, note: Value) {
+        self.handled += 1;
         let seq = self.number();
         if self.calls.len() == 1
             && let Some(kept) = self.calls.values_mut().next()
@@ -228,6 +232,80 @@ pub struct Session {
     client: RunningService<RoleClient, Notified>,
     tools_changed: Arc<AtomicBool>,
     notes: Arc<Mutex<Notes>>,
+    /// How many progress and log notifications have been read off a stdio server's pipe
+    /// ([`CountingNotes`]); none for an HTTP server.
+    seen: Option<Arc<AtomicU64>>,
+}
+
+/// The longest a call's end waits for the handlers of the notes read before its response.
+const NOTES_SETTLE: Duration = Duration::from_millis(250);
+
+/// Counts, as its bytes are read, each line of a stdio server's output that is a progress or
+/// log notification. rmcp handles each notification in a task of its own but hands a response
+/// straight to its caller, so a call's response can overtake the handling of the notes the
+/// server sent before it; with this count a call waits (bounded) for the handlers to catch up
+/// with what was read before its response. A quoted `"notifications/…"` inside a JSON string
+/// is escaped (`\"`), so it never counts.
+struct CountingNotes<R> {
+    inner: R,
+    seen: Arc<AtomicU64>,
+    /// The current line's last bytes (a name split between two reads), and whether the line
+    /// has named one of [`NOTE_METHODS`] so far.
+    tail: Vec<u8>,
+    matched: bool,
+}
+
+const NOTE_METHODS: [&[u8]; 2] = [b"\"notifications/progress\"", b"\"notifications/message\""];
+
+impl<R> CountingNotes<R> {
+    fn new(inner: R) -> Self {
+        CountingNotes {
+            inner,
+            seen: Arc::default(),
+            tail: Vec::new(),
+            matched: false,
+        }
+    }
+
+    fn scan(&mut self, mut bytes: &[u8]) {
+        let longest = NOTE_METHODS.iter().map(|m| m.len()).max().unwrap_or(0);
+        loop {
+            let (line, rest) = match bytes.iter().position(|b| *b == b'\n') {
+                Some(nl) => (&bytes[..nl], Some(&bytes[nl + 1..])),
+                None => (bytes, None),
+            };
+            if !self.matched {
+                self.tail.extend_from_slice(line);
+                self.matched = NOTE_METHODS
+                    .iter()
+                    .any(|m| self.tail.windows(m.len()).any(|w| w == *m));
+                let keep = self.tail.len().saturating_sub(longest - 1);
+                self.tail.drain(..keep);
+            }
+            let Some(rest) = rest else { return };
+            if self.matched {
+                self.seen.fetch_add(1, Ordering::AcqRel);
+            }
+            self.tail.clear();
+            self.matched = false;
+            bytes = rest;
+        }
+    }
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for CountingNotes<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if polled.is_ready() {
+            self.scan(&buf.filled()[before..]);
+        }
+        polled
+    }
 }
 
 impl Session {
@@ -243,6 +321,8 @@ impl Session {
     {
         let notified = Notified::default();
         let (tools_changed, notes) = (notified.tools_changed.clone(), notified.notes.clone());
+        let reader = CountingNotes::new(reader);
+        let seen = Some(reader.seen.clone());
         let client = tokio::time::timeout(deadline, notified.serve((reader, writer)))
             .await
             .map_err(|_| SessionError::Timeout(deadline))?
@@ -251,6 +331,7 @@ impl Session {
             client,
             tools_changed,
             notes,
+            seen,
         })
     }
 
@@ -269,6 +350,7 @@ impl Session {
             client,
             tools_changed,
             notes,
+            seen: None,
         })
     }
 
@@ -370,6 +452,28 @@ impl Session {
             .unwrap_or_default())
     }
 
+    /// Resource `uri` as the server gave it (`contents`: each with its URI, MIME type, and text
+    /// or base64 blob), within `deadline`, at most [`MAX_RESULT_BYTES`] of JSON.
+    pub async fn read_resource_mcp(
+        &self,
+        uri: &str,
+        deadline: Duration,
+    ) -> Result<Value, SessionError> {
+        let params = rmcp::model::ReadResourceRequestParams::new(uri.to_string());
+        let read = tokio::time::timeout(deadline, self.client.read_resource(params))
+            .await
+            .map_err(|_| SessionError::Timeout(deadline))?
+            .map_err(|e| SessionError::Protocol(e.to_string()))?;
+        let v = serde_json::to_value(&read).map_err(|e| SessionError::Malformed(e.to_string()))?;
+        let size = serde_json::to_vec(&v).map_or(usize::MAX, |b| b.len());
+        if size > MAX_RESULT_BYTES {
+            return Err(SessionError::Malformed(format!(
+                "the resource is {size} bytes; the most taken is {MAX_RESULT_BYTES}"
+            )));
+        }
+        Ok(serde_json::json!({"contents": v["contents"]}))
+    }
+
     /// The bytes of resource `uri`: its text contents as UTF-8, its blobs decoded, one after
     /// another.
     pub async fn read_resource(
@@ -451,9 +555,26 @@ impl Session {
                 "the result is {size} bytes; the most taken is {MAX_RESULT_BYTES}"
             )));
         }
+        self.settle_notes().await;
         let mut outcome = Outcome::from_result(&v);
         outcome.notes = slot.notes();
         Ok(outcome)
+    }
+
+    /// Waits, at most [`NOTES_SETTLE`], until every note read so far has been handled.
+    async fn settle_notes(&self) {
+        let Some(seen) = &self.seen else {
+            tokio::task::yield_now().await;
+            return;
+        };
+        let target = seen.load(Ordering::Acquire);
+        let until = tokio::time::Instant::now() + NOTES_SETTLE;
+        while self.notes.lock().unwrap_or_else(|p| p.into_inner()).handled < target
+            && tokio::time::Instant::now() < until
+        {
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 
     /// Ends the session (the server sees its stdin close).
@@ -508,6 +629,26 @@ mod tests {
             .progress("3".into(), json!({"progress": 1}));
         assert_eq!(a.notes(), Vec::<Value>::new());
         assert_eq!(b.notes(), [json!({"progress": 1})]);
+    }
+
+    /// A progress or log notification is counted once its line ends, whatever the reads' cuts;
+    /// a result quoting the method inside a string is not.
+    #[test]
+    fn notes_are_counted_as_their_lines_are_read() {
+        let mut c = CountingNotes::new(());
+        let stream = concat!(
+            r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":0,"progress":1}}"#,
+            "\n",
+            r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"x"}}"#,
+            "\n",
+            r#"{"jsonrpc":"2.0","id":3,"result":{"content":[{"type":"text","text":"\"notifications/message\""}]}}"#,
+            "\n",
+        )
+        .as_bytes();
+        for chunk in stream.chunks(7) {
+            c.scan(chunk);
+        }
+        assert_eq!(c.seen.load(Ordering::Acquire), 2);
     }
 
     #[test]

@@ -20,8 +20,9 @@ use clap::Parser;
 #[allow(deprecated)]
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, LoggingLevel, LoggingMessageNotificationParam, MetaObject,
-    PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ProtocolVersion,
+    ListResourcesResult, ListToolsResult, LoggingLevel, LoggingMessageNotificationParam,
+    MetaObject, PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ProtocolVersion,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
     ServerCapabilities, ServerConfig, SetLevelRequestParams,
 };
 use rmcp::service::RequestContext;
@@ -106,6 +107,7 @@ impl ServerHandler for Namespace {
         ServerConfig::new(
             ServerCapabilities::builder()
                 .enable_tools()
+                .enable_resources()
                 .enable_logging()
                 .build(),
         )
@@ -138,6 +140,63 @@ impl ServerHandler for Namespace {
         self.log_level
             .store(level_rank(request.level), Ordering::Relaxed);
         Ok(())
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let roots = self.roots.clone();
+        let resources = tokio::task::spawn_blocking(move || roots.resources())
+            .await
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        Ok(ListResourcesResult::with_all_items(
+            resources
+                .into_keys()
+                .map(|uri| Resource::new(uri.clone(), uri))
+                .collect(),
+        ))
+    }
+
+    /// A mounted server's resource, read through its `resources.mcp/` file (a `query` receipt
+    /// names the read).
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let roots = self.roots.clone();
+        let uri = request.uri.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            let file = roots.resources().remove(&uri)?;
+            Some(std::fs::read(file))
+        })
+        .await
+        .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        let bytes = match read {
+            None => {
+                return Err(ErrorData::resource_not_found(
+                    format!(
+                        "resource {:?} does not exist: no server this namespace mounts whole serves it",
+                        request.uri
+                    ),
+                    None,
+                ));
+            }
+            Some(Err(e)) => {
+                return Err(ErrorData::internal_error(
+                    format!("reading {} in the namespace failed: {e}", request.uri),
+                    None,
+                ));
+            }
+            Some(Ok(bytes)) => bytes,
+        };
+        let read: serde_json::Value = serde_json::from_slice(&bytes)
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        let contents = serde_json::from_value(read["contents"].clone())
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        Ok(ReadResourceResult::new(contents).into())
     }
 
     async fn list_tools(
