@@ -116,9 +116,9 @@ impl ServerHandler for Namespace {
             env!("CARGO_PKG_VERSION"),
         ))
         .with_instructions(
-            "The tools this warren namespace grants. Every call is decided by warren's \
-                 gate (it may wait for the operator) and receipted; a denied call is a tool \
-                 error saying why.",
+            "The tools this warren namespace grants, and the resources of the MCP servers it \
+             mounts whole. Every call is decided by warren's gate (it may wait for the \
+             operator) and receipted; a denied call is a tool error saying why.",
         )
     }
 
