@@ -1,6 +1,10 @@
 """Adds `Authorization: Bearer $TOKEN` to every HTTP/1.1 request it forwards, for clients that
-cannot send a header of their own (the conformance suite's server mode). Loopback only.
-Usage: TOKEN=… bearer_proxy.py LISTEN_PORT UPSTREAM_HOST:PORT"""
+cannot send a header of their own (the conformance suite's server mode). Loopback only. Each
+request also gets `Connection: close`, so the upstream closes a connection only after its
+response and the client never reuses one the upstream is closing (the suite's back-to-back
+requests would otherwise race a connection closed after a refusal).
+Usage: TOKEN=… bearer_proxy.py LISTEN_PORT UPSTREAM_HOST:PORT (port 0: a free one, printed
+on stdout as `listening on PORT`)."""
 import asyncio
 import os
 import sys
@@ -24,8 +28,9 @@ async def requests(client, upstream):
     try:
         while True:
             head = await client.readuntil(b"\r\n\r\n")
-            lines = [l for l in head.split(b"\r\n")[:-2] if not l.lower().startswith(b"authorization:")]
-            lines.insert(1, b"Authorization: Bearer " + TOKEN)
+            lines = [l for l in head.split(b"\r\n")[:-2]
+                     if not l.lower().startswith((b"authorization:", b"connection:"))]
+            lines[1:1] = [b"Authorization: Bearer " + TOKEN, b"Connection: close"]
             upstream.write(b"\r\n".join(lines) + b"\r\n\r\n")
             fields = {l.split(b":", 1)[0].strip().lower(): l.split(b":", 1)[1].strip() for l in lines[1:] if b":" in l}
             if b"content-length" in fields:
@@ -53,6 +58,7 @@ async def main():
         await asyncio.gather(requests(client_r, up_w), pipe(up_r, client_w))
 
     server = await asyncio.start_server(handle, "127.0.0.1", port)
+    print(f"listening on {server.sockets[0].getsockname()[1]}", flush=True)
     async with server:
         await server.serve_forever()
 

@@ -1,10 +1,11 @@
 """The tools `@modelcontextprotocol/conformance`'s server scenarios call, as a stdio MCP server
-(the Python SDK's MCPServer). scripts/mcp-serve-conformance mounts it through mcpfs and serves it
+(the Python SDK's MCPServer). warren's conformance test mounts it through mcpfs and serves it
 with `warren mcp serve --plain-names --listen`, so the suite sees these tools as warren serves
 them: confined, gated and receipted."""
 import base64
 
-from mcp.server.mcpserver import Context, Image, MCPServer
+from mcp.server.mcpserver import Audio, Context, Image, MCPServer
+from mcp_types import EmbeddedResource, TextContent, TextResourceContents
 
 server = MCPServer("conformance")
 
@@ -22,6 +23,53 @@ def test_simple_text() -> str:
 @server.tool(description="Returns an image.")
 def test_image_content() -> Image:
     return Image(data=PNG, format="png")
+
+
+# A WAV header with no samples.
+WAV = b"RIFF$\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x01\x00\x01\x00D\xac\x00\x00\x88X\x01\x00\x02\x00\x10\x00data\x00\x00\x00\x00"
+
+
+@server.tool(description="Returns audio.")
+def test_audio_content() -> Audio:
+    return Audio(data=WAV, format="wav")
+
+
+@server.tool(description="Returns an embedded resource.")
+def test_embedded_resource() -> EmbeddedResource:
+    return EmbeddedResource(
+        type="resource",
+        resource=TextResourceContents(
+            uri="test://embedded-resource",
+            mime_type="text/plain",
+            text="This is an embedded resource content.",
+        ),
+    )
+
+
+@server.tool(description="Returns text, an image and an embedded resource.")
+def test_multiple_content_types() -> list:
+    return [
+        TextContent(type="text", text="Multiple content types test:"),
+        Image(data=PNG, format="png"),
+        EmbeddedResource(
+            type="resource",
+            resource=TextResourceContents(
+                uri="test://mixed-content-resource",
+                mime_type="application/json",
+                text='{"test":"data","value":123}',
+            ),
+        ),
+    ]
+
+
+@server.resource("test://static-text", mime_type="text/plain")
+def static_text() -> str:
+    return "This is the content of the static text resource."
+
+
+@server.resource("test://static-binary", mime_type="image/png")
+def static_binary() -> bytes:
+    return PNG
 
 
 @server.tool(description="Fails.")

@@ -33,8 +33,17 @@ enum Phase {
     Withdrawn,
 }
 
+/// What a call's read returns: the envelope (`call`), or the envelope with an MCP tool's result
+/// in MCP's own form beside its text (`call.mcp`, [`Envelope::mcp`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResultForm {
+    Envelope,
+    Mcp,
+}
+
 pub struct CallOpen {
     tool: Arc<GrantedTool>,
+    form: ResultForm,
     args: Vec<u8>,
     /// o₀: the offset of the first read.
     first_read_at: Option<u64>,
@@ -119,9 +128,10 @@ fn denied(tool: &str, session: &str, answer: &Answer) -> Envelope {
 }
 
 impl CallOpen {
-    pub(crate) fn new(tool: Arc<GrantedTool>, slot: CallSlot) -> CallOpen {
+    pub(crate) fn new(tool: Arc<GrantedTool>, slot: CallSlot, form: ResultForm) -> CallOpen {
         CallOpen {
             tool,
+            form,
             args: Vec::new(),
             first_read_at: None,
             refused: None,
@@ -262,10 +272,15 @@ impl CallOpen {
         };
         withdrawal.armed = false;
         let (dispatcher, tool, slot) = (dispatcher.clone(), self.tool.clone(), self.slot.clone());
+        let form = self.form;
         Phase::Running(tokio::spawn(async move {
-            let env =
+            let mut env =
                 run_and_receipt(&dispatcher, &tool, runnable, &prepared, &answer, effect).await;
             drop(slot);
+            if form == ResultForm::Envelope {
+                // `call` is read by shells and models: the text, blobs described, never inlined.
+                env.mcp = None;
+            }
             Arc::new(env.to_canonical())
         }))
     }

@@ -44,6 +44,13 @@ pub struct Envelope {
     /// machine-readable reason; `content` says it in words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub basis: Option<String>,
+    /// An MCP tool's result in MCP's own form (`content`: the server's content blocks as it
+    /// sent them, images and all; `notifications`: its progress and log messages during the
+    /// call): only in what `call.mcp` returns, never in `call`'s envelope (§3 of
+    /// specs/tool-tree.md). `content` (text, each blob described by its digest) stays what the
+    /// receipt names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<serde_json::Value>,
 }
 
 /// What a gate basis means, in words, for a denied call's `content`.
@@ -90,6 +97,7 @@ impl Envelope {
             tool: tool.to_owned(),
             receipt: None,
             basis: None,
+            mcp: None,
         }
     }
 

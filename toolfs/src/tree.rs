@@ -7,7 +7,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use warren_9p::{DirEntry, Errno, FileTree, GetAttrMask, QId, QIdType, Result, Stat, Time, oflags};
 
-use crate::call::CallOpen;
+use crate::call::{CallOpen, ResultForm};
+use crate::catalog::Runner;
 use crate::dispatch::Dispatcher;
 use crate::grant::ConnGrant;
 use crate::services::Services;
@@ -39,9 +40,13 @@ enum Node {
     Doc(usize),
     Schema(usize),
     Call(usize),
-    /// `resources/`, when the grant comes with read-only files (an MCP server's resources).
-    Resources,
-    Resource(usize),
+    /// `call.mcp`: a call whose result keeps its MCP form (an MCP server's tools only).
+    McpCall(usize),
+    /// `resources/` (each file the resource's bytes), when the grant comes with read-only files
+    /// (an MCP server's resources); `resources.mcp/` (each file the resource as MCP reads it:
+    /// URI, MIME type, text or blob) beside it.
+    Resources(ResultForm),
+    Resource(usize, ResultForm),
 }
 
 /// Read-only files served under `resources/` beside the tools: an MCP server's resources. The
@@ -52,7 +57,13 @@ pub trait ResourceFiles: Send + Sync {
     /// The bytes of `name` (one of `names`), read for one open. They are the server's data:
     /// the session is marked as having read untrusted content.
     async fn read(&self, name: &str, session: &str) -> Result<Vec<u8>>;
+    /// `name` as MCP's `resources/read` gives it: JSON `{"contents": [{"uri", "mimeType"?,
+    /// "text" | "blob"}…]}` (`resources.mcp/`, which `warren mcp serve` reads).
+    async fn read_mcp(&self, name: &str, session: &str) -> Result<Vec<u8>>;
 }
+
+/// The name of the directory of a resource's MCP form.
+const RESOURCES_MCP: &str = "resources.mcp";
 
 const DIR_FILES: [&str; 3] = ["doc", "schema", "call"];
 
@@ -122,18 +133,28 @@ impl ToolTree {
     /// Reads resource `i` for one open: the session has then read untrusted content (its
     /// context tightens), and the read is receipted (`query`: what was read, its digest). Fail
     /// closed: a read whose receipt cannot be queued is refused.
-    async fn read_resource(&self, i: usize) -> Result<Vec<u8>> {
+    async fn read_resource(&self, i: usize, form: ResultForm) -> Result<Vec<u8>> {
         let (names, files) = self.resources.as_ref().ok_or(Errno::ENOENT)?;
         let receipt = self.dispatcher.services().receipts.reserve().map_err(|e| {
             tracing::error!(conn = %self.grant().label, "resource read refused: {e}");
             Errno::EIO
         })?;
-        let bytes = files.read(&names[i], self.dispatcher.session()).await?;
+        let session = self.dispatcher.session();
+        let (bytes, subject) = match form {
+            ResultForm::Envelope => (
+                files.read(&names[i], session).await?,
+                serde_json::json!({"resource": names[i]}),
+            ),
+            ResultForm::Mcp => (
+                files.read_mcp(&names[i], session).await?,
+                serde_json::json!({"resource": names[i], "form": "mcp"}),
+            ),
+        };
         self.dispatcher.context().mark_untrusted();
         receipt.send_charged(
             self.dispatcher.session(),
             "query",
-            serde_json::json!({"resource": names[i]}),
+            subject,
             serde_json::json!({"content": crate::envelope::content_digest(&bytes)}),
             self.grant().budgets.as_ref(),
         );
@@ -148,6 +169,11 @@ impl ToolTree {
         self.dispatcher.grant()
     }
 
+    /// Whether tool `i`'s results have an MCP form (it is an MCP server's tool): `call.mcp`.
+    fn has_mcp_form(&self, i: usize) -> bool {
+        matches!(self.grant().tools[i].def.runner, Runner::External(_))
+    }
+
     fn tool_name(&self, i: usize) -> &str {
         &self.grant().tools[i].def.name
     }
@@ -160,15 +186,18 @@ impl ToolTree {
             Node::Doc(i) => format!("/{}/doc", self.tool_name(i)),
             Node::Schema(i) => format!("/{}/schema", self.tool_name(i)),
             Node::Call(i) => format!("/{}/call", self.tool_name(i)),
-            Node::Resources => "/resources".into(),
-            Node::Resource(i) => format!("/resources/{}", self.resource_name(i)),
+            Node::McpCall(i) => format!("/{}/call.mcp", self.tool_name(i)),
+            Node::Resources(form) => format!("/{}", resources_dir(form)),
+            Node::Resource(i, form) => {
+                format!("/{}/{}", resources_dir(form), self.resource_name(i))
+            }
         }
     }
 
     /// The path is hashed, so a file has the same qid path everywhere; a static file's version
     /// is a hash of its content, so `tools` of two different grants never look alike to a cache.
     fn qid(&self, node: Node) -> QId {
-        let typ = if matches!(node, Node::Root | Node::Dir(_) | Node::Resources) {
+        let typ = if matches!(node, Node::Root | Node::Dir(_) | Node::Resources(_)) {
             QIdType::DIR
         } else {
             QIdType::FILE
@@ -192,14 +221,19 @@ impl ToolTree {
     fn child(&self, node: Node, name: &str) -> Option<Node> {
         match (node, name) {
             (Node::Root, "..") => Some(Node::Root),
-            (Node::Dir(_) | Node::Resources, "..") => Some(Node::Root),
-            // A tool named `resources` is shadowed by the directory (mcpfs never grants both).
-            (Node::Root, "resources") if self.resources.is_some() => Some(Node::Resources),
-            (Node::Resources, name) => self
+            (Node::Dir(_) | Node::Resources(_), "..") => Some(Node::Root),
+            // A tool named `resources` or `resources.mcp` is shadowed by the directory.
+            (Node::Root, "resources") if self.resources.is_some() => {
+                Some(Node::Resources(ResultForm::Envelope))
+            }
+            (Node::Root, RESOURCES_MCP) if self.resources.is_some() => {
+                Some(Node::Resources(ResultForm::Mcp))
+            }
+            (Node::Resources(form), name) => self
                 .resources
                 .as_ref()
                 .and_then(|(names, _)| names.iter().position(|n| n == name))
-                .map(Node::Resource),
+                .map(|i| Node::Resource(i, form)),
             // An empty grant shows nothing at all, not even an empty `tools`.
             (Node::Root, "tools") => (!self.grant().tools.is_empty()).then_some(Node::Tools),
             (Node::Root, name) => self
@@ -211,6 +245,7 @@ impl ToolTree {
             (Node::Dir(i), "doc") => Some(Node::Doc(i)),
             (Node::Dir(i), "schema") => Some(Node::Schema(i)),
             (Node::Dir(i), "call") => Some(Node::Call(i)),
+            (Node::Dir(i), "call.mcp") if self.has_mcp_form(i) => Some(Node::McpCall(i)),
             _ => None,
         }
     }
@@ -228,20 +263,20 @@ impl ToolTree {
                         .enumerate()
                         .map(|(i, t)| (t.def.name.clone(), Node::Dir(i))),
                 )
-                .chain(
-                    self.resources
-                        .is_some()
-                        .then(|| ("resources".to_owned(), Node::Resources)),
-                )
+                .chain(self.resources.iter().flat_map(|_| {
+                    [ResultForm::Envelope, ResultForm::Mcp]
+                        .map(|form| (resources_dir(form).to_owned(), Node::Resources(form)))
+                }))
                 .collect(),
-            Node::Resources => self
+            Node::Resources(form) => self
                 .resources
                 .iter()
                 .flat_map(|(names, _)| names.iter().cloned().enumerate())
-                .map(|(i, n)| (n, Node::Resource(i)))
+                .map(|(i, n)| (n, Node::Resource(i, form)))
                 .collect(),
             Node::Dir(i) => DIR_FILES
                 .iter()
+                .chain(self.has_mcp_form(i).then_some(&"call.mcp"))
                 .map(|n| {
                     (
                         n.to_string(),
@@ -251,6 +286,13 @@ impl ToolTree {
                 .collect(),
             _ => Vec::new(),
         }
+    }
+}
+
+fn resources_dir(form: ResultForm) -> &'static str {
+    match form {
+        ResultForm::Envelope => "resources",
+        ResultForm::Mcp => RESOURCES_MCP,
     }
 }
 
@@ -305,7 +347,7 @@ impl FileTree for ToolTree {
                 }
                 None if qids.is_empty() => {
                     return Err(
-                        if matches!(node, Node::Root | Node::Dir(_) | Node::Resources) {
+                        if matches!(node, Node::Root | Node::Dir(_) | Node::Resources(_)) {
                             Errno::ENOENT
                         } else {
                             Errno::ENOTDIR
@@ -320,10 +362,10 @@ impl FileTree for ToolTree {
 
     async fn getattr(&self, fid: &ToolFid, _mask: GetAttrMask) -> Result<(QId, Stat)> {
         let (mode, nlink, size) = match fid.node {
-            Node::Root | Node::Dir(_) | Node::Resources => (libc::S_IFDIR | 0o555, 2, 0),
+            Node::Root | Node::Dir(_) | Node::Resources(_) => (libc::S_IFDIR | 0o555, 2, 0),
             // Its size is known only once read: read to the end (the bridge reads directly).
-            Node::Resource(_) => (libc::S_IFREG | 0o444, 1, 0),
-            Node::Call(_) => (libc::S_IFREG | 0o666, 1, 0),
+            Node::Resource(..) => (libc::S_IFREG | 0o444, 1, 0),
+            Node::Call(_) | Node::McpCall(_) => (libc::S_IFREG | 0o666, 1, 0),
             node => (
                 libc::S_IFREG | 0o444,
                 1,
@@ -352,18 +394,27 @@ impl FileTree for ToolTree {
         }
         let writes = flags & oflags::ACCMODE != oflags::RDONLY;
         fid.open = Some(match fid.node {
-            Node::Call(i) => {
+            Node::Call(i) | Node::McpCall(i) => {
                 if self.open_calls.fetch_add(1, Ordering::AcqRel) >= self.limits.max_open_calls {
                     self.open_calls.fetch_sub(1, Ordering::AcqRel);
                     tracing::warn!(conn = %self.grant().label, "open call cap ({}) reached", self.limits.max_open_calls);
                     return Err(Errno::EAGAIN);
                 }
                 let slot = CallSlot(self.open_calls.clone());
-                Opened::Call(Box::new(CallOpen::new(self.grant().tools[i].clone(), slot)))
+                let form = if matches!(fid.node, Node::McpCall(_)) {
+                    ResultForm::Mcp
+                } else {
+                    ResultForm::Envelope
+                };
+                Opened::Call(Box::new(CallOpen::new(
+                    self.grant().tools[i].clone(),
+                    slot,
+                    form,
+                )))
             }
-            Node::Root | Node::Dir(_) | Node::Resources if writes => return Err(Errno::EISDIR),
+            Node::Root | Node::Dir(_) | Node::Resources(_) if writes => return Err(Errno::EISDIR),
             _ if writes => return Err(Errno::EACCES),
-            Node::Resource(i) => Opened::Bytes(self.read_resource(i).await?),
+            Node::Resource(i, form) => Opened::Bytes(self.read_resource(i, form).await?),
             _ => Opened::Plain,
         });
         Ok((self.qid(fid.node), 0))
@@ -393,7 +444,7 @@ impl FileTree for ToolTree {
         if fid.open.is_none() {
             return Err(Errno::EBADF);
         }
-        if !matches!(fid.node, Node::Root | Node::Dir(_) | Node::Resources) {
+        if !matches!(fid.node, Node::Root | Node::Dir(_) | Node::Resources(_)) {
             return Err(Errno::ENOTDIR);
         }
         Ok(self

@@ -480,7 +480,9 @@ fn inspector_call(tool: &str, args: &[(&str, &str)]) -> (String, Vec<Vec<u8>>) {
 
 /// From inside `warren run`, each granted tool of `server-everything` answers what the same call
 /// made directly with the MCP Inspector's CLI answers: the same text, and an image described by
-/// the size and digest of the very bytes the Inspector decodes.
+/// the size and digest of the very bytes the Inspector decodes. `call` never inlines the image
+/// (no MCP form in its envelope); `call.mcp` (what `warren mcp serve` reads) carries the
+/// image block as the server sent it beside the same text.
 #[test]
 fn calls_through_mcpfs_answer_what_the_inspector_gets_directly() {
     use sha2::Digest;
@@ -491,13 +493,14 @@ fn calls_through_mcpfs_answer_what_the_inspector_gets_directly() {
     let _approver = approve_every_ask(&w);
     let call = |tool: &str, args: &str| {
         format!(
-            "exec 3<>/mnt/mcp/everything/{tool}/call; printf '%s' '{args}' >&3; cat <&3; echo; echo ---"
+            "exec 3<>/mnt/mcp/everything/{tool}; printf '%s' '{args}' >&3; cat <&3; echo; echo ---"
         )
     };
     let script = [
-        call("echo", r#"{"message":"same answer"}"#),
-        call("get-sum", r#"{"a":19,"b":23}"#),
-        call("get-tiny-image", "{}"),
+        call("echo/call", r#"{"message":"same answer"}"#),
+        call("get-sum/call", r#"{"a":19,"b":23}"#),
+        call("get-tiny-image/call", "{}"),
+        call("get-tiny-image/call.mcp", "{}"),
     ]
     .join("\n");
     let (code, out, err) = w.sh(
@@ -515,10 +518,13 @@ fn calls_through_mcpfs_answer_what_the_inspector_gets_directly() {
         .filter(|p| !p.trim().is_empty())
         .map(envelope_of)
         .collect();
-    assert_eq!(replies.len(), 3, "{out}");
+    assert_eq!(replies.len(), 4, "{out}");
     for r in &replies {
         assert_eq!(r["status"], "ok", "{r}");
         assert_eq!(r["taint"], "untrusted", "{r}");
+    }
+    for r in &replies[..3] {
+        assert!(r.get("mcp").is_none(), "`call` inlines the MCP form: {r}");
     }
     let (echo, _) = inspector_call("echo", &[("message", "same answer")]);
     assert_eq!(replies[0]["content"], echo.as_str());
@@ -538,6 +544,18 @@ fn calls_through_mcpfs_answer_what_the_inspector_gets_directly() {
             "{line:?} missing from {described}"
         );
     }
+    let mcp_form = &replies[3];
+    assert_eq!(mcp_form["content"], replies[2]["content"], "the same text");
+    let blocks = mcp_form["mcp"]["content"].as_array().unwrap();
+    let image = blocks
+        .iter()
+        .find(|b| b["type"] == "image")
+        .unwrap_or_else(|| panic!("no image block: {mcp_form}"));
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(image["data"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(bytes, images[0], "the image the Inspector gets");
 }
 
 /// The reference filesystem server, told it may serve all of `/`, still reads only what its own
@@ -678,7 +696,8 @@ fn a_streamable_http_server_is_mounted_like_a_stdio_one() {
 
 /// A namespace that mounts a whole server (no tool names) gets its resources as read-only files
 /// under `resources/`, named by URI (`/` as `%2F`); a read returns what the Inspector reads
-/// directly. A mount naming tools gets no `resources/`.
+/// directly, and the same file under `resources.mcp/` the Inspector's whole answer (URI, MIME
+/// type, text). A mount naming tools gets neither.
 #[test]
 fn a_whole_server_mount_serves_its_resources_as_read_only_files() {
     let (w, config) = up_with_config();
@@ -692,7 +711,8 @@ fn a_whole_server_mount_serves_its_resources_as_read_only_files() {
         &format!(
             "ls /mnt/mcp/everything/resources | grep -c . ; echo ---
              cat '/mnt/mcp/everything/resources/{file}'; echo ---
-             echo x > '/mnt/mcp/everything/resources/{file}' 2>/dev/null || echo READ-ONLY"
+             echo x > '/mnt/mcp/everything/resources/{file}' 2>/dev/null || echo READ-ONLY; echo ---
+             cat '/mnt/mcp/everything/resources.mcp/{file}'"
         ),
     );
     assert_eq!(code, 0, "{err}");
@@ -702,10 +722,12 @@ fn a_whole_server_mount_serves_its_resources_as_read_only_files() {
     let text = direct["contents"][0]["text"].as_str().unwrap();
     assert_eq!(parts[1], text, "the resource as the Inspector reads it");
     assert!(parts[2].contains("READ-ONLY"), "{out}");
+    let mcp_form: serde_json::Value = serde_json::from_str(parts[3]).unwrap();
+    assert_eq!(mcp_form["contents"], direct["contents"], "{out}");
 
     let (code, out, err) = w.sh(
         &["--asks", "operator", "--mcp", "everything:echo"],
-        "test -e /mnt/mcp/everything/resources || echo NO-RESOURCES",
+        "test -e /mnt/mcp/everything/resources || test -e /mnt/mcp/everything/resources.mcp || echo NO-RESOURCES",
     );
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("NO-RESOURCES"), "{out}");

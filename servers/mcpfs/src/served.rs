@@ -197,6 +197,27 @@ impl ResourceFiles for McpResources {
     }
 
     async fn read(&self, name: &str, _session: &str) -> warren_9p::Result<Vec<u8>> {
+        let (live, uri) = self.live_for(name).await?;
+        live.session
+            .read_resource(uri, START_DEADLINE)
+            .await
+            .map_err(|e| self.failed(uri, e))
+    }
+
+    async fn read_mcp(&self, name: &str, _session: &str) -> warren_9p::Result<Vec<u8>> {
+        let (live, uri) = self.live_for(name).await?;
+        let read = live
+            .session
+            .read_resource_mcp(uri, START_DEADLINE)
+            .await
+            .map_err(|e| self.failed(uri, e))?;
+        serde_json::to_vec(&read).map_err(|_| warren_9p::Errno::EIO)
+    }
+}
+
+impl McpResources {
+    /// The live session and the URI of the resource whose file is `name`.
+    async fn live_for(&self, name: &str) -> warren_9p::Result<(Arc<Live>, &str)> {
         let uri = self
             .files
             .iter()
@@ -207,13 +228,12 @@ impl ResourceFiles for McpResources {
             tracing::warn!(server = %self.served.name, "resource {uri}: {e}");
             warren_9p::Errno::EIO
         })?;
-        live.session
-            .read_resource(uri, START_DEADLINE)
-            .await
-            .map_err(|e| {
-                tracing::warn!(server = %self.served.name, "resource {uri}: {e}");
-                warren_9p::Errno::EIO
-            })
+        Ok((live, uri))
+    }
+
+    fn failed(&self, uri: &str, e: SessionError) -> warren_9p::Errno {
+        tracing::warn!(server = %self.served.name, "resource {uri}: {e}");
+        warren_9p::Errno::EIO
     }
 }
 
@@ -602,19 +622,26 @@ impl ExternalTool for McpTool {
 }
 
 /// A result as the call file returns it: the server's text (attachments described by type,
-/// size and digest), `isError` as the status, always untrusted.
+/// size and digest), `isError` as the status, always untrusted; its MCP form beside it for
+/// `call.mcp`.
 fn envelope(server: &str, tool: &str, outcome: &Outcome) -> Envelope {
     let status = if outcome.is_error {
         Status::Error
     } else {
         Status::Ok
     };
-    Envelope::new(
+    let mut env = Envelope::new(
         &format!("mcp:{server}:{tool}"),
         status,
         Taint::Untrusted,
         outcome.text.clone(),
-    )
+    );
+    // Only `call.mcp` hands this on (warren_toolfs::call::ResultForm): `call` drops it.
+    env.mcp = Some(serde_json::json!({
+        "content": outcome.blocks,
+        "notifications": outcome.notes,
+    }));
+    env
 }
 
 #[cfg(test)]

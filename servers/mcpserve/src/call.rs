@@ -35,15 +35,15 @@ pub struct Pending {
     pub result: oneshot::Receiver<std::io::Result<Vec<u8>>>,
 }
 
-/// Starts the call of the tool whose directory is `dir` with `args` (JSON bytes).
-pub fn start(dir: PathBuf, args: Vec<u8>) -> Pending {
+/// Starts a call through the call file `call` with `args` (JSON bytes).
+pub fn start(call: PathBuf, args: Vec<u8>) -> Pending {
     let state = Arc::new(Mutex::new(State::default()));
     let (done, result) = oneshot::channel();
     let shared = state.clone();
     // A pooled thread: no thread is made per call. It is signalled only while it is in this
     // call's read (`reading`, under the lock), never once the call is `finished`.
     tokio::task::spawn_blocking(move || {
-        let outcome = run(&dir.join("call"), &args, &shared);
+        let outcome = run(&call, &args, &shared);
         shared.lock().unwrap_or_else(|e| e.into_inner()).finished = true;
         let _ = done.send(outcome);
     });

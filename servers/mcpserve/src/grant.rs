@@ -16,6 +16,9 @@ pub const SEPARATOR: &str = "__";
 pub struct Granted {
     pub dir: PathBuf,
     pub tier: String,
+    /// A mounted MCP server's tool: called through `call.mcp`, whose result keeps the
+    /// server's content blocks and notes beside the text (specs/tool-tree.md §3).
+    pub mcp: bool,
 }
 
 /// The tools the namespace grants, by the name a client calls them by, sorted.
@@ -46,6 +49,7 @@ impl Roots {
                 Granted {
                     dir: self.tool.join(&name),
                     tier,
+                    mcp: false,
                 },
             );
         }
@@ -76,6 +80,7 @@ impl Roots {
                 let granted = Granted {
                     dir: server.join(&tool),
                     tier,
+                    mcp: true,
                 };
                 if tools.insert(name.clone(), granted).is_some() {
                     clashing.push(name);
@@ -89,6 +94,42 @@ impl Roots {
             tools.remove(&name);
         }
         Grant { tools }
+    }
+}
+
+impl Roots {
+    /// The mounted MCP servers' resources (a whole-server mount's `resources.mcp/`), by URI:
+    /// each file's name is its URI percent-encoded by mcpfs. A URI two servers both serve is
+    /// withheld, said on stderr.
+    pub fn resources(&self) -> BTreeMap<String, PathBuf> {
+        let mut resources = BTreeMap::new();
+        let mut clashing = Vec::new();
+        let servers = std::fs::read_dir(&self.mcp)
+            .map(|dir| dir.flatten().map(|e| e.path().join("resources.mcp")))
+            .into_iter()
+            .flatten();
+        for dir in servers {
+            let Ok(files) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for file in files.flatten() {
+                let name = file.file_name();
+                let Some(uri) = name
+                    .to_str()
+                    .and_then(|n| percent_encoding::percent_decode_str(n).decode_utf8().ok())
+                else {
+                    continue;
+                };
+                if resources.insert(uri.to_string(), dir.join(&name)).is_some() {
+                    clashing.push(uri.to_string());
+                }
+            }
+        }
+        for uri in clashing {
+            eprintln!("warren-mcp-server: two mounted servers both serve {uri}: neither is served");
+            resources.remove(&uri);
+        }
+        resources
     }
 }
 
@@ -110,6 +151,11 @@ fn listing(dir: &Path) -> Vec<(String, String)> {
 }
 
 impl Granted {
+    /// The call file a call opens.
+    pub fn call_file(&self) -> PathBuf {
+        self.dir.join(if self.mcp { "call.mcp" } else { "call" })
+    }
+
     /// The tool as `tools/list` shows it: description from `doc`, input schema from `schema`,
     /// and the gate's tier as hints (`read`: read-only; `destructive`: destructive).
     pub fn describe(&self, name: &str) -> std::io::Result<Tool> {
@@ -180,6 +226,29 @@ mod tests {
         tree(&roots.mcp.join("a"), &[("__b", "read")]);
         let names: Vec<String> = roots.scan().tools.into_keys().collect();
         assert_eq!(names, ["a___c"]);
+    }
+
+    #[test]
+    fn resources_are_the_mounted_servers_files_by_uri_and_a_shared_uri_is_withheld() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let roots = Roots {
+            tool: dir.join("tool"),
+            mcp: dir.join("mcp"),
+            plain: false,
+        };
+        for (server, file) in [
+            ("a", "test:%2F%2Fstatic-text"),
+            ("a", "x%25y"),
+            ("b", "shared"),
+            ("c", "shared"),
+        ] {
+            let d = roots.mcp.join(server).join("resources.mcp");
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join(file), "{}").unwrap();
+        }
+        let uris: Vec<String> = roots.resources().into_keys().collect();
+        assert_eq!(uris, ["test://static-text", "x%y"]);
     }
 
     #[test]

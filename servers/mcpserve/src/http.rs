@@ -109,7 +109,7 @@ pub async fn serve(namespace: crate::Namespace, remote_hosts: &[String]) -> anyh
     eprintln!("warren-mcp-server: bearer token for this listener: {token}");
     let token: Arc<[u8]> = token.into_bytes().into();
     let service = StreamableHttpService::new(
-        move || Ok(namespace.clone()),
+        move || Ok(namespace.for_session()),
         Arc::new(LocalSessionManager::default()),
         config(remote_hosts),
     );
