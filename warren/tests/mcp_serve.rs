@@ -319,6 +319,141 @@ fn a_client_that_hangs_up_mid_call_leaves_nothing_behind() {
     assert!(!work.path().join("log").exists(), "the call ran");
 }
 
+/// A process's parent, from `/proc/PID/stat`.
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces: the fields follow its end.
+    stat[stat.rfind(')')? + 2..].split(' ').nth(1)?.parse().ok()
+}
+
+/// Every process descended from this warren's supervisor (its daemons, nsd's namespaces and
+/// their payloads, the tool workers).
+fn warren_processes(w: &Warren) -> Vec<i32> {
+    let root = w.supervisor_pid();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(|&pid| {
+            let mut p = pid;
+            while let Some(up) = parent_of(p) {
+                if up == root {
+                    return true;
+                }
+                if up <= 1 {
+                    return false;
+                }
+                p = up;
+            }
+            false
+        })
+        .collect()
+}
+
+/// The open fds of this warren's daemons, by binary: each the supervisor's own child, not a
+/// child the daemon forked itself.
+fn daemon_fds(w: &Warren) -> Vec<(&'static str, usize)> {
+    let root = w.supervisor_pid();
+    [
+        "warren-nsd",
+        "warren-gate",
+        "warren-toolfs",
+        "warren-receiptd",
+    ]
+    .into_iter()
+    .map(|b| {
+        let pid = w
+            .daemon_pids(b)
+            .into_iter()
+            .find(|&p| parent_of(p) == Some(root))
+            .unwrap_or_else(|| panic!("no {b} under the supervisor"));
+        let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count();
+        (b, fds)
+    })
+    .collect()
+}
+
+/// The clients that hang up: each starts `warren mcp serve`, initializes, calls an exec-tier
+/// tool (which waits for the operator) and is killed — every tenth once its ask is on the gate,
+/// the others at once, before or while the call reaches the gate.
+const HANG_UPS: usize = 1000;
+const WARM_UP: usize = 20;
+
+#[test]
+fn a_thousand_clients_that_hang_up_mid_call_leave_no_process_fd_or_ask_behind() {
+    let w = Warren::up();
+    server_built();
+    let (work, spec, args) = shell_spec(&w);
+    let call = json!({"jsonrpc":"2.0","id":2,"method":"tools/call",
+        "params":{"name":"shell","arguments":serde_json::from_str::<Value>(&args).unwrap()}})
+    .to_string();
+    let (mut last_ask, mut asks) = (0, Vec::new());
+    // What the daemons hold once warm (a database's journal, a first worker's connection):
+    // measured after the first clients are gone, so that what grows later is a leak.
+    let mut baseline = None;
+    for i in 0..HANG_UPS {
+        if i == WARM_UP {
+            wait_until("the first namespaces ended", || ns_ids(&w).is_empty());
+            baseline = Some((warren_processes(&w).len(), daemon_fds(&w)));
+        }
+        let child = w
+            .cmd(&["mcp", "serve", "--ns", spec.to_str().unwrap()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut raw = Raw::new(child);
+        raw.send(
+            r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"hang-up","version":"0"}}}"#,
+        );
+        assert_eq!(raw.answer()["id"], 1, "client {i}");
+        raw.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+        raw.send(&call);
+        if i % 10 == 0 {
+            last_ask = next_ask(&w, last_ask).0;
+            asks.push(last_ask);
+        }
+        raw.child.kill().unwrap();
+        raw.child.wait().unwrap();
+    }
+    wait_until("every namespace ended", || ns_ids(&w).is_empty());
+    let (processes, fds) = baseline.unwrap();
+    wait_until("no process of the clients is left", || {
+        warren_processes(&w).len() <= processes
+    });
+    let mut now = daemon_fds(&w);
+    for _ in 0..300 {
+        if now.iter().zip(&fds).all(|((_, n), (_, b))| n <= b) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        now = daemon_fds(&w);
+    }
+    assert!(
+        now.iter().zip(&fds).all(|((_, n), (_, b))| n <= b),
+        "daemons' fds before: {fds:?}, after: {now:?}"
+    );
+    // No ask stays open (an ask whose caller is gone is closed once the gate's orphan grace,
+    // 30 s, has passed with nobody waiting on it), and each one seen on the gate was closed
+    // for its gone caller.
+    let open_asks = || {
+        let out = w.run_ok(&["ls", "/gate/pending"]);
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !open_asks().is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    assert_eq!(open_asks(), "", "asks still open");
+    for id in asks {
+        wait_until("the ask was orphaned", || ask_state(&w, id) == "orphaned");
+    }
+    assert!(!work.path().join("log").exists(), "a call ran");
+}
+
 #[test]
 fn a_cancelled_call_is_withdrawn_and_the_server_keeps_serving() {
     let w = Warren::up();
