@@ -95,14 +95,21 @@ fn up_with_hosts(hosts: &tempfile::TempDir) -> Warren {
     w
 }
 
-/// Every receipt of every scope.
-fn all_receipts(w: &Warren) -> Vec<serde_json::Value> {
+/// Every receipts scope (a namespace's session each).
+fn scopes(w: &Warren) -> Vec<String> {
     let out = w.run_ok(&["ls", "/receipts"]);
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| l.trim_end_matches('/').to_string())
         .filter(|s| !["append", "keys", "ctl"].contains(&s.as_str()))
-        .flat_map(|scope| w.receipts(&scope))
+        .collect()
+}
+
+/// Every receipt of every scope.
+fn all_receipts(w: &Warren) -> Vec<serde_json::Value> {
+    scopes(w)
+        .iter()
+        .flat_map(|scope| w.receipts(scope))
         .collect()
 }
 
@@ -357,4 +364,142 @@ fn a_restarted_proxy_gets_the_running_namespaces_grant_again() {
         std::fs::read_to_string(share.path().join("second")).unwrap(),
         BODY
     );
+}
+
+/// The namespace's script: one `shell` call per argument, each envelope on a line of its own.
+const CALL_SHELL: &str = r#"for a in "$@"; do exec 3<>/tool/shell/call; printf '%s' "$a" >&3; cat <&3; exec 3<&-; echo; done"#;
+
+/// One `shell` call in a namespace of `spec`'s text (its tool rooted at `root`): the call's
+/// output, once it succeeded.
+fn shell_call(w: &Warren, name: &str, spec: &str, command: &str) -> String {
+    let path = w.base.path().join(name);
+    std::fs::write(&path, spec).unwrap();
+    let call = serde_json::json!({ "command": command }).to_string();
+    let out = w
+        .cmd(&[
+            "run",
+            "--asks",
+            "operator",
+            "--ns",
+            path.to_str().unwrap(),
+            "--",
+            "/bin/sh",
+            "-c",
+            CALL_SHELL,
+            "sh",
+            &call,
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let got = common::envelopes(&stdout);
+    assert_eq!(
+        got.len(),
+        1,
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(got[0]["status"], "ok", "{stdout}");
+    got[0]["content"].as_str().unwrap().to_string()
+}
+
+/// The value after `prefix` on a line of `out`.
+fn line_of(out: &str, prefix: &str) -> String {
+    out.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .unwrap_or_else(|| panic!("no {prefix} line in:\n{out}"))
+        .to_string()
+}
+
+/// A `shell` tool the spec gives the network (`tool shell net proxy …`) fetches from the listed
+/// host through a proxy listener of its worker's own, asked of the gate and receipted in its
+/// namespace's session, for the tool's hosts only (a host the namespace lists but the tool's
+/// line does not gets 403); the same namespace's `shell` without that line has no way out.
+#[test]
+fn a_shell_tool_given_the_network_fetches_through_the_proxy_and_one_without_cannot() {
+    let world = World::start();
+    let port = world.port;
+    let hosts = hosts_file();
+    let w = up_with_hosts(&hosts);
+    let _approver = approve_every_ask(&w);
+    let root = common::tempdir_with_mode("wnett", 0o777);
+    let base = format!(
+        "{SYSTEM}net proxy api.test:{port}=127.0.0.1 other.test:{port}=127.0.0.1\n\
+         mount tool /tool shell\ntool shell -w {}\n",
+        root.path().display()
+    );
+    let command = format!(
+        "echo \"env $HTTPS_PROXY $ALL_PROXY\"\n\
+         echo \"api:$(curl -sS -m 30 http://api.test:{port}/tool 2>&1)\"\n\
+         echo \"other:$(curl -sS -m 30 -o /dev/null -w '%{{http_code}}' http://other.test:{port}/ 2>&1)\"\n\
+         curl -sS -m 10 --noproxy '*' http://127.0.0.1:{port}/ >/dev/null 2>&1; echo \"direct:$?\"\n"
+    );
+
+    let given = shell_call(
+        &w,
+        "given.ns",
+        &format!("{base}tool shell net proxy api.test:{port}=127.0.0.1\n"),
+        &command,
+    );
+    assert_eq!(
+        line_of(&given, "env "),
+        "http://127.0.0.1:3128 socks5h://127.0.0.1:3128"
+    );
+    assert_eq!(line_of(&given, "api:"), BODY.trim_end(), "{given}");
+    // The tool's line names api.test only, though the namespace's names other.test too.
+    assert_eq!(line_of(&given, "other:"), "403", "{given}");
+    // curl's 7: nothing but the proxy's listener in the worker's network namespace.
+    assert_eq!(line_of(&given, "direct:"), "7", "{given}");
+
+    // The fetch is the world's one connection, and its receipt is an `effect` in the
+    // namespace's session (the scope its `shell` call's receipts are in), with the world's own
+    // byte counts; the gate decided `net:api.test:PORT` in that session.
+    common::wait_until("the world's connection to close", || {
+        !world.conns.lock().unwrap().is_empty()
+    });
+    let seen = world.conns.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    common::wait_until("the fetch's receipt", || {
+        !effects_for(&all_receipts(&w), "api.test").is_empty()
+    });
+    let tool = format!("net:api.test:{port}");
+    let scope = scopes(&w)
+        .into_iter()
+        .find(|s| !effects_for(&w.receipts(s), "api.test").is_empty())
+        .unwrap();
+    let receipts = w.receipts(&scope);
+    assert!(
+        receipts
+            .iter()
+            .any(|r| r["appender"] == "toolfs" && r["subject"]["tool"] == "shell"),
+        "the fetch's receipt is not in the shell call's scope: {receipts:#?}"
+    );
+    assert!(
+        receipts.iter().any(|r| r["kind"] == "decision"
+            && r["subject"]["tool"] == tool.as_str()
+            && r["subject"]["verdict"] == "allow"),
+        "no allow decision for {tool} in the namespace's scope: {receipts:#?}"
+    );
+    let api = effects_for(&receipts, "api.test");
+    assert_eq!(api.len(), 1, "{api:#?}");
+    assert_eq!(api[0]["outcome"], "closed");
+    assert_eq!(api[0]["tool"], tool.as_str());
+    let counted = (
+        api[0]["bytes_client_to_server"].as_u64().unwrap(),
+        api[0]["bytes_server_to_client"].as_u64().unwrap(),
+    );
+    assert_eq!(counted, seen[0]);
+
+    // Without the line, the same namespace's `shell` has no proxy and no route.
+    let command = format!(
+        "echo \"env $HTTPS_PROXY\"\n\
+         curl -sS -m 10 http://api.test:{port}/ >/dev/null 2>&1; echo \"named:$?\"\n\
+         curl -sS -m 10 --proxy http://127.0.0.1:3128 http://api.test:{port}/ >/dev/null 2>&1; echo \"proxy:$?\"\n"
+    );
+    let denied = shell_call(&w, "denied.ns", &base, &command);
+    assert_eq!(line_of(&denied, "env "), "", "{denied}");
+    // 6: the name does not resolve (no resolver reachable); 7: no listener at the proxy's port.
+    assert_eq!(line_of(&denied, "named:"), "6", "{denied}");
+    assert_eq!(line_of(&denied, "proxy:"), "7", "{denied}");
+    assert_eq!(world.conns.lock().unwrap().len(), 1);
 }
