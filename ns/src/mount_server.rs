@@ -57,6 +57,9 @@ pub struct ServedMounts {
     /// The tools' roots, held open since nsd took the spec in: a grant is built from these,
     /// never by opening a path again.
     tool_roots: Vec<ToolRoot>,
+    /// The tools the spec gives the network (`tool NAME net proxy`): toolfs asks nsd for their
+    /// workers with it, and nsd gives it from the spec again.
+    networked: Vec<String>,
     session: String,
     namespace: String,
     bridge_binary: PathBuf,
@@ -144,6 +147,12 @@ impl ServedMounts {
             dirs,
             limits: spec.limits,
             tool_roots,
+            networked: spec
+                .tool_nets
+                .iter()
+                .filter(|t| spec.tool_proxy(&t.name).is_some())
+                .map(|t| t.name.clone())
+                .collect(),
             session: new_session_id()?,
             namespace: namespace.to_string(),
             bridge_binary,
@@ -275,7 +284,7 @@ impl ServedMounts {
             tools.push(ToolGrant {
                 name: name.clone(),
                 roots,
-                network: false,
+                network: self.networked.contains(name),
             });
         }
         let worker = Role::Worker.uid();

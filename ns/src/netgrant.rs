@@ -22,13 +22,14 @@ use std::time::Duration;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use nix::sys::socket::{self, AddressFamily, Backlog, SockFlag, SockType, SockaddrIn, sockopt};
+use warren_netproxy::Pattern;
 use warren_netproxy::grant::{CONTROL, GrantRecord};
 
 use crate::confine::guard::ProtectedDirs;
 use crate::spec::{PROXY_PORT, Spec};
 
 /// Which session and namespace a `net proxy` grant is for (nsd sets it on `RunOptions`).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NetProxyTarget {
     /// The receipts' scope and the gate's session.
     pub session: String,
@@ -44,6 +45,8 @@ pub struct NetProxyTarget {
 #[derive(Debug)]
 pub(crate) struct NetGrant {
     pub netns: OwnedFd,
+    /// Whom the grant is for: a tool worker's grant of the same namespace is made in its name.
+    pub target: NetProxyTarget,
     _keeper: OwnedFd,
 }
 
@@ -73,6 +76,17 @@ pub(crate) fn grant(
     target: &NetProxyTarget,
     dirs: &ProtectedDirs,
 ) -> io::Result<NetGrant> {
+    grant_patterns(&spec.proxy, target, dirs)
+}
+
+/// Makes a network namespace with a listener of its own and hands the listener with `patterns`
+/// to the proxy, in `target`'s session: the namespace's own, or one of its tool workers' (its
+/// `tool NAME net proxy` list; the same session, so the same gate decisions and receipts).
+pub(crate) fn grant_patterns(
+    patterns: &[Pattern],
+    target: &NetProxyTarget,
+    dirs: &ProtectedDirs,
+) -> io::Result<NetGrant> {
     // unshare(CLONE_NEWNET) moves only the calling thread: this one ends here, and nsd's other
     // threads stay in the host's network namespace.
     let (netns, listener) = std::thread::spawn(|| -> io::Result<(OwnedFd, OwnedFd)> {
@@ -98,7 +112,7 @@ pub(crate) fn grant(
         version: 1,
         session: target.session.clone(),
         namespace: target.namespace.clone(),
-        patterns: spec.proxy.iter().map(ToString::to_string).collect(),
+        patterns: patterns.iter().map(ToString::to_string).collect(),
         lineage: Some(target.lineage.clone()),
     };
     let ctl = dirs.control(CONTROL);
@@ -110,6 +124,7 @@ pub(crate) fn grant(
         .spawn(move || keep(control, &listener, &record, &ctl, &ended))?;
     Ok(NetGrant {
         netns,
+        target: target.clone(),
         _keeper: keeper,
     })
 }

@@ -834,6 +834,7 @@ impl crate::worker::WorkerScopes for Nsd {
         &self,
         namespace: &str,
         session: &str,
+        tool: &str,
     ) -> std::result::Result<Option<crate::worker::WorkerScope>, String> {
         let Ok(id) = namespace.parse::<u64>() else {
             return Ok(None);
@@ -858,6 +859,20 @@ impl crate::worker::WorkerScopes for Nsd {
             .running()
             .map(|r| r.holder_pid())
             .ok_or_else(|| format!("namespace {id}'s subtree is not running"))?;
+        // A tool's network is its namespace's grant's: the same session and lineage, the
+        // tool's own destinations (the spec checked them to be within the namespace's).
+        let net = match (space.build.tool_proxy(tool), space.running()) {
+            (Some(patterns), Some(running)) => {
+                let target = running.net_target().cloned().ok_or_else(|| {
+                    format!("namespace {id} has no network grant for its {tool} worker")
+                })?;
+                if target.session != session {
+                    return Err(format!("namespace {id}'s grant has another session"));
+                }
+                Some(crate::worker::WorkerNet { target, patterns })
+            }
+            _ => None,
+        };
         Ok(Some(crate::worker::WorkerScope {
             uid: crate::worker::EXEC_WORKER_UID_BASE + holder,
             limits: space.build.limits,
@@ -865,6 +880,7 @@ impl crate::worker::WorkerScopes for Nsd {
                 operator_uid: space.info().operator_uid,
                 clone: space.parent.is_some(),
             },
+            net,
         }))
     }
 }
@@ -1345,12 +1361,16 @@ mod tests {
             )
             .unwrap();
         let session = "0".repeat(32);
-        assert_eq!(nsd.worker_scope("operator", &session), Ok(None));
-        assert_eq!(nsd.worker_scope("999", &session), Ok(None));
-        let not_running = nsd.worker_scope(&id.to_string(), &session).unwrap_err();
+        assert_eq!(nsd.worker_scope("operator", &session, "shell"), Ok(None));
+        assert_eq!(nsd.worker_scope("999", &session, "shell"), Ok(None));
+        let not_running = nsd
+            .worker_scope(&id.to_string(), &session, "shell")
+            .unwrap_err();
         assert!(not_running.contains("not running"), "{not_running}");
         space.info().session = Some("1".repeat(32));
-        let other = nsd.worker_scope(&id.to_string(), &session).unwrap_err();
+        let other = nsd
+            .worker_scope(&id.to_string(), &session, "shell")
+            .unwrap_err();
         assert!(other.contains("another session"), "{other}");
     }
 

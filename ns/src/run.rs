@@ -296,8 +296,8 @@ pub struct Running {
     pty_master: Option<OwnedFd>,
     /// How its payload was confined, for a process attached later (`launch::attach`).
     confinement: Confinement,
-    /// Held for its Drop: a `net proxy` namespace's session at the proxy ends with it.
-    _net_grant: Option<crate::netgrant::NetGrant>,
+    /// A `net proxy` namespace's grant: its session at the proxy ends with it (its Drop).
+    net_grant: Option<crate::netgrant::NetGrant>,
 }
 
 /// What a process joining a running namespace must get to be confined exactly as its payload
@@ -312,6 +312,12 @@ pub(crate) struct Confinement {
 }
 
 impl Running {
+    /// Whom its `net proxy` grant is for (none without one): a tool worker the namespace's
+    /// spec gives the network gets a grant of its own in the same name.
+    pub(crate) fn net_target(&self) -> Option<&crate::netgrant::NetProxyTarget> {
+        self.net_grant.as_ref().map(|g| &g.target)
+    }
+
     /// The master side of the namespace's pty (with `RunOptions::pty`).
     pub fn pty_master(&self) -> Option<&OwnedFd> {
         self.pty_master.as_ref()
@@ -492,7 +498,7 @@ pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Runn
         holder,
         holder_fd,
         pty_master,
-        _net_grant: net_grant,
+        net_grant,
         confinement: Confinement {
             uid: payload_uid(opts, holder),
             uid_base: opts.uid_base,

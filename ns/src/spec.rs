@@ -105,6 +105,18 @@ pub struct ToolAuthority {
     pub host_paths: Vec<String>,
 }
 
+/// `tool NAME net proxy [PATTERN…]`: a tool's worker gets the network through the egress proxy,
+/// for `proxy` (empty: every destination of the namespace's own `net proxy` line), never wider
+/// than the namespace's list (checked when the spec is parsed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolNet {
+    pub name: String,
+    pub proxy: Vec<warren_netproxy::Pattern>,
+}
+
+/// The tools whose worker may be given the network: those that exec programs.
+pub const NETWORK_TOOLS: &[&str] = &["shell"];
+
 /// `net none|loopback|proxy`, ordered from narrowest to widest. Under `Proxy` the
 /// destinations are the spec's [`Spec::proxy`] patterns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Default)]
@@ -166,6 +178,8 @@ pub struct Spec {
     /// `net proxy PATTERN…`: the destinations, as `warren_netproxy::Pattern` parses them; empty
     /// unless `net` is `Some(Net::Proxy)`.
     pub proxy: Vec<warren_netproxy::Pattern>,
+    /// `tool NAME net proxy …` lines: the tools whose workers get the network.
+    pub tool_nets: Vec<ToolNet>,
     pub env: Vec<String>,
     pub limits: Limits,
 }
@@ -562,6 +576,7 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
     let mut net_line: Option<usize> = None;
     let mut targets: Vec<(String, usize)> = Vec::new();
     let mut pending_tools: Vec<(String, usize, Word, String)> = Vec::new();
+    let mut pending_nets: Vec<(usize, Word, String)> = Vec::new();
     for (idx, source) in text.split('\n').enumerate() {
         let ctx = LineCtx {
             file,
@@ -753,6 +768,56 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                 let Some((mode_w, paths)) = tail.split_first() else {
                     return Err(ctx.err_at(ctx.end(), 1, "tool needs -r or -w after NAME"));
                 };
+                if mode_w.text == "net" {
+                    let (kind, patterns) = match paths.split_first() {
+                        Some((k, rest)) if k.text == "proxy" => (k, rest),
+                        Some((k, _)) => {
+                            return Err(ctx.err(
+                                k,
+                                format!("expected `net proxy [PATTERN…]`, got `net {}`", k.text),
+                            ));
+                        }
+                        None => {
+                            return Err(ctx.err_at(
+                                ctx.end(),
+                                1,
+                                "tool NAME net takes `proxy [PATTERN…]`",
+                            ));
+                        }
+                    };
+                    if !NETWORK_TOOLS.contains(&name_w.text.as_str()) {
+                        return Err(ctx.err(
+                            name_w,
+                            format!(
+                                "tool `{}` cannot be given the network: only {} runs programs",
+                                name_w.text,
+                                NETWORK_TOOLS.join(", ")
+                            ),
+                        ));
+                    }
+                    if spec.tool_nets.iter().any(|t| t.name == name_w.text) {
+                        return Err(ctx.err(
+                            kind,
+                            format!("tool `{}` is given the network twice", name_w.text),
+                        ));
+                    }
+                    let mut proxy = Vec::new();
+                    for p in patterns {
+                        proxy.push(p.text.parse().map_err(|e: String| ctx.err(p, e))?);
+                    }
+                    pending_tools.push((
+                        name_w.text.clone(),
+                        ctx.number,
+                        name_w.clone(),
+                        source.to_string(),
+                    ));
+                    pending_nets.push((ctx.number, name_w.clone(), source.to_string()));
+                    spec.tool_nets.push(ToolNet {
+                        name: name_w.text.clone(),
+                        proxy,
+                    });
+                    continue;
+                }
                 let access = match mode_w.text.as_str() {
                     "-r" => Access::Read,
                     "-w" => Access::Write,
@@ -913,6 +978,35 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
             ));
         }
     }
+    // A tool's network is never wider than its namespace's.
+    for ((line, word, source), tool) in pending_nets.into_iter().zip(&spec.tool_nets) {
+        let ctx = LineCtx {
+            file,
+            number: line,
+            source: &source,
+        };
+        if spec.net() != Net::Proxy {
+            return Err(ctx.err(
+                &word,
+                format!(
+                    "tool `{}` net proxy needs the namespace's own `net proxy` line: a tool's \
+                     network is never wider than its namespace's",
+                    tool.name
+                ),
+            ));
+        }
+        let namespace = warren_netproxy::Policy::new(spec.proxy.clone());
+        let widened = namespace.widenings(&warren_netproxy::Policy::new(tool.proxy.clone()));
+        if let Some(why) = widened.first() {
+            return Err(ctx.err(
+                &word,
+                format!(
+                    "tool `{}` net proxy {why} (the namespace's `net proxy` line)",
+                    tool.name
+                ),
+            ));
+        }
+    }
     Ok(spec)
 }
 
@@ -958,6 +1052,21 @@ impl Spec {
         self.net.unwrap_or_default()
     }
 
+    /// The destinations `tool`'s worker may reach through the egress proxy: none unless a
+    /// `tool NAME net proxy` line names it under a `net proxy` namespace; that line's patterns,
+    /// or the namespace's own when it lists none.
+    pub fn tool_proxy(&self, tool: &str) -> Option<Vec<warren_netproxy::Pattern>> {
+        if self.net() != Net::Proxy {
+            return None;
+        }
+        let line = self.tool_nets.iter().find(|t| t.name == tool)?;
+        Some(if line.proxy.is_empty() {
+            self.proxy.clone()
+        } else {
+            line.proxy.clone()
+        })
+    }
+
     /// The spec as text that parses back to an equal spec. It holds env NAMES only: a `Spec`
     /// never carries an env value, so none can be printed.
     pub fn to_text(&self) -> String {
@@ -994,6 +1103,14 @@ impl Spec {
             for p in &t.host_paths {
                 out.push(' ');
                 out.push_str(&quote(p));
+            }
+            out.push('\n');
+        }
+        for t in &self.tool_nets {
+            out.push_str(&format!("tool {} net proxy", quote(&t.name)));
+            for p in &t.proxy {
+                out.push(' ');
+                out.push_str(&quote(&p.to_string()));
             }
             out.push('\n');
         }
@@ -1452,6 +1569,7 @@ mod tests {
                     } else {
                         Vec::new()
                     },
+                    tool_nets: Vec::new(),
                     env: env.into_iter().collect(),
                     limits: Limits {
                         mem: lim[0],
@@ -1487,6 +1605,69 @@ mod tests {
         let s = parse("p.ns", "net proxy API.Test.\n").unwrap();
         assert_eq!(s.proxy[0].to_string(), "api.test");
         assert!(Net::None < Net::Loopback && Net::Loopback < Net::Proxy);
+    }
+
+    /// `tool shell net proxy [PATTERN…]`: the namespace's list, or a narrower one, printed
+    /// back; never wider than the namespace's, never without its `net proxy` line, never for a
+    /// tool that runs no programs.
+    #[test]
+    fn a_tools_network_is_within_its_namespaces() {
+        let base = "mount tool /tool shell fs_read\nnet proxy api.test '*.pypi.org'\n";
+        let all = parse("t.ns", &format!("{base}tool shell net proxy\n")).unwrap();
+        let shown = |p: Option<Vec<warren_netproxy::Pattern>>| {
+            p.map(|v| v.iter().map(ToString::to_string).collect::<Vec<_>>())
+        };
+        assert_eq!(
+            shown(all.tool_proxy("shell")),
+            Some(vec!["api.test".into(), "*.pypi.org".into()])
+        );
+        assert_eq!(all.tool_proxy("fs_read"), None);
+        let narrow = parse(
+            "t.ns",
+            &format!("{base}tool shell net proxy files.pypi.org:443\n"),
+        )
+        .unwrap();
+        assert_eq!(
+            shown(narrow.tool_proxy("shell")),
+            Some(vec!["files.pypi.org:443".into()])
+        );
+        for s in [&all, &narrow] {
+            assert_eq!(&parse("t.ns", &s.to_text()).unwrap(), s);
+        }
+        assert_eq!(parse("t.ns", base).unwrap().tool_proxy("shell"), None);
+        for (text, want) in [
+            (
+                format!("{base}tool shell net proxy other.test\n"),
+                "other.test:80 is not in the parent's list",
+            ),
+            (
+                "mount tool /tool shell\ntool shell net proxy\n".to_string(),
+                "needs the namespace's own `net proxy` line",
+            ),
+            (
+                "mount tool /tool shell\nnet loopback\ntool shell net proxy\n".to_string(),
+                "needs the namespace's own `net proxy` line",
+            ),
+            (
+                format!("{base}tool fs_read net proxy\n"),
+                "only shell runs programs",
+            ),
+            (
+                format!("{base}tool shell net proxy\ntool shell net proxy\n"),
+                "the network twice",
+            ),
+            (
+                format!("{base}tool shell net loopback\n"),
+                "expected `net proxy",
+            ),
+            (
+                "net proxy api.test\ntool shell net proxy\n".to_string(),
+                "no `mount tool` line grants",
+            ),
+        ] {
+            let e = parse("t.ns", &text).unwrap_err().to_string();
+            assert!(e.contains(want), "{text}: {e}");
+        }
     }
 
     proptest! {

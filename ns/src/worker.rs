@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sched::CloneFlags;
 use nix::unistd::{ForkResult, Pid};
 use warren_daemon::Dirs;
 use warren_daemon::accept::{into_blocking, next_peer, refusal};
@@ -69,13 +70,23 @@ const SHELL_CLONE_FLAGS: u64 = (libc::CLONE_NEWUSER | libc::CLONE_NEWPID) as u64
 pub const EXEC_WORKER_UID_BASE: u32 = 5_000_000;
 
 /// What a worker of one namespace runs under: its uid and the namespace's `limit` line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerScope {
     pub uid: u32,
     pub limits: Limits,
     /// Who may write as whom: the operator who started the namespace's subtree, and whether
     /// the namespace is a clone (see [`write_identity`]).
     pub writer: Writer,
+    /// The network the namespace's spec gives this tool (`tool NAME net proxy`), if any.
+    pub net: Option<WorkerNet>,
+}
+
+/// A tool worker's network: its own listener at the egress proxy, in the namespace's name
+/// (session, lineage) and for the tool's destinations (within the namespace's).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerNet {
+    pub target: crate::netgrant::NetProxyTarget,
+    pub patterns: Vec<warren_netproxy::Pattern>,
 }
 
 /// Whose files a namespace's file tools may write as another uid.
@@ -102,7 +113,13 @@ impl Writer {
 pub trait WorkerScopes: Send + Sync {
     /// `Ok(None)`: no namespace of this nsd has this id (the operator's own connection). An
     /// error refuses the build: the namespace is known but not running, or the session differs.
-    fn worker_scope(&self, namespace: &str, session: &str) -> Result<Option<WorkerScope>, String>;
+    /// `tool`: the tool the worker is for (its network is the spec's for that tool).
+    fn worker_scope(
+        &self,
+        namespace: &str,
+        session: &str,
+        tool: &str,
+    ) -> Result<Option<WorkerScope>, String>;
 }
 
 /// Builds workers. One per nsd.
@@ -125,6 +142,8 @@ pub struct Built {
     pub holder_pid: i32,
     pub uid: u32,
     pub gid: u32,
+    /// Whether the worker got the network (its own listener at the egress proxy).
+    pub network: bool,
 }
 
 /// Everything the holder and the worker need, prepared in nsd before the fork.
@@ -141,6 +160,11 @@ struct Plan {
     weaker_landlock: bool,
     /// The calling namespace's `limit` line (none for a namespace nsd does not know).
     limits: Limits,
+    /// The network namespace with the worker's own proxy listener, joined instead of a fresh
+    /// one (`lo` only) when the tool has the network.
+    net_ns: Option<OwnedFd>,
+    /// The tool has the network: the proxy's variables, Landlock's TCP rule.
+    network: bool,
 }
 
 impl WorkerFactory {
@@ -171,15 +195,15 @@ impl WorkerFactory {
         &self,
         request: &BuildRequest,
         execs: bool,
-    ) -> Result<(u32, Limits, Option<Writer>), String> {
+    ) -> Result<(u32, Limits, Option<Writer>, Option<WorkerNet>), String> {
         let scope = match &self.scopes {
-            Some(s) => s.worker_scope(&request.namespace, &request.session)?,
+            Some(s) => s.worker_scope(&request.namespace, &request.session, &request.tool)?,
             None => None,
         };
         Ok(match scope {
-            Some(scope) if execs => (scope.uid, scope.limits, Some(scope.writer)),
-            Some(scope) => (self.uid, scope.limits, Some(scope.writer)),
-            None => (self.uid, Limits::default(), None),
+            Some(scope) if execs => (scope.uid, scope.limits, Some(scope.writer), scope.net),
+            Some(scope) => (self.uid, scope.limits, Some(scope.writer), scope.net),
+            None => (self.uid, Limits::default(), None, None),
         })
     }
 
@@ -192,7 +216,22 @@ impl WorkerFactory {
     pub fn build(&self, request: &BuildRequest, root_fds: Vec<OwnedFd>) -> Result<Built, String> {
         check_request(request, root_fds.len())?;
         let execs = EXEC_TOOLS.contains(&request.tool.as_str());
-        let (uid, limits, writer) = self.identity(request, execs)?;
+        let (uid, limits, writer, net) = self.identity(request, execs)?;
+        // The network only when toolfs asks for it (its grant says so) and the namespace's own
+        // spec gives it to this tool: nsd's record decides, never toolfs's word alone.
+        let net_grant = match (request.network, net) {
+            (false, _) => None,
+            (true, None) => {
+                return Err(format!(
+                    "{}: namespace {}'s spec gives it no network (`tool {} net proxy`)",
+                    request.tool, request.namespace, request.tool
+                ));
+            }
+            (true, Some(net)) => Some(
+                crate::netgrant::grant_patterns(&net.patterns, &net.target, &self.protected)
+                    .map_err(|e| format!("the worker's network: {e}"))?,
+            ),
+        };
         let guard = Guard::new(&self.protected).map_err(|e| e.to_string())?;
         let mut prepared = Vec::new();
         for (root, fd) in request.roots.iter().zip(&root_fds) {
@@ -260,6 +299,12 @@ impl WorkerFactory {
             execs,
             weaker_landlock: self.weaker_landlock,
             limits,
+            net_ns: net_grant
+                .as_ref()
+                .map(|g| g.netns.try_clone())
+                .transpose()
+                .map_err(io("the network namespace"))?,
+            network: net_grant.is_some(),
         };
         let holder = match sys::fork_process().map_err(io("fork"))? {
             ForkResult::Child => {
@@ -273,9 +318,12 @@ impl WorkerFactory {
         drop(plan);
         drop(root_fds);
         let holder_fd = sys::pidfd_open(holder.as_raw());
-        // The holder is our child: reap it whenever it ends (the worker's end).
+        let network = net_grant.is_some();
+        // The holder is our child: reap it whenever it ends (the worker's end), and only then
+        // end the worker's session at the proxy.
         std::thread::spawn(move || {
             let _ = nix::sys::wait::waitpid(holder, None);
+            drop(net_grant);
         });
         let deadline = Instant::now() + SETUP_DEADLINE;
         match SetupErrors::drain(err_read).wait(deadline) {
@@ -294,6 +342,7 @@ impl WorkerFactory {
             holder_pid: holder.as_raw(),
             uid,
             gid,
+            network,
         })
     }
 
@@ -337,6 +386,7 @@ impl WorkerFactory {
                             namespace = %request.namespace,
                             tool = %request.tool,
                             holder = b.holder_pid,
+                            network = b.network,
                             "worker built"
                         ),
                         Err(e) => tracing::warn!(
@@ -468,7 +518,7 @@ fn write_identity(
 }
 
 /// The request must name a worker tool, roots that fit the fds and do not overlap each other or
-/// the worker's own tree, and no network (no tool is network-tier yet: see docs/tools.md).
+/// the worker's own tree, and the network only for a tool that runs programs.
 fn check_request(request: &BuildRequest, fds: usize) -> Result<(), String> {
     if request.version != BUILD_VERSION {
         return Err(format!(
@@ -485,9 +535,9 @@ fn check_request(request: &BuildRequest, fds: usize) -> Result<(), String> {
             request.roots.len()
         ));
     }
-    if request.network {
+    if request.network && !crate::spec::NETWORK_TOOLS.contains(&request.tool.as_str()) {
         return Err(format!(
-            "{}: no worker gets the network (no tool is network-tier in this version)",
+            "{}: no network for a tool that runs no programs",
             request.tool
         ));
     }
@@ -528,8 +578,17 @@ fn holder(mut plan: Plan) -> ! {
     if let Err(m) = close_all_but(&plan) {
         fail(&plan.err_write, &m);
     }
-    if let Err(e) = nix::sched::unshare(NAMESPACES) {
-        fail(&plan.err_write, &format!("unshare namespaces: {e}"));
+    let unshared = match &plan.net_ns {
+        None => nix::sched::unshare(NAMESPACES).map_err(|e| format!("unshare namespaces: {e}")),
+        Some(netns) => nix::sched::unshare(NAMESPACES.difference(CloneFlags::CLONE_NEWNET))
+            .map_err(|e| format!("unshare namespaces: {e}"))
+            .and_then(|()| {
+                nix::sched::setns(netns, CloneFlags::CLONE_NEWNET)
+                    .map_err(|e| format!("joining the worker's network namespace: {e}"))
+            }),
+    };
+    if let Err(m) = unshared {
+        fail(&plan.err_write, &m);
     }
     if let Err(m) = mounts::make_root_private() {
         fail(&plan.err_write, &m);
@@ -544,9 +603,10 @@ fn holder(mut plan: Plan) -> ! {
         binds,
         worker_end,
         err_write,
+        net_ns,
         ..
     } = plan;
-    drop((binds, worker_end, err_write));
+    drop((binds, worker_end, err_write, net_ns));
     let pidfd = match sys::pidfd_open(worker.as_raw()) {
         Ok(fd) => fd,
         Err(_) => end_worker(worker, None),
@@ -593,6 +653,7 @@ fn close_all_but(plan: &Plan) -> Result<(), String> {
         plan.err_write.as_raw_fd(),
     ]);
     keep.extend(plan.binds.iter().map(|b| b.tree.as_raw_fd()));
+    keep.extend(plan.net_ns.iter().map(|f| f.as_raw_fd()));
     let open: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
         .map_err(|e| format!("listing fds: {e}"))?
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
@@ -627,6 +688,7 @@ fn confine_worker(plan: &mut Plan) -> Result<std::convert::Infallible, String> {
     mounts::pivot(&root)?;
     drop(root);
     plan.binds.clear();
+    plan.net_ns = None;
     sys::interface_up(c"lo").map_err(|e| format!("bringing lo up: {e}"))?;
     nix::unistd::sethostname(crate::HOSTNAME).map_err(|e| format!("sethostname: {e}"))?;
     // Each root, opened at the mount nsd just made from toolfs's fd: the worker resolves every
@@ -696,6 +758,11 @@ fn confine_worker(plan: &mut Plan) -> Result<std::convert::Infallible, String> {
             words.join(" ")
         ));
     }
+    if plan.network {
+        // The worker's own proxy listener, as a `net proxy` payload finds it: `shell` passes
+        // these on to its commands.
+        env.extend(crate::netgrant::proxy_env());
+    }
     let env = env.into_iter().map(cstr).collect::<Result<Vec<_>, _>>()?;
     let path = cstr(WORKER_PATH.into())?;
     nix::unistd::execve(&path, &argv, &env).map_err(|e| format!("exec {WORKER_PATH}: {e}"))
@@ -716,7 +783,12 @@ fn landlock_view(plan: &Plan) -> landlock::View {
         write,
         devices: mounts::dev_nodes(),
         ninep: Vec::new(),
-        net: Net::Loopback,
+        // With the network: TCP connect to the proxy's port only and no bind, as its namespace.
+        net: if plan.network {
+            Net::Proxy
+        } else {
+            Net::Loopback
+        },
     }
 }
 
@@ -744,7 +816,12 @@ mod tests {
     struct OneNamespace;
 
     impl WorkerScopes for OneNamespace {
-        fn worker_scope(&self, namespace: &str, _: &str) -> Result<Option<WorkerScope>, String> {
+        fn worker_scope(
+            &self,
+            namespace: &str,
+            _: &str,
+            _: &str,
+        ) -> Result<Option<WorkerScope>, String> {
             match namespace {
                 "7" => Ok(Some(WorkerScope {
                     uid: EXEC_WORKER_UID_BASE + 42,
@@ -755,6 +832,7 @@ mod tests {
                         operator_uid: 0,
                         clone: false,
                     },
+                    net: None,
                 })),
                 "8" => Err("namespace 8's subtree is not running".into()),
                 _ => Ok(None),
@@ -772,17 +850,17 @@ mod tests {
         let mut shell = request(&[]);
         shell.tool = "shell".into();
         shell.namespace = "7".into();
-        let (uid, limits, _) = factory.identity(&shell, true).unwrap();
+        let (uid, limits, _, _) = factory.identity(&shell, true).unwrap();
         assert_eq!(uid, EXEC_WORKER_UID_BASE + 42);
         assert_eq!((limits.pids, limits.mem), (Some(16), Some(64 << 20)));
         let mut read = request(&[]);
         read.namespace = "7".into();
-        let (uid, limits, _) = factory.identity(&read, false).unwrap();
+        let (uid, limits, _, _) = factory.identity(&read, false).unwrap();
         assert_eq!((uid, limits.pids), (Role::Worker.uid(), Some(16)));
         shell.namespace = "operator".into();
         assert_eq!(
             factory.identity(&shell, true).unwrap(),
-            (Role::Worker.uid(), Limits::default(), None)
+            (Role::Worker.uid(), Limits::default(), None, None)
         );
         shell.namespace = "8".into();
         assert!(factory.identity(&shell, true).is_err());
@@ -819,6 +897,8 @@ mod tests {
         let mut net = request(&[]);
         net.network = true;
         assert!(check_request(&net, 0).unwrap_err().contains("network"));
+        net.tool = "shell".into();
+        assert!(check_request(&net, 0).is_ok());
         let mut echo = request(&[]);
         echo.tool = "echo".into();
         assert!(check_request(&echo, 0).is_err());

@@ -12,81 +12,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
+use common::netns::Link;
 use common::*;
 use warren_exportfs::keys::PublicKey;
-
-/// A network namespace with a veth pair to the root one: `10.231.N.1` outside (host A),
-/// `10.231.N.2` inside (host B). Deleted (with its veth) on drop.
-struct Link {
-    netns: String,
-    inside_ip: String,
-    /// The veth end in the root namespace (host A's side of the cable), and its address.
-    outside: String,
-    outside_ip: String,
-}
-
-impl Link {
-    fn new() -> Link {
-        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let c = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let pid = std::process::id();
-        let netns = format!("wexp{pid}-{c}");
-        let (outside, inside) = (
-            format!("wxa{}-{c}", pid % 10000),
-            format!("wxb{}-{c}", pid % 10000),
-        );
-        let (net, host) = (pid % 200 + 20, 4 * (c % 60));
-        ip(&["netns", "add", &netns]);
-        let link = Link {
-            netns: netns.clone(),
-            inside_ip: format!("10.231.{net}.{}", host + 2),
-            outside: outside.clone(),
-            outside_ip: format!("10.231.{net}.{}", host + 1),
-        };
-        ip(&[
-            "link", "add", &outside, "type", "veth", "peer", "name", &inside,
-        ]);
-        ip(&["link", "set", &inside, "netns", &netns]);
-        ip(&[
-            "addr",
-            "add",
-            &format!("10.231.{net}.{}/30", host + 1),
-            "dev",
-            &outside,
-        ]);
-        ip(&["link", "set", &outside, "up"]);
-        let inside_addr = format!("10.231.{net}.{}/30", host + 2);
-        ip(&["-n", &netns, "addr", "add", &inside_addr, "dev", &inside]);
-        ip(&["-n", &netns, "link", "set", &inside, "up"]);
-        ip(&["-n", &netns, "link", "set", "lo", "up"]);
-        link
-    }
-}
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-impl Link {
-    /// Host A's end of the cable down (`false`: the cable pulled) or up again.
-    fn set_up(&self, up: bool) {
-        ip(&["link", "set", &self.outside, if up { "up" } else { "down" }]);
-    }
-}
-
-impl Drop for Link {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.netns])
-            .status();
-    }
-}
 
 fn write_peers(config: &Path, text: &str) {
     let path = config.join("peers");

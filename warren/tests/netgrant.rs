@@ -5,6 +5,8 @@
 //! Needs root, /dev/fuse, curl and the workspace's binaries.
 
 mod common;
+#[path = "../../servers/netproxy/tests/common/tls.rs"]
+mod tls;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -28,7 +30,10 @@ struct World {
 
 impl World {
     fn start() -> World {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        World::serve(TcpListener::bind("127.0.0.1:0").unwrap())
+    }
+
+    fn serve(listener: TcpListener) -> World {
         let port = listener.local_addr().unwrap().port();
         let conns = Arc::new(Mutex::new(Vec::new()));
         let seen = conns.clone();
@@ -95,14 +100,21 @@ fn up_with_hosts(hosts: &tempfile::TempDir) -> Warren {
     w
 }
 
-/// Every receipt of every scope.
-fn all_receipts(w: &Warren) -> Vec<serde_json::Value> {
+/// Every receipts scope (a namespace's session each).
+fn scopes(w: &Warren) -> Vec<String> {
     let out = w.run_ok(&["ls", "/receipts"]);
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| l.trim_end_matches('/').to_string())
         .filter(|s| !["append", "keys", "ctl"].contains(&s.as_str()))
-        .flat_map(|scope| w.receipts(&scope))
+        .collect()
+}
+
+/// Every receipt of every scope.
+fn all_receipts(w: &Warren) -> Vec<serde_json::Value> {
+    scopes(w)
+        .iter()
+        .flat_map(|scope| w.receipts(scope))
         .collect()
 }
 
@@ -357,4 +369,309 @@ fn a_restarted_proxy_gets_the_running_namespaces_grant_again() {
         std::fs::read_to_string(share.path().join("second")).unwrap(),
         BODY
     );
+}
+
+/// The namespace's script: one `shell` call per argument, each envelope on a line of its own.
+const CALL_SHELL: &str = r#"for a in "$@"; do exec 3<>/tool/shell/call; printf '%s' "$a" >&3; cat <&3; exec 3<&-; echo; done"#;
+
+/// One `shell` call in a namespace of `spec`'s text (its tool rooted at `root`): the call's
+/// output, once it succeeded.
+fn shell_call(w: &Warren, name: &str, spec: &str, command: &str) -> String {
+    let path = w.base.path().join(name);
+    std::fs::write(&path, spec).unwrap();
+    let call = serde_json::json!({ "command": command }).to_string();
+    let out = w
+        .cmd(&[
+            "run",
+            "--asks",
+            "operator",
+            "--ns",
+            path.to_str().unwrap(),
+            "--",
+            "/bin/sh",
+            "-c",
+            CALL_SHELL,
+            "sh",
+            &call,
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let got = common::envelopes(&stdout);
+    assert_eq!(
+        got.len(),
+        1,
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(got[0]["status"], "ok", "{stdout}");
+    got[0]["content"].as_str().unwrap().to_string()
+}
+
+/// The value after `prefix` on a line of `out`.
+fn line_of(out: &str, prefix: &str) -> String {
+    out.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .unwrap_or_else(|| panic!("no {prefix} line in:\n{out}"))
+        .to_string()
+}
+
+/// A `shell` tool the spec gives the network (`tool shell net proxy …`) fetches from the listed
+/// host through a proxy listener of its worker's own, asked of the gate and receipted in its
+/// namespace's session, for the tool's hosts only (a host the namespace lists but the tool's
+/// line does not gets 403); the same namespace's `shell` without that line has no way out.
+#[test]
+fn a_shell_tool_given_the_network_fetches_through_the_proxy_and_one_without_cannot() {
+    let world = World::start();
+    let port = world.port;
+    let hosts = hosts_file();
+    let w = up_with_hosts(&hosts);
+    let _approver = approve_every_ask(&w);
+    let root = common::tempdir_with_mode("wnett", 0o777);
+    let base = format!(
+        "{SYSTEM}net proxy api.test:{port}=127.0.0.1 other.test:{port}=127.0.0.1\n\
+         mount tool /tool shell\ntool shell -w {}\n",
+        root.path().display()
+    );
+    let command = format!(
+        "echo \"env $HTTPS_PROXY $ALL_PROXY\"\n\
+         echo \"api:$(curl -sS -m 30 http://api.test:{port}/tool 2>&1)\"\n\
+         echo \"other:$(curl -sS -m 30 -o /dev/null -w '%{{http_code}}' http://other.test:{port}/ 2>&1)\"\n\
+         curl -sS -m 10 --noproxy '*' http://127.0.0.1:{port}/ >/dev/null 2>&1; echo \"direct:$?\"\n"
+    );
+
+    let given = shell_call(
+        &w,
+        "given.ns",
+        &format!("{base}tool shell net proxy api.test:{port}=127.0.0.1\n"),
+        &command,
+    );
+    assert_eq!(
+        line_of(&given, "env "),
+        "http://127.0.0.1:3128 socks5h://127.0.0.1:3128"
+    );
+    assert_eq!(line_of(&given, "api:"), BODY.trim_end(), "{given}");
+    // The tool's line names api.test only, though the namespace's names other.test too.
+    assert_eq!(line_of(&given, "other:"), "403", "{given}");
+    // curl's 7: nothing but the proxy's listener in the worker's network namespace.
+    assert_eq!(line_of(&given, "direct:"), "7", "{given}");
+
+    // The fetch is the world's one connection, and its receipt is an `effect` in the
+    // namespace's session (the scope its `shell` call's receipts are in), with the world's own
+    // byte counts; the gate decided `net:api.test:PORT` in that session.
+    common::wait_until("the world's connection to close", || {
+        !world.conns.lock().unwrap().is_empty()
+    });
+    let seen = world.conns.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    common::wait_until("the fetch's receipt", || {
+        !effects_for(&all_receipts(&w), "api.test").is_empty()
+    });
+    let tool = format!("net:api.test:{port}");
+    let scope = scopes(&w)
+        .into_iter()
+        .find(|s| !effects_for(&w.receipts(s), "api.test").is_empty())
+        .unwrap();
+    let receipts = w.receipts(&scope);
+    assert!(
+        receipts
+            .iter()
+            .any(|r| r["appender"] == "toolfs" && r["subject"]["tool"] == "shell"),
+        "the fetch's receipt is not in the shell call's scope: {receipts:#?}"
+    );
+    assert!(
+        receipts.iter().any(|r| r["kind"] == "decision"
+            && r["subject"]["tool"] == tool.as_str()
+            && r["subject"]["verdict"] == "allow"),
+        "no allow decision for {tool} in the namespace's scope: {receipts:#?}"
+    );
+    let api = effects_for(&receipts, "api.test");
+    assert_eq!(api.len(), 1, "{api:#?}");
+    assert_eq!(api[0]["outcome"], "closed");
+    assert_eq!(api[0]["tool"], tool.as_str());
+    let counted = (
+        api[0]["bytes_client_to_server"].as_u64().unwrap(),
+        api[0]["bytes_server_to_client"].as_u64().unwrap(),
+    );
+    assert_eq!(counted, seen[0]);
+
+    // Without the line, the same namespace's `shell` has no proxy and no route.
+    let command = format!(
+        "echo \"env $HTTPS_PROXY\"\n\
+         curl -sS -m 10 http://api.test:{port}/ >/dev/null 2>&1; echo \"named:$?\"\n\
+         curl -sS -m 10 --proxy http://127.0.0.1:3128 http://api.test:{port}/ >/dev/null 2>&1; echo \"proxy:$?\"\n"
+    );
+    let denied = shell_call(&w, "denied.ns", &base, &command);
+    assert_eq!(line_of(&denied, "env "), "", "{denied}");
+    // 6: the name does not resolve (no resolver reachable); 7: no listener at the proxy's port.
+    assert_eq!(line_of(&denied, "named:"), "6", "{denied}");
+    assert_eq!(line_of(&denied, "proxy:"), "7", "{denied}");
+    assert_eq!(world.conns.lock().unwrap().len(), 1);
+}
+
+/// "The internet": a network namespace of its own, joined to the host (where the proxy runs) by
+/// a veth pair, at an address no special range holds (`11.231.N.2`), so the proxy takes it for a
+/// public one. In it: `openssl s_server` for `api.test` on 443 with a test CA's certificate, the
+/// counting HTTP server for `other.test` on 80, and a DNS server on 53 answering `api.test` and
+/// `other.test` with that address and `rebind.test` with 127.0.0.1. The proxy asks that DNS
+/// server (`WARREN_NETPROXY_DNS`), and no hosts file.
+struct Internet {
+    ip: String,
+    _tls: tls::TlsServer,
+    http: World,
+    /// `ca.pem` (readable by a payload) and the server's key and files.
+    dir: tempfile::TempDir,
+    /// Last: the servers end before their network namespace goes.
+    _link: common::netns::Link,
+}
+
+impl Internet {
+    fn start() -> Internet {
+        let link = common::netns::Link::in_prefix("11.231");
+        let ip = link.inside_ip.clone();
+        let dir = common::tempdir_with_mode("wnetw", 0o755);
+        let (path, at) = (dir.path().to_path_buf(), ip.clone());
+        let tls = link.inside(move || tls::tls_server(&path, &format!("{at}:443")));
+        let at = ip.clone();
+        let (http, dns) = link.inside(move || {
+            (
+                TcpListener::bind(format!("{at}:80")).unwrap(),
+                std::net::UdpSocket::bind(format!("{at}:53")).unwrap(),
+            )
+        });
+        let addr: std::net::Ipv4Addr = ip.parse().unwrap();
+        let names = [
+            ("api.test", addr),
+            ("other.test", addr),
+            ("rebind.test", std::net::Ipv4Addr::LOCALHOST),
+        ];
+        std::thread::spawn(move || answer_dns(&dns, &names));
+        Internet {
+            ip,
+            _tls: tls,
+            http: World::serve(http),
+            dir,
+            _link: link,
+        }
+    }
+}
+
+/// A DNS server for `names` (A records; AAAA: none; any other name: NXDOMAIN), forever.
+fn answer_dns(sock: &std::net::UdpSocket, names: &[(&str, std::net::Ipv4Addr)]) {
+    use hickory_proto::op::{Message, ResponseCode};
+    use hickory_proto::rr::{RData, Record, RecordType, rdata::A};
+    let mut buf = [0u8; 1500];
+    while let Ok((n, peer)) = sock.recv_from(&mut buf) {
+        let Ok(query) = Message::from_vec(&buf[..n]) else {
+            continue;
+        };
+        let mut reply = Message::response(query.metadata.id, query.metadata.op_code);
+        reply.metadata.authoritative = true;
+        reply.metadata.recursion_desired = query.metadata.recursion_desired;
+        for q in &query.queries {
+            reply.add_query(q.clone());
+            let asked = q.name().to_ascii().trim_end_matches('.').to_lowercase();
+            match names.iter().find(|(name, _)| *name == asked) {
+                Some((_, ip)) if q.query_type() == RecordType::A => {
+                    reply.add_answer(Record::from_rdata(q.name().clone(), 60, RData::A(A(*ip))));
+                }
+                Some(_) => {}
+                None => reply.metadata.response_code = ResponseCode::NXDomain,
+            }
+        }
+        if let Ok(bytes) = reply.to_vec() {
+            let _ = sock.send_to(&bytes, peer);
+        }
+    }
+}
+
+/// The world as a network namespace of its own: a payload granted `net proxy api.test
+/// rebind.test` reaches `https://api.test` by name (the proxy asks the world's DNS, the gate
+/// allows, curl checks the test CA's certificate end to end); `other.test` (unlisted),
+/// `rebind.test` (listed, resolving to 127.0.0.1) and the world's raw IP are refused; a direct
+/// TCP connection and a UDP datagram to the world do not leave the namespace.
+#[test]
+fn the_internet_is_reached_by_name_over_https_and_nothing_else_gets_out() {
+    let net = Internet::start();
+    let ip = &net.ip;
+    let w = Warren::up_with(&[("WARREN_NETPROXY_DNS", &format!("{ip}:53"))]);
+    w.run_ok(&["write", "/gate/rules", "ask tier:network"]);
+    let _approver = approve_every_ask(&w);
+    let d = net.dir.path().display();
+    let spec = w.base.path().join("internet.ns");
+    std::fs::write(
+        &spec,
+        format!("{SYSTEM}bind -r {d} {d}\nnet proxy api.test rebind.test\n"),
+    )
+    .unwrap();
+    let code = |url: &str, extra: &str| {
+        format!("$(curl -sS -m 30 {extra} -o /dev/null -w '%{{http_code}}' {url} 2>&1)")
+    };
+    let script = format!(
+        "echo \"https:$(curl -sS -m 30 --cacert {d}/ca.pem https://api.test/hello 2>&1)\"\n\
+         echo \"other:{}\"\n\
+         echo \"rebind:{}\"\n\
+         echo \"rawip:{}\"\n\
+         curl -sS -m 10 --noproxy '*' http://{ip}/ >/dev/null 2>&1; echo \"direct:$?\"\n\
+         python3 -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b\"x\", (\"{ip}\", 53))' 2>&1 | tail -1 | sed 's/^/udp:/'\n",
+        code("http://other.test/", ""),
+        code("http://rebind.test/", ""),
+        code(&format!("http://{ip}/"), "--noproxy ''"),
+    );
+    let (status, out, err) = w.sh(
+        &["--asks", "operator", "--ns", spec.to_str().unwrap()],
+        &script,
+    );
+    assert_eq!(status, 0, "{out}\n{err}");
+    assert_eq!(
+        line_of(&out, "https:"),
+        tls::BODY.trim_end(),
+        "{out}\n{err}"
+    );
+    assert_eq!(line_of(&out, "other:"), "403", "{out}\n{err}");
+    assert_eq!(line_of(&out, "rebind:"), "403", "{out}\n{err}");
+    assert_eq!(line_of(&out, "rawip:"), "403", "{out}\n{err}");
+    assert_eq!(line_of(&out, "direct:"), "7", "{out}\n{err}");
+    assert_eq!(
+        line_of(&out, "udp:"),
+        "OSError: [Errno 101] Network is unreachable",
+        "{out}\n{err}"
+    );
+    // The world's HTTP server was never reached: by name, by address or directly.
+    assert!(net.http.conns.lock().unwrap().is_empty());
+
+    common::wait_until("the four connections' receipts", || {
+        all_receipts(&w)
+            .iter()
+            .filter(|r| r["kind"] == "effect")
+            .count()
+            >= 4
+    });
+    let receipts = all_receipts(&w);
+    assert!(
+        receipts.iter().any(|r| r["kind"] == "decision"
+            && r["subject"]["tool"] == "net:api.test:443"
+            && r["subject"]["verdict"] == "allow"),
+        "no allow decision for net:api.test:443: {receipts:#?}"
+    );
+    let api = effects_for(&receipts, "api.test");
+    assert_eq!(api.len(), 1, "{api:#?}");
+    assert_eq!(api[0]["outcome"], "closed");
+    assert_eq!(api[0]["address"], format!("{ip}:443").as_str());
+    let rebind = effects_for(&receipts, "rebind.test");
+    assert_eq!(rebind.len(), 1, "{rebind:#?}");
+    assert_eq!(rebind[0]["outcome"], "refused");
+    assert!(
+        rebind[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("resolved to 127.0.0.1, a loopback address"),
+        "{rebind:#?}"
+    );
+    for host in ["other.test", ip.as_str()] {
+        let refused = effects_for(&receipts, host);
+        assert_eq!(refused.len(), 1, "{host}: {refused:#?}");
+        assert_eq!(refused[0]["outcome"], "refused");
+        assert!(refused[0]["address"].is_null());
+    }
 }

@@ -37,6 +37,10 @@ struct Args {
     /// resolver (under the supervisor: `WARREN_NETPROXY_HOSTS`, for tests).
     #[arg(long, env = "WARREN_NETPROXY_HOSTS")]
     hosts: Option<PathBuf>,
+    /// A DNS server, `IP:PORT`, asked instead of the host's resolver (repeatable; under the
+    /// supervisor: `WARREN_NETPROXY_DNS`, comma-separated).
+    #[arg(long, env = "WARREN_NETPROXY_DNS", value_delimiter = ',')]
+    dns: Vec<std::net::SocketAddr>,
     /// Where connection records go: a file (appended) or `-` for stdout.
     #[arg(long, default_value = "-")]
     records: String,
@@ -74,10 +78,7 @@ fn main() -> anyhow::Result<()> {
                 .patterns,
         );
     }
-    let resolver = match &args.hosts {
-        Some(path) => Resolver::from_hosts_file(path).map_err(anyhow::Error::msg)?,
-        None => Resolver::system(),
-    };
+    let resolver = resolver(&args)?;
     let records = match args.records.as_str() {
         "-" => Records::stdout(),
         path => Records::file(std::path::Path::new(path))?,
@@ -151,15 +152,21 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The resolver `--hosts` and `--dns` say.
+fn resolver(args: &Args) -> anyhow::Result<Resolver> {
+    let resolver = match &args.hosts {
+        Some(path) => Resolver::from_hosts_file(path).map_err(anyhow::Error::msg)?,
+        None => Resolver::system(),
+    };
+    resolver.with_dns(&args.dns).map_err(anyhow::Error::msg)
+}
+
 /// `--control`: the daemon `warren supervise` runs (see [`warren_netproxy::grant`]).
 fn control(args: Args) -> anyhow::Result<()> {
     use warren_toolfs::gate::{self, GateLink};
     let gate_fd = gate::take_inherited_fd()?;
     let dirs = warren_daemon::Dirs::from_env();
-    let resolver = match &args.hosts {
-        Some(path) => Resolver::from_hosts_file(path).map_err(anyhow::Error::msg)?,
-        None => Resolver::system(),
-    };
+    let resolver = resolver(&args)?;
     let records = match args.records.as_str() {
         "-" => Records::stdout(),
         path => Records::file(std::path::Path::new(path))?,

@@ -5,77 +5,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-
+use common::tls::{BODY, tls_server};
 use common::{Proxy, curl, stderr, stdout};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
-
-const BODY: &str = "hello over tls\n";
-
-struct TlsServer {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for TlsServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Writes `ca.pem` into `dir` and starts a TLS server for `api.test` serving `dir/www`.
-fn tls_server(dir: &std::path::Path) -> TlsServer {
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "warren netproxy test CA");
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-    let leaf_key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["api.test".to_owned()])
-        .unwrap()
-        .signed_by(&leaf_key, &ca)
-        .unwrap();
-    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
-    std::fs::write(dir.join("leaf.pem"), leaf.pem()).unwrap();
-    std::fs::write(dir.join("leaf.key"), leaf_key.serialize_pem()).unwrap();
-    let www = dir.join("www");
-    std::fs::create_dir(&www).unwrap();
-    std::fs::write(www.join("hello"), BODY).unwrap();
-    let mut child = Command::new("openssl")
-        .args(["s_server", "-accept", "127.0.0.1:0", "-WWW", "-cert"])
-        .arg(dir.join("leaf.pem"))
-        .arg("-key")
-        .arg(dir.join("leaf.key"))
-        .current_dir(&www)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("openssl runs");
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    let port = loop {
-        line.clear();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "openssl s_server ended"
-        );
-        if let Some(addr) = line.trim().strip_prefix("ACCEPT ") {
-            break addr.rsplit(':').next().unwrap().parse().unwrap();
-        }
-    };
-    // s_server logs each connection on stdout: keep reading it so it never blocks.
-    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-    TlsServer { child, port }
-}
 
 #[test]
 fn https_through_connect_and_socks5h_checks_the_servers_certificate() {
     let dir = tempfile::tempdir().unwrap();
-    let server = tls_server(dir.path());
+    let server = tls_server(dir.path(), "127.0.0.1:0");
     let proxy = Proxy::start(&[format!("api.test:{}=127.0.0.1", server.port)]);
     let ca = dir.path().join("ca.pem");
     let ca = ca.to_str().unwrap();

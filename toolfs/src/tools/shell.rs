@@ -36,6 +36,17 @@ pub const MAX_TIMEOUT_S: u64 = 600;
 pub const OUTPUT_CAP: usize = 1 << 20;
 /// The only environment variables a command sees (each only if the worker has it).
 pub const ENV_KEPT: [&str; 7] = ["PATH", "HOME", "LANG", "LC_ALL", "TERM", "TMPDIR", "USER"];
+/// And these too when the tool has the network (nsd puts its proxy listener's address there).
+pub const PROXY_ENV_KEPT: [&str; 8] = [
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+    "no_proxy",
+];
 const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 /// How often the worker looks for the shell's exit once its output has closed.
 const EXIT_POLL: Duration = Duration::from_millis(10);
@@ -119,7 +130,12 @@ pub fn run(ctx: &ToolContext, args: &str, scope: &mut CallScope<'_>) -> ToolOutp
         Ok(l) => l,
         Err(e) => return ToolOutput::error(format!("shell: {e}")),
     };
-    match execute(&args.command, &cwd, deadline, limits, scope) {
+    let kept: Vec<&str> = if ctx.network {
+        ENV_KEPT.iter().chain(&PROXY_ENV_KEPT).copied().collect()
+    } else {
+        ENV_KEPT.to_vec()
+    };
+    match execute(&args.command, &cwd, deadline, limits, &kept, scope) {
         Ok(out) => out,
         Err(e) => ToolOutput::error(format!("shell: {e}")),
     }
@@ -140,10 +156,11 @@ fn execute(
     cwd: &OwnedFd,
     deadline: Instant,
     limits: CommandLimits,
+    kept: &[&str],
     scope: &mut CallScope<'_>,
 ) -> std::io::Result<ToolOutput> {
     let started = Instant::now();
-    let (group, reader) = spawn_shell(command, cwd, limits)?;
+    let (group, reader) = spawn_shell(command, cwd, limits, kept)?;
     (scope.on_started)(group.as_raw());
     let caller = scope.caller;
 
@@ -289,7 +306,7 @@ fn cstring(s: &str) -> std::io::Result<CString> {
 
 /// Starts `/bin/sh -c command` as pid 1 of a fresh pid namespace (inside a user namespace of its
 /// own: the unprivileged worker may make one, and nothing else), in its own session, with the
-/// reduced environment, `cwd` as its working directory and one pipe for stdout and stderr.
+/// reduced environment (the worker's variables named in `kept`), `cwd` as its working directory and one pipe for stdout and stderr.
 /// When that pid 1 dies — it exits, or the worker kills it — the kernel kills every process of
 /// the namespace, `setsid` children included. Every process of it inherits `limits`. Returns its
 /// pid and the pipe's read end.
@@ -297,6 +314,7 @@ fn spawn_shell(
     command: &str,
     cwd: &OwnedFd,
     limits: CommandLimits,
+    kept: &[&str],
 ) -> std::io::Result<(Pid, OwnedFd)> {
     let (reader, writer) = pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK)?;
     // The write end must block for the command (a non-blocking stdout surprises programs).
@@ -308,7 +326,7 @@ fn spawn_shell(
     )?;
     let argv = [cstring("/bin/sh")?, cstring("-c")?, cstring(command)?];
     let mut env = Vec::new();
-    for name in ENV_KEPT {
+    for &name in kept {
         if let Some(value) = std::env::var(name).ok().filter(|v| !v.contains('\0')) {
             env.push(cstring(&format!("{name}={value}"))?);
         }

@@ -6,6 +6,7 @@
 #[path = "../../../toolfs/tests/common/approver.rs"]
 pub mod approver;
 pub mod llm;
+pub mod netns;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
