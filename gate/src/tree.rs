@@ -6,7 +6,7 @@
 //! pending/<id>/request   the call, escaped for a person: byte length, fingerprint prefix
 //! pending/<id>/ctl       write an answer: allow once <fp-prefix> | allow session | allow always | deny
 //! pending/<id>/wait      a read blocks until the ask is closed, then returns the outcome (JSON)
-//! rules                  read: the rules; write (operator only): allow|ask|deny <selector>, delete <id>
+//! rules                  read: the rules (not on a channel); write (operator only): allow|ask|deny <selector>, delete <id>
 //! tiers                  the code-owned tier table and the defaults
 //! events                 each read blocks until there is a new event past the reader's offset
 //! ```

@@ -375,15 +375,6 @@ fn a_tool_the_entry_does_not_grant_is_absent_and_a_tree_it_does_not_grant_is_ref
     assert!(err.contains("not granted tree `asks`"), "{err}");
 }
 
-/// The decision receipts' subjects of a session on `w`.
-fn decisions(w: &Warren, session: &str) -> Vec<serde_json::Value> {
-    w.receipts(session)
-        .into_iter()
-        .filter(|b| b["kind"] == "decision")
-        .map(|b| b["subject"].clone())
-        .collect()
-}
-
 /// `asks:remote` in B's entry for A: A's operator, through `mount -k b … /n/b/asks asks`, sees
 /// the asks A's own calls raised on B and answers a write-tier one (`allow once`): the call goes
 /// through and B's receipt names the channel `peer:<A's fingerprint>`. An exec-tier ask is
@@ -436,10 +427,11 @@ fn with_asks_remote_a_answers_its_write_tier_ask_but_an_exec_tier_one_stays_with
     // Past the gate, the tool ran: a peer's roots are read-only, so fs_write refuses there.
     assert!(!stdout.contains(r#""status":"denied""#), "{stdout}");
     assert!(stdout.contains("read-only"), "{stdout}");
-    let answered: Vec<_> = decisions(&h.b, &session)
-        .into_iter()
-        .filter(|d| d["pending"] == id && d["basis"] == "answer:allow_once")
-        .collect();
+    let answered: Vec<_> =
+        h.b.decisions(&session)
+            .into_iter()
+            .filter(|d| d["pending"] == id && d["basis"] == "answer:allow_once")
+            .collect();
     assert_eq!(answered.len(), 1, "{answered:?}");
     assert_eq!(answered[0]["answered_by"], channel.as_str(), "{answered:?}");
     assert_eq!(answered[0]["verdict"], "allow", "{answered:?}");
@@ -487,10 +479,11 @@ fn with_asks_remote_a_answers_its_write_tier_ask_but_an_exec_tier_one_stays_with
     let done = agent.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&done.stdout);
     assert!(stdout.contains(r#""status":"ok""#), "{stdout}");
-    let answered: Vec<_> = decisions(&h.b, &session)
-        .into_iter()
-        .filter(|d| d["pending"] == id && d["basis"] == "answer:allow_once")
-        .collect();
+    let answered: Vec<_> =
+        h.b.decisions(&session)
+            .into_iter()
+            .filter(|d| d["pending"] == id && d["basis"] == "answer:allow_once")
+            .collect();
     assert_eq!(answered.len(), 1, "{answered:?}");
     assert_ne!(answered[0]["answered_by"], channel.as_str(), "{answered:?}");
 }
