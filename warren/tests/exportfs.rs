@@ -150,6 +150,7 @@ struct Hosts {
     a_key: PublicKey,
     b_key: PublicKey,
     a_config: PathBuf,
+    b_config: PathBuf,
     exportfs: Child,
     addr: String,
     link: Link,
@@ -189,6 +190,7 @@ fn hosts(b_grants: &str) -> Hosts {
         a_key,
         b_key,
         a_config,
+        b_config,
         exportfs,
         addr,
         link,
@@ -378,7 +380,8 @@ fn a_tool_the_entry_does_not_grant_is_absent_and_a_tree_it_does_not_grant_is_ref
 /// `asks:remote` in B's entry for A: A's operator, through `mount -k b … /n/b/asks asks`, sees
 /// the asks A's own calls raised on B and answers a write-tier one (`allow once`): the call goes
 /// through and B's receipt names the channel `peer:<A's fingerprint>`. An exec-tier ask is
-/// refused on that channel and waits for B's operator, who still answers it.
+/// refused on that channel and waits for B's operator, who still answers it; a second peer, C,
+/// also with `asks:remote`, neither sees nor answers it.
 #[test]
 fn with_asks_remote_a_answers_its_write_tier_ask_but_an_exec_tier_one_stays_with_b() {
     let work = tempfile::Builder::new()
@@ -464,6 +467,42 @@ fn with_asks_remote_a_answers_its_write_tier_ask_but_an_exec_tier_one_stays_with
     );
     assert!(
         out.contains("REFUSED") && !out.contains("ANSWERED"),
+        "{out}\n{err}"
+    );
+    let still = h.b.run_ok(&["cat", &format!("/gate/pending/{id}/request")]);
+    assert_eq!(
+        field(&String::from_utf8_lossy(&still.stdout), "state"),
+        "open"
+    );
+    // A second peer, C, with `asks:remote` too, sees none of A's asks and cannot answer them.
+    let c_config = h._configs.path().join("c");
+    std::fs::create_dir_all(&c_config).unwrap();
+    std::fs::set_permissions(&c_config, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let c = up(c_config.to_str().unwrap());
+    let c_key = keys_init(&c);
+    write_peers(&c_config, &format!("b {} addr:{}\n", h.b_key, h.addr));
+    write_peers(
+        &h.b_config,
+        &format!(
+            "a {} tool:fs_write,shell root:fs_write:{dir} root:shell:{dir} asks:remote\n\
+             c {c_key} asks:remote\n",
+            h.a_key
+        ),
+    );
+    let c_spec = c.base.path().join("asks.ns");
+    std::fs::write(&c_spec, format!("mount -k b {} /n/b/asks asks\n", h.addr)).unwrap();
+    let (code, out, err) = c.sh(
+        &["--ns", c_spec.to_str().unwrap()],
+        &format!(
+            "echo LISTED; ls /n/b/asks/pending; echo END; \
+             cat /n/b/asks/pending/{id}/request || echo UNSEEN; \
+             echo deny > /n/b/asks/pending/{id}/ctl || echo UNANSWERED"
+        ),
+    );
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.starts_with("LISTED\nEND\n"), "{out}\n{err}");
+    assert!(
+        out.contains("UNSEEN") && out.contains("UNANSWERED"),
         "{out}\n{err}"
     );
     let still = h.b.run_ok(&["cat", &format!("/gate/pending/{id}/request")]);
