@@ -11,6 +11,11 @@
 //!   `warren approvals` or `warren run` on a terminal) — the only kind of connection that may
 //!   answer `allow session` or `allow always`; an optional `"name"` (e.g. `"warren run"`) is
 //!   shown as who answered;
+//! - `{"version":1,"kind":"channel","name":"peer:<fingerprint>","sessions":[…],"cap":"write"}`
+//!   (nsd, for a peer whose entry says `asks:remote`) — a named, capped answer channel: sees the
+//!   listed sessions' asks only, answers `allow once`/`deny` only, and allows no call above its
+//!   `cap`, which may itself be no higher than `write` ([`crate::scope::CHANNEL_CAP_MAX`]);
+//!   receipts name it as who answered;
 //! - `{"version":1,"kind":"daemon","name":"toolfs"}`, or another of [`DECIDING_DAEMONS`] (the supervisor) — `decide`,
 //!   `wait`, `withdraw`.
 //!
@@ -29,8 +34,9 @@ use warren_daemon::accept::{next_peer, refusal, root_only};
 
 use crate::gate::Gate;
 use crate::lineage::Lineage;
+use crate::policy::Tier;
 use crate::request::check_session;
-use crate::scope::Scope;
+use crate::scope::{CHANNEL_CAP_MAX, Scope};
 use crate::tree::GateTree;
 
 pub const RECORD_VERSION: u32 = 1;
@@ -44,6 +50,7 @@ pub enum RecordKind {
     Namespace,
     Operator,
     Daemon,
+    Channel,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,6 +72,12 @@ pub struct ControlRecord {
     /// A namespace record's lineage (itself first, its subtree's root last; nsd's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lineage: Option<Lineage>,
+    /// A channel record's sessions: whose asks it sees.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sessions: Vec<String>,
+    /// A channel record's cap: the highest tier its answers may allow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap: Option<Tier>,
 }
 
 impl ControlRecord {
@@ -85,7 +98,10 @@ impl ControlRecord {
         };
         match self.kind {
             RecordKind::Namespace => {
-                no_extras("namespace", !self.confirmed_tty && self.name.is_none())?;
+                no_extras(
+                    "namespace",
+                    !self.confirmed_tty && self.name.is_none() && self.channel_fields_unset(),
+                )?;
                 let session = self
                     .session
                     .clone()
@@ -125,14 +141,15 @@ impl ControlRecord {
                     self.session.is_none()
                         && self.namespace.is_none()
                         && self.descendants.is_empty()
-                        && self.lineage.is_none(),
+                        && self.lineage.is_none()
+                        && self.channel_fields_unset(),
                 )?;
                 // `name` says which front-door command answers (e.g. `warren run`); receipts
                 // show it as who answered.
                 let label = match &self.name {
                     None => "operator".to_owned(),
                     Some(name) => {
-                        check_label(name)?;
+                        check_label(name, MAX_NAME)?;
                         format!("operator: {name}")
                     }
                 };
@@ -148,7 +165,8 @@ impl ControlRecord {
                         && self.namespace.is_none()
                         && self.descendants.is_empty()
                         && self.lineage.is_none()
-                        && !self.confirmed_tty,
+                        && !self.confirmed_tty
+                        && self.channel_fields_unset(),
                 )?;
                 let name = self.name.clone().ok_or("a daemon record needs its name")?;
                 // The daemons whose calls the gate decides: warren's own tools, the MCP servers'
@@ -163,8 +181,59 @@ impl ControlRecord {
                 }
                 Ok(Scope::Daemon { name })
             }
+            RecordKind::Channel => {
+                no_extras(
+                    "channel",
+                    self.session.is_none()
+                        && self.namespace.is_none()
+                        && self.descendants.is_empty()
+                        && self.lineage.is_none()
+                        && !self.confirmed_tty,
+                )?;
+                let name = self.name.clone().ok_or("a channel record needs its name")?;
+                check_channel_name(&name)?;
+                let cap = self.cap.ok_or("a channel record needs its cap")?;
+                if cap > CHANNEL_CAP_MAX {
+                    return Err(format!(
+                        "a channel's cap is at most {CHANNEL_CAP_MAX} (asked for {cap})"
+                    ));
+                }
+                if self.sessions.is_empty() || self.sessions.len() > MAX_DESCENDANTS {
+                    return Err(format!(
+                        "a channel record names 1 to {MAX_DESCENDANTS} sessions"
+                    ));
+                }
+                for s in &self.sessions {
+                    check_session(s)?;
+                }
+                Ok(Scope::Channel {
+                    name,
+                    sessions: self.sessions.iter().cloned().collect(),
+                    cap,
+                })
+            }
         }
     }
+
+    fn channel_fields_unset(&self) -> bool {
+        self.sessions.is_empty() && self.cap.is_none()
+    }
+}
+
+/// A channel's name is `<kind>:<id>` (e.g. `peer:<fingerprint>`), printable, and never one the
+/// other connections' labels use: a receipt's `answered_by` must not pass it off as the operator.
+fn check_channel_name(name: &str) -> Result<(), String> {
+    check_label(name, MAX_CHANNEL_NAME)?;
+    let kind = name.split_once(':').map_or("", |(k, _)| k);
+    if kind.is_empty()
+        || !kind.bytes().all(|b| b.is_ascii_lowercase())
+        || ["operator", "daemon", "namespace"].contains(&kind)
+    {
+        return Err(format!(
+            "a channel name is <kind>:<id> with a lowercase kind other than operator, daemon or namespace (got {name:?})"
+        ));
+    }
+    Ok(())
 }
 
 /// The daemons that may hand the gate calls to decide.
@@ -173,10 +242,13 @@ pub const DECIDING_DAEMONS: [&str; 4] = ["toolfs", "mcpfs", "netproxy", "llmfs"]
 /// The most bytes an operator record's `name` may have.
 pub const MAX_NAME: usize = 64;
 
-fn check_label(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > MAX_NAME || name.chars().any(|c| c.is_control()) {
+/// The most bytes a channel record's `name` may have (`peer:SHA256:<64 hex>` fits).
+pub const MAX_CHANNEL_NAME: usize = 128;
+
+fn check_label(name: &str, max: usize) -> Result<(), String> {
+    if name.is_empty() || name.len() > max || name.chars().any(|c| c.is_control()) {
         return Err(format!(
-            "an operator name must be 1 to {MAX_NAME} bytes of printable characters"
+            "a name must be 1 to {max} bytes of printable characters"
         ));
     }
     Ok(())

@@ -523,6 +523,11 @@ impl Gate {
                 format!("fingerprint prefix {prefix} is not ask {id}'s (see its request)"),
             ));
         }
+        if matches!(verb, Verb::AllowOnce(_)) {
+            // A capped channel's allow above its cap is refused; the ask stays open for this
+            // host's operator.
+            scope.may_allow(&row.class)?;
+        }
         if *verb == Verb::Withdraw {
             drop(_one_at_a_time);
             self.orphan(id).await;

@@ -5,6 +5,13 @@ use std::str::FromStr;
 
 use warren_9p::Errno;
 
+use crate::policy::Tier;
+
+/// The highest tier a [`Scope::Channel`] answer may ever allow: a low-trust channel (a remote
+/// peer's operator, later perhaps an MCP client's elicitation) never allows a call that runs a
+/// program, reaches the network or destroys; those stay with this host's operator.
+pub const CHANNEL_CAP_MAX: Tier = Tier::Write;
+
 /// A connection's standing, fixed when the connection was accepted; nothing it sends changes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Scope {
@@ -21,6 +28,14 @@ pub enum Scope {
         namespace: String,
         descendants: HashSet<String>,
     },
+    /// A named, capped answer channel (e.g. `peer:<fingerprint>` for a peer with `asks:remote`):
+    /// sees only the asks of `sessions`, answers `allow once` or `deny` only, and allows only
+    /// calls whose tier is at most `cap` (never above [`CHANNEL_CAP_MAX`]); receipts name it.
+    Channel {
+        name: String,
+        sessions: HashSet<String>,
+        cap: Tier,
+    },
 }
 
 impl Scope {
@@ -33,12 +48,36 @@ impl Scope {
                 descendants,
                 ..
             } => session != own && descendants.contains(session),
+            Scope::Channel { sessions, .. } => sessions.contains(session),
         }
     }
 
     /// Whether `decide` exists on this connection.
     pub fn may_decide(&self) -> bool {
-        !matches!(self, Scope::Namespace { .. })
+        !matches!(self, Scope::Namespace { .. } | Scope::Channel { .. })
+    }
+
+    /// Whether `rules` is shown: this host's policy is not a channel's business.
+    pub fn sees_rules(&self) -> bool {
+        !matches!(self, Scope::Channel { .. })
+    }
+
+    /// Whether this connection may allow a call of `class` (the ask's effective class: `read` …
+    /// `destructive`, `dynamic`, `unmapped`). Only a channel is capped: a class that is not a
+    /// tier at or below its cap (an unknown tool's `dynamic` included) is refused.
+    pub fn may_allow(&self, class: &str) -> Result<(), (Errno, String)> {
+        let Scope::Channel { name, cap, .. } = self else {
+            return Ok(());
+        };
+        match class.parse::<Tier>() {
+            Ok(tier) if tier <= *cap && tier <= CHANNEL_CAP_MAX => Ok(()),
+            _ => Err((
+                Errno::EPERM,
+                format!(
+                    "a {class} call is above what {name} may allow (at most {cap}); this host's operator answers it"
+                ),
+            )),
+        }
     }
 
     /// Whether writes to `rules` are taken.
@@ -58,6 +97,7 @@ impl Scope {
             Scope::Namespace {
                 namespace, session, ..
             } => format!("namespace:{namespace} session:{session}"),
+            Scope::Channel { name, .. } => name.clone(),
         }
     }
 
@@ -73,9 +113,17 @@ impl Scope {
             (Scope::Namespace { .. }, Verb::AllowSession | Verb::AllowAlways) => refuse(
                 "a namespace may answer only `allow once <fp-prefix>` or `deny`; `allow session` and `allow always` are the operator's, on `warren approvals`",
             ),
-            (Scope::Namespace { .. }, Verb::Withdraw) => {
+            (Scope::Namespace { .. } | Scope::Channel { .. }, Verb::Withdraw) => {
                 refuse("only the caller's daemon may withdraw an ask")
             }
+            // Once-only: a channel's answer covers this very call, never later ones.
+            (Scope::Channel { .. }, Verb::AllowOnce(_) | Verb::Deny) => Ok(()),
+            (Scope::Channel { name, .. }, Verb::AllowSession | Verb::AllowAlways) => Err((
+                Errno::EPERM,
+                format!(
+                    "{name} may answer only `allow once <fp-prefix>` or `deny`; `allow session` and `allow always` are this host's operator's"
+                ),
+            )),
             (
                 Scope::Operator {
                     confirmed_tty: false,
@@ -195,6 +243,45 @@ mod tests {
             .may_use(&Verb::Deny)
             .is_err()
         );
+    }
+
+    #[test]
+    fn a_channel_allows_only_up_to_its_cap_and_never_above_write() {
+        let ch = |cap| Scope::Channel {
+            name: "peer:x".into(),
+            sessions: ["c".repeat(32)].into_iter().collect(),
+            cap,
+        };
+        let write = ch(Tier::Write);
+        for ok in ["read", "write"] {
+            assert!(write.may_allow(ok).is_ok(), "{ok}");
+        }
+        for refused in [
+            "exec",
+            "network",
+            "destructive",
+            "dynamic",
+            "unmapped",
+            "bogus",
+        ] {
+            assert_eq!(
+                write.may_allow(refused).unwrap_err().0,
+                Errno::EPERM,
+                "{refused}"
+            );
+        }
+        assert!(ch(Tier::Read).may_allow("write").is_err());
+        // Even a channel built with a higher cap (the record check refuses one) stops at write.
+        assert!(ch(Tier::Destructive).may_allow("exec").is_err());
+        assert!(write.may_use(&Verb::AllowOnce("0".repeat(8))).is_ok());
+        assert!(write.may_use(&Verb::Deny).is_ok());
+        for v in [Verb::AllowSession, Verb::AllowAlways, Verb::Withdraw] {
+            assert!(write.may_use(&v).is_err(), "{v:?}");
+        }
+        assert!(write.sees_session(&"c".repeat(32)));
+        assert!(!write.sees_session(&"d".repeat(32)));
+        assert!(!write.may_decide() && !write.sees_rules());
+        assert_eq!(write.label(), "peer:x");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! pending/<id>/request   the call, escaped for a person: byte length, fingerprint prefix
 //! pending/<id>/ctl       write an answer: allow once <fp-prefix> | allow session | allow always | deny
 //! pending/<id>/wait      a read blocks until the ask is closed, then returns the outcome (JSON)
-//! rules                  read: the rules; write (operator only): allow|ask|deny <selector>, delete <id>
+//! rules                  read: the rules (not on a channel); write (operator only): allow|ask|deny <selector>, delete <id>
 //! tiers                  the code-owned tier table and the defaults
 //! events                 each read blocks until there is a new event past the reader's offset
 //! ```
@@ -124,7 +124,7 @@ impl GateTree {
             },
             (Node::Root, "decide") if self.scope.may_decide() => Node::Decide,
             (Node::Root, "pending") => Node::PendingDir,
-            (Node::Root, "rules") => Node::Rules,
+            (Node::Root, "rules") if self.scope.sees_rules() => Node::Rules,
             (Node::Root, "tiers") => Node::Tiers,
             (Node::Root, "events") => Node::Events,
             (Node::PendingDir, id) => {
@@ -153,7 +153,9 @@ impl GateTree {
                     ("rules", Node::Rules),
                     ("tiers", Node::Tiers),
                 ] {
-                    v.push((n.to_owned(), node));
+                    if node != Node::Rules || self.scope.sees_rules() {
+                        v.push((n.to_owned(), node));
+                    }
                 }
                 v
             }
@@ -323,6 +325,10 @@ pub fn request_text(row: &PendingRow, scope: &Scope, subtree_open: usize) -> Str
     let fp = &row.fp[..FP_SHOWN.min(row.fp.len())];
     let answers = match scope {
         Scope::Namespace { .. } => format!("allow once {fp} | deny"),
+        Scope::Channel { .. } if scope.may_allow(&row.class).is_err() => {
+            "deny (allowing it is this host's operator's)".to_owned()
+        }
+        Scope::Channel { .. } => format!("allow once {fp} | deny"),
         _ => format!("allow once {fp} | allow session | allow always | deny"),
     };
     let outcome = match (&row.outcome, &row.outcome_basis) {

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use warren_9p::Errno;
 use warren_9p::Fid;
 use warren_gate::control::{ControlRecord, RecordKind};
+use warren_gate::policy::Tier;
 use warren_gate::{Answer, Verdict};
 
 #[tokio::test]
@@ -617,6 +618,123 @@ async fn a_namespace_sees_and_answers_only_strict_descendants_with_once_or_deny(
         ..record
     };
     assert!(env.handed(&selfish).await.is_err());
+}
+
+/// A capped channel (a remote peer's operator): sees its sessions' asks only, answers `allow
+/// once`/`deny` only, allows a write-tier call but never an exec-tier one (that ask stays open
+/// for this host's operator), and the receipt names the channel as who answered.
+#[tokio::test]
+async fn a_capped_channel_allows_once_up_to_its_tier_and_the_rest_stays_the_operators() {
+    let env = Env::up(&[]);
+    let op = env.operator().await;
+    let written = decide(
+        &op,
+        S1,
+        "fs_write",
+        &json!({"path": "a", "content": "x"}),
+        &[],
+    )
+    .await;
+    let exec = decide(&op, S1, "shell", &json!({"command": "a"}), &[]).await;
+    let (w, x) = (written.pending.unwrap(), exec.pending.unwrap());
+    let stranger = decide(&op, S2, "fs_write", &json!({"path": "b"}), &[])
+        .await
+        .pending
+        .unwrap();
+    let record = ControlRecord {
+        version: 1,
+        kind: RecordKind::Channel,
+        name: Some("peer:SHA256:test".into()),
+        sessions: vec![S1.into()],
+        cap: Some(Tier::Write),
+        ..Default::default()
+    };
+    let ch = env.handed(&record).await.unwrap();
+    assert_eq!(listed(&ch).await, vec![w, x]);
+    assert_eq!(
+        ch.walk(&["pending", &stranger.to_string()]).await.err(),
+        Some(Errno::ENOENT)
+    );
+    for absent in ["decide", "rules"] {
+        assert_eq!(
+            ch.walk(&[absent]).await.err(),
+            Some(Errno::ENOENT),
+            "{absent}"
+        );
+    }
+    for verb in ["allow always", "allow session", "withdraw"] {
+        let (errno, msg) = write(&ch, &format!("pending/{w}/ctl"), verb)
+            .await
+            .unwrap_err();
+        assert_eq!(errno, Errno::EPERM, "{verb}: {msg}");
+    }
+    // Above the cap: refused, and the ask stays open for this host's operator.
+    let request = read(&ch, &format!("pending/{x}/request")).await.unwrap();
+    assert!(
+        request.contains("answer deny (allowing it is this host's operator's)"),
+        "{request}"
+    );
+    let (errno, msg) = write(
+        &ch,
+        &format!("pending/{x}/ctl"),
+        &format!("allow once {}", &exec.fingerprint[..8]),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(errno, Errno::EPERM, "{msg}");
+    assert!(msg.contains("at most write"), "{msg}");
+    assert!(listed(&op).await.contains(&x));
+    // At the cap: allowed once, receipted as the channel's answer.
+    write(
+        &ch,
+        &format!("pending/{w}/ctl"),
+        &format!("allow once {}", &written.fingerprint[..8]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(wait(&op, w).await.decision, Verdict::Allow);
+    let bodies = env.receipt_bodies(S1).await;
+    let answered: Vec<&Value> = bodies
+        .iter()
+        .map(|b| &b["subject"])
+        .filter(|s| s["pending"] == w && s["basis"] == "answer:allow_once")
+        .collect();
+    assert_eq!(answered.len(), 1, "{bodies:?}");
+    assert_eq!(answered[0]["answered_by"], "peer:SHA256:test");
+    // This host's operator still answers the exec-tier ask.
+    write(
+        &op,
+        &format!("pending/{x}/ctl"),
+        &format!("allow once {}", &exec.fingerprint[..8]),
+    )
+    .await
+    .unwrap();
+    assert_eq!(wait(&op, x).await.decision, Verdict::Allow);
+    // No record makes a channel above `write`, nameless, sessionless, or passing as the operator.
+    for bad in [
+        ControlRecord {
+            cap: Some(Tier::Exec),
+            ..record.clone()
+        },
+        ControlRecord {
+            cap: None,
+            ..record.clone()
+        },
+        ControlRecord {
+            sessions: Vec::new(),
+            ..record.clone()
+        },
+        ControlRecord {
+            name: Some("operator: x".into()),
+            ..record.clone()
+        },
+        ControlRecord {
+            name: None,
+            ..record.clone()
+        },
+    ] {
+        assert!(env.handed(&bad).await.is_err(), "{bad:?}");
+    }
 }
 
 #[tokio::test]

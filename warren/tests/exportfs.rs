@@ -78,6 +78,7 @@ struct Hosts {
     a_key: PublicKey,
     b_key: PublicKey,
     a_config: PathBuf,
+    b_config: PathBuf,
     exportfs: Child,
     addr: String,
     link: Link,
@@ -117,6 +118,7 @@ fn hosts(b_grants: &str) -> Hosts {
         a_key,
         b_key,
         a_config,
+        b_config,
         exportfs,
         addr,
         link,
@@ -149,6 +151,13 @@ fn receipt_kinds(w: &Warren, session: &str) -> Vec<String> {
 }
 
 impl Hosts {
+    /// A spec mounting B's `asks` tree (what `asks:remote` grants) at `/n/b/asks`.
+    fn asks_spec(&self) -> String {
+        let path = self.a.base.path().join("asks.ns");
+        std::fs::write(&path, format!("mount -k b {} /n/b/asks asks\n", self.addr)).unwrap();
+        path.to_str().unwrap().to_owned()
+    }
+
     fn spec(&self, extra: &str) -> String {
         let path = self.a.base.path().join("import.ns");
         std::fs::write(
@@ -290,6 +299,160 @@ fn a_tool_the_entry_does_not_grant_is_absent_and_a_tree_it_does_not_grant_is_ref
     let (code, out, err) = h.a.sh(&["--ns", &spec], "true");
     assert_ne!(code, 0, "{out}");
     assert!(err.contains("not granted tree `dir`"), "{err}");
+    // Without `asks:remote` there is no asks tree: B's operator alone answers A's asks.
+    let (code, out, err) = h.a.sh(&["--ns", &h.asks_spec()], "true");
+    assert_ne!(code, 0, "{out}");
+    assert!(err.contains("not granted tree `asks`"), "{err}");
+}
+
+/// `asks:remote` in B's entry for A: A's operator, through `mount -k b … /n/b/asks asks`, sees
+/// the asks A's own calls raised on B and answers a write-tier one (`allow once`): the call goes
+/// through and B's receipt names the channel `peer:<A's fingerprint>`. An exec-tier ask is
+/// refused on that channel and waits for B's operator, who still answers it; a second peer, C,
+/// also with `asks:remote`, neither sees nor answers it.
+#[test]
+fn with_asks_remote_a_answers_its_write_tier_ask_but_an_exec_tier_one_stays_with_b() {
+    let work = tempfile::Builder::new()
+        .prefix("wexpw")
+        .tempdir_in("/tmp")
+        .unwrap();
+    common::open_to_shell_workers(work.path());
+    let dir = work.path().to_str().unwrap();
+    let h = hosts(&format!(
+        "tool:fs_write,shell root:fs_write:{dir} root:shell:{dir} asks:remote"
+    ));
+    let (spec, asks) = (h.spec(""), h.asks_spec());
+    let session = h.a_key.session();
+    let channel = format!("peer:{}", h.a_key.fingerprint());
+
+    // A write-tier call asks on B; A answers it.
+    let agent = h.a.spawn_run(&[
+        "--ns",
+        &spec,
+        "--",
+        "/bin/sh",
+        "-c",
+        &format!(
+            r#"exec 3<>/n/b/tool/fs_write/call; printf '{{"path":"{dir}/x","content":"y"}}' >&3; cat <&3"#
+        ),
+    ]);
+    let (id, request) = next_ask(&h.b, 0);
+    assert_eq!(field(&request, "tier"), "write", "{request}");
+    let fp = fingerprint(&request).to_string();
+    let (code, out, err) = h.a.sh(
+        &["--ns", &asks],
+        &format!(
+            "ls /n/b/asks/pending; cat /n/b/asks/pending/{id}/request; \
+             echo 'allow once {fp}' > /n/b/asks/pending/{id}/ctl && echo ANSWERED"
+        ),
+    );
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.starts_with(&format!("{id}\n")), "{out}");
+    assert!(
+        out.contains(&format!("answer allow once {fp} | deny")),
+        "{out}"
+    );
+    assert!(out.contains("ANSWERED"), "{out}\n{err}");
+    let done = agent.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&done.stdout);
+    // Past the gate, the tool ran: a peer's roots are read-only, so fs_write refuses there.
+    assert!(!stdout.contains(r#""status":"denied""#), "{stdout}");
+    assert!(stdout.contains("read-only"), "{stdout}");
+    let answered: Vec<_> =
+        h.b.decisions(&session)
+            .into_iter()
+            .filter(|d| d["pending"] == id && d["basis"] == "answer:allow_once")
+            .collect();
+    assert_eq!(answered.len(), 1, "{answered:?}");
+    assert_eq!(answered[0]["answered_by"], channel.as_str(), "{answered:?}");
+    assert_eq!(answered[0]["verdict"], "allow", "{answered:?}");
+
+    // An exec-tier call: A's `allow once` is refused, the ask stays open for B's operator.
+    let agent = h.a.spawn_run(&[
+        "--ns",
+        &spec,
+        "--",
+        "/bin/sh",
+        "-c",
+        &format!(
+            r#"exec 3<>/n/b/tool/shell/call; printf '{{"command":"true","cwd":"{dir}"}}' >&3; cat <&3"#
+        ),
+    ]);
+    let (id, request) = next_ask(&h.b, id);
+    assert_eq!(field(&request, "tier"), "exec", "{request}");
+    let fp = fingerprint(&request).to_string();
+    let (code, out, err) = h.a.sh(
+        &["--ns", &asks],
+        &format!(
+            "cat /n/b/asks/pending/{id}/request; \
+             echo 'allow once {fp}' > /n/b/asks/pending/{id}/ctl && echo ANSWERED || echo REFUSED"
+        ),
+    );
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        out.contains("answer deny (allowing it is this host's operator's)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("REFUSED") && !out.contains("ANSWERED"),
+        "{out}\n{err}"
+    );
+    let still = h.b.run_ok(&["cat", &format!("/gate/pending/{id}/request")]);
+    assert_eq!(
+        field(&String::from_utf8_lossy(&still.stdout), "state"),
+        "open"
+    );
+    // A second peer, C, with `asks:remote` too, sees none of A's asks and cannot answer them.
+    let c_config = h._configs.path().join("c");
+    std::fs::create_dir_all(&c_config).unwrap();
+    std::fs::set_permissions(&c_config, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let c = up(c_config.to_str().unwrap());
+    let c_key = keys_init(&c);
+    write_peers(&c_config, &format!("b {} addr:{}\n", h.b_key, h.addr));
+    write_peers(
+        &h.b_config,
+        &format!(
+            "a {} tool:fs_write,shell root:fs_write:{dir} root:shell:{dir} asks:remote\n\
+             c {c_key} asks:remote\n",
+            h.a_key
+        ),
+    );
+    let c_spec = c.base.path().join("asks.ns");
+    std::fs::write(&c_spec, format!("mount -k b {} /n/b/asks asks\n", h.addr)).unwrap();
+    let (code, out, err) = c.sh(
+        &["--ns", c_spec.to_str().unwrap()],
+        &format!(
+            "echo LISTED; ls /n/b/asks/pending; echo END; \
+             cat /n/b/asks/pending/{id}/request || echo UNSEEN; \
+             echo deny > /n/b/asks/pending/{id}/ctl || echo UNANSWERED"
+        ),
+    );
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.starts_with("LISTED\nEND\n"), "{out}\n{err}");
+    assert!(
+        out.contains("UNSEEN") && out.contains("UNANSWERED"),
+        "{out}\n{err}"
+    );
+    let still = h.b.run_ok(&["cat", &format!("/gate/pending/{id}/request")]);
+    assert_eq!(
+        field(&String::from_utf8_lossy(&still.stdout), "state"),
+        "open"
+    );
+    h.b.run_ok(&[
+        "write",
+        &format!("/gate/pending/{id}/ctl"),
+        &format!("allow once {fp}"),
+    ]);
+    let done = agent.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&done.stdout);
+    assert!(stdout.contains(r#""status":"ok""#), "{stdout}");
+    let answered: Vec<_> =
+        h.b.decisions(&session)
+            .into_iter()
+            .filter(|d| d["pending"] == id && d["basis"] == "answer:allow_once")
+            .collect();
+    assert_eq!(answered.len(), 1, "{answered:?}");
+    assert_ne!(answered[0]["answered_by"], channel.as_str(), "{answered:?}");
 }
 
 #[test]

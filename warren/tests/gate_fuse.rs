@@ -128,15 +128,6 @@ fn write_ctl(w: &Warren, id: i64, verb: &str) -> Output {
     w.run(&["write", &format!("/gate/pending/{id}/ctl"), verb])
 }
 
-/// The decision receipts' subjects of a session.
-fn decisions(w: &Warren, session: &str) -> Vec<serde_json::Value> {
-    w.receipts(session)
-        .into_iter()
-        .filter(|b| b["kind"] == "decision")
-        .map(|b| b["subject"].clone())
-        .collect()
-}
-
 /// `allow session` (only on a confirmed terminal) covers the identical call — it runs without
 /// asking — and not one whose argument changed, which asks again.
 ///
@@ -186,7 +177,7 @@ fn allow_session_covers_the_identical_call_not_a_changed_argument() {
     sync.touch("second");
     let session = field(&request, "session").to_owned();
     wait_until("the identical call is decided", || {
-        decisions(&w, &session).iter().any(|d| {
+        w.decisions(&session).iter().any(|d| {
             d["basis"]
                 .as_str()
                 .unwrap_or("")
@@ -278,7 +269,8 @@ fn an_unanswered_ask_expires_into_a_deny() {
             .success()
     );
     assert!(work.effects().is_empty());
-    let expired = decisions(&w, field(&request, "session"))
+    let expired = w
+        .decisions(field(&request, "session"))
         .into_iter()
         .any(|d| d["basis"] == "expiry" && d["verdict"] == "deny");
     assert!(expired, "no expiry deny among the session's receipts");
@@ -483,7 +475,7 @@ fn with_no_terminal_an_ask_is_denied_at_once_naming_warren_approvals() {
     assert_eq!(env[0]["status"], "denied", "{stdout}");
     assert!(work.effects().is_empty());
     let session = env[0]["receipt"]["scope"].as_str().unwrap();
-    let answered = decisions(&w, session).into_iter().any(|d| {
+    let answered = w.decisions(session).into_iter().any(|d| {
         d["basis"] == "answer:deny"
             && d["answered_by"]
                 .as_str()

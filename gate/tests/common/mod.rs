@@ -196,18 +196,41 @@ impl Env {
 
     /// The number of receipts in receiptd's log for `scope`.
     pub async fn receipts_in(&self, scope: &str) -> usize {
+        self.receipts_log(scope)
+            .await
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .count()
+    }
+
+    /// The receipt bodies (each DSSE envelope's payload) in receiptd's log for `scope`.
+    pub async fn receipt_bodies(&self, scope: &str) -> Vec<Value> {
+        use base64::Engine as _;
+        self.receipts_log(scope)
+            .await
+            .split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|line| {
+                let envelope: Value = serde_json::from_slice(line).unwrap();
+                let payload = base64::engine::general_purpose::STANDARD
+                    .decode(envelope["payload"].as_str().unwrap())
+                    .unwrap();
+                serde_json::from_slice(&payload).unwrap()
+            })
+            .collect()
+    }
+
+    /// receiptd's log for `scope` (empty while it has none).
+    pub async fn receipts_log(&self, scope: &str) -> Vec<u8> {
         let c = Client::connect_unix(self.runtime.join("receipts.sock"))
             .await
             .expect("connect receipts.sock");
         let root = c.attach("test", "").await.unwrap();
         let Ok(log) = root.walk(&[scope, "log"]).await else {
-            return 0;
+            return Vec::new();
         };
         log.open(oflags::RDONLY).await.unwrap();
-        let text = log.read_to_end(0).await.unwrap();
-        text.split(|b| *b == b'\n')
-            .filter(|l| !l.is_empty())
-            .count()
+        log.read_to_end(0).await.unwrap()
     }
 }
 

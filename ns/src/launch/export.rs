@@ -5,6 +5,10 @@
 //! for a namespace's `mount tool` (a socketpair handed to toolfs's control socket with the
 //! record and the roots' fds), with the session the peer's key names, so the gate decides and
 //! receiptd keeps every remote call as it does a local namespace's.
+//!
+//! The tree `asks` (a peer whose entry says `asks:remote`) is a connection handed to the gate's
+//! control socket as a capped channel: the peer's session's asks only, `allow once` up to the
+//! write tier or `deny`, receipted as answered by `peer:<fingerprint>`.
 
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
@@ -17,8 +21,10 @@ use warren_daemon::identity::Role;
 use warren_daemon::peer::PeerCred;
 use warren_exportfs::control::{ExportRequest, Made, REQUEST_VERSION, answer};
 use warren_exportfs::keys::PublicKey;
-use warren_exportfs::peers::Peers;
+use warren_exportfs::peers::{ASKS_TREE, Peer, Peers};
+use warren_gate::control::{ControlRecord, RECORD_VERSION, RecordKind};
 use warren_gate::lineage::Lineage;
+use warren_gate::scope::CHANNEL_CAP_MAX;
 use warren_toolfs::{GrantRecord, RootGrant, ToolGrant};
 
 use crate::confine::guard::Guard;
@@ -80,6 +86,9 @@ fn serve(sock: &UnixStream, dirs: &Dirs, peers: &std::path::Path) -> Result<Made
         ));
     }
     peer.grants(&req.tree)?;
+    if req.tree == ASKS_TREE {
+        return asks_channel(dirs, peer).map(Made::Connection);
+    }
     let guard = Guard::new(dirs).map_err(|e| e.to_string())?;
     if let Some(path) = peer.dir(&req.tree) {
         // A directory tree: its handle, opened and checked here; exportfs serves it read-only.
@@ -136,4 +145,60 @@ fn serve(sock: &UnixStream, dirs: &Dirs, peers: &std::path::Path) -> Result<Made
     tool_connection(dirs, &record, &roots)
         .map(Made::Connection)
         .map_err(|e| e.to_string())
+}
+
+/// The gate record of a peer's asks channel: that peer's own session only, capped at the write
+/// tier, named by its key.
+fn asks_record(peer: &Peer) -> ControlRecord {
+    ControlRecord {
+        version: RECORD_VERSION,
+        kind: RecordKind::Channel,
+        name: Some(peer.asks_channel()),
+        sessions: vec![peer.key.session()],
+        cap: Some(CHANNEL_CAP_MAX),
+        ..Default::default()
+    }
+}
+
+/// The peer's asks, as the gate serves them on a channel capped at the write tier.
+fn asks_channel(dirs: &Dirs, peer: &Peer) -> Result<std::os::fd::OwnedFd, String> {
+    let record = asks_record(peer);
+    let (ours, theirs) = UnixStream::pair().map_err(|e| e.to_string())?;
+    warren_gate::control::hand_over(&dirs.control("gate"), &record, &theirs)
+        .map_err(|e| format!("hand the peer's asks to the gate: {e}"))?;
+    tracing::info!(peer = %peer.name, key = %peer.key.fingerprint(), "a peer's asks");
+    Ok(ours.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warren_gate::scope::Scope;
+
+    /// Two peers' channels: each sees its own session's asks, never the other's or a local
+    /// namespace's, and neither allows above the write tier.
+    #[test]
+    fn a_peers_asks_channel_sees_its_own_session_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = |n: &str| {
+            warren_exportfs::keys::HostKey::create(&dir.path().join(n))
+                .unwrap()
+                .public()
+        };
+        let peers = Peers::parse(&format!(
+            "a {} asks:remote\nc {} asks:remote\n",
+            key("a"),
+            key("c")
+        ))
+        .unwrap();
+        let (a, c) = (peers.by_name("a").unwrap(), peers.by_name("c").unwrap());
+        let scope = |p| asks_record(p).scope().unwrap();
+        let (sa, sc) = (scope(a), scope(c));
+        assert!(sa.sees_session(&a.key.session()) && !sa.sees_session(&c.key.session()));
+        assert!(sc.sees_session(&c.key.session()) && !sc.sees_session(&a.key.session()));
+        assert!(!sa.sees_session(&"1".repeat(32)), "a local session");
+        assert_eq!(sa.label(), format!("peer:{}", a.key.fingerprint()));
+        assert!(matches!(sa, Scope::Channel { .. }));
+        assert!(sa.may_allow("write").is_ok() && sa.may_allow("exec").is_err());
+    }
 }

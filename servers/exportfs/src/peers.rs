@@ -11,7 +11,9 @@
 //! - `dir:NAME:/PATH` — the host directory PATH served read-only as the peer's tree NAME (what
 //!   others may read of it: `crate::dir`).
 //! - `asks:local` (the default) or `asks:remote` — whether the peer's host may answer the asks
-//!   its calls raise here (recorded; only `local` is served, docs/gaps.md).
+//!   its calls raise here. `remote` grants the tree `asks`: the gate's open asks of the peer's
+//!   own session, answered on a capped channel named `peer:<fingerprint>` (`allow once` up to
+//!   the write tier, or `deny`; docs/distribution.md).
 //! - `addr:tcp!HOST!PORT` — where the peer serves its own trees (`warren run --import`).
 //!
 //! A line with no grant names a host this one only dials. The file is read at every connection,
@@ -31,6 +33,9 @@ pub fn peers_path() -> PathBuf {
         .map_or_else(|| PathBuf::from("/etc/warren"), PathBuf::from)
         .join("peers")
 }
+
+/// The tree a peer with `asks:remote` mounts to answer its own asks.
+pub const ASKS_TREE: &str = "asks";
 
 /// Whether a peer's host may answer the asks its calls raise here.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -64,14 +69,23 @@ impl Peer {
             .map(|(_, path)| path.as_str())
     }
 
+    /// The gate channel this peer's answers come on, as its receipts name it.
+    pub fn asks_channel(&self) -> String {
+        format!("peer:{}", self.key.fingerprint())
+    }
+
     /// Whether this entry lets the peer mount `tree`; the error says what it may mount.
     pub fn grants(&self, tree: &str) -> Result<(), String> {
-        if (tree == "tool" && !self.tools.is_empty()) || self.dir(tree).is_some() {
+        if (tree == "tool" && !self.tools.is_empty())
+            || (tree == ASKS_TREE && self.asks == Asks::Remote)
+            || self.dir(tree).is_some()
+        {
             return Ok(());
         }
         let trees: Vec<String> = (!self.tools.is_empty())
             .then(|| "`tool`".to_owned())
             .into_iter()
+            .chain((self.asks == Asks::Remote).then(|| format!("`{ASKS_TREE}`")))
             .chain(self.dirs.iter().map(|(name, _)| format!("`{name}`")))
             .collect();
         let granted = if trees.is_empty() {
@@ -198,10 +212,14 @@ impl Peers {
                         let (tree, path) = value
                             .split_once(':')
                             .ok_or_else(|| at(format!("`{word}`: dir:NAME:/PATH")))?;
-                        if !valid_name(tree) || tree == "tool" || !clean_path(path) {
+                        if !valid_name(tree)
+                            || tree == "tool"
+                            || tree == ASKS_TREE
+                            || !clean_path(path)
+                        {
                             return Err(at(format!(
-                                "`{word}`: dir:NAME:/PATH (NAME a tree name other than `tool`, \
-                                 PATH absolute without `.` or `..`)"
+                                "`{word}`: dir:NAME:/PATH (NAME a tree name other than `tool` \
+                                 and `{ASKS_TREE}`, PATH absolute without `.` or `..`)"
                             )));
                         }
                         if peer.dirs.iter().any(|(t, _)| t == tree) {
@@ -294,13 +312,15 @@ mod tests {
         assert_eq!(a.tools, ["echo", "fs_read"]);
         assert_eq!(a.roots, [("fs_read".to_owned(), "/srv".to_owned())]);
         assert_eq!(a.asks, Asks::Remote);
-        assert!(a.grants("tool").is_ok());
+        assert!(a.grants("tool").is_ok() && a.grants(ASKS_TREE).is_ok());
         let refused = a.grants("dir").unwrap_err();
         assert!(refused.contains("not granted tree `dir`"), "{refused}");
         let p = Peers::parse(&format!("a {key_a} dir:docs:/srv/docs")).unwrap();
         let a = p.by_name("a").unwrap();
         assert_eq!(a.dir("docs"), Some("/srv/docs"));
         assert!(a.grants("docs").is_ok() && a.grants("tool").is_err());
+        let refused = a.grants(ASKS_TREE).unwrap_err();
+        assert!(refused.contains("not granted tree `asks`"), "{refused}");
     }
 
     #[test]
@@ -316,6 +336,7 @@ mod tests {
             format!("a {key_a} addr:tcp!h!0"),
             format!("a {key_a} root:fs_read:/srv/../etc tool:fs_read"),
             format!("a {key_a} dir:tool:/srv"),
+            format!("a {key_a} dir:asks:/srv"),
             format!("a {key_a} dir:docs:srv"),
             format!("a {key_a} dir:docs:/a dir:docs:/b"),
         ] {

@@ -172,6 +172,15 @@ impl Warren {
             })
             .collect()
     }
+
+    /// The subjects of a session's decision receipts, oldest first.
+    pub fn decisions(&self, session: &str) -> Vec<serde_json::Value> {
+        self.receipts(session)
+            .into_iter()
+            .filter(|b| b["kind"] == "decision")
+            .map(|b| b["subject"].clone())
+            .collect()
+    }
 }
 
 impl Drop for Warren {
