@@ -2,7 +2,7 @@
 //! first read runs the call; every read returns a slice of the one immutable result, at
 //! `offset − o₀` where o₀ is the offset of the first read.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tokio::task::JoinHandle;
@@ -55,13 +55,30 @@ pub struct CallOpen {
     slot: Arc<CallSlot>,
 }
 
+/// Where a call's gate decision stands, shared between the call's read and the task that asks
+/// the gate: the read may be dropped (Tflush, or its connection ending) while the gate is making
+/// an ask whose id it has not answered yet, and that ask must still be withdrawn.
+#[derive(Debug, Default)]
+enum AskState {
+    /// No ask is open for the call (not asked yet, or its ask was answered).
+    #[default]
+    None,
+    /// The gate is deciding; whether it makes an ask is not known yet.
+    Deciding,
+    /// The call was withdrawn while the gate decided: an ask it makes is withdrawn at once.
+    Abandoned,
+    /// Ask `id` is open and the call waits for it.
+    Pending(i64),
+}
+
 /// Withdraws the call if the first read's future is dropped (Tflush) before the call started:
-/// the gate's pending ask (if one is open) is withdrawn and the withdrawal receipted.
+/// the gate's pending ask (if one is open, or is being made) is withdrawn and the withdrawal
+/// receipted.
 struct Withdrawal {
     dispatcher: Arc<Dispatcher>,
     tool: String,
     args_digest: String,
-    pending: Option<i64>,
+    ask: Arc<Mutex<AskState>>,
     armed: bool,
 }
 
@@ -70,15 +87,31 @@ impl Drop for Withdrawal {
         if !self.armed {
             return;
         }
-        tracing::info!(conn = %self.dispatcher.grant().label, tool = %self.tool, args = %self.args_digest, pending = ?self.pending, "call withdrawn: its read was flushed before it started");
+        let pending = {
+            let mut ask = lock(&self.ask);
+            match *ask {
+                AskState::Pending(id) => Some(id),
+                AskState::Deciding => {
+                    // The deciding task withdraws the ask the gate makes, once it knows its id.
+                    *ask = AskState::Abandoned;
+                    None
+                }
+                AskState::None | AskState::Abandoned => None,
+            }
+        };
+        tracing::info!(conn = %self.dispatcher.grant().label, tool = %self.tool, args = %self.args_digest, pending = ?pending, "call withdrawn: its read was flushed before it started");
         withdraw(
             self.dispatcher.clone(),
             self.tool.clone(),
             self.args_digest.clone(),
-            self.pending,
+            pending,
             "flushed before it started",
         );
     }
+}
+
+fn lock(ask: &Mutex<AskState>) -> std::sync::MutexGuard<'_, AskState> {
+    ask.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// In the background (it may run from a destructor): withdraws ask `pending` at the gate, then
@@ -227,7 +260,7 @@ impl CallOpen {
             dispatcher: dispatcher.clone(),
             tool: name.to_owned(),
             args_digest: content_digest(&prepared.canonical),
-            pending: None,
+            ask: Arc::default(),
             armed: true,
         };
         let answer = self.decide(dispatcher, &prepared, &mut withdrawal).await;
@@ -288,30 +321,61 @@ impl CallOpen {
     /// The gate's answer: an ask is waited for (the read blocks) until it is answered.
     async fn decide(
         &self,
-        dispatcher: &Dispatcher,
+        dispatcher: &Arc<Dispatcher>,
         prepared: &Arguments,
         withdrawal: &mut Withdrawal,
     ) -> Answer {
         let name = self.tool.def.gate_name.as_str();
-        let gate = &dispatcher.services().gate;
         let started = Instant::now();
-        let mut answer = gate
-            .decide_at(
-                dispatcher.session(),
-                name,
-                &prepared.canonical,
-                &dispatcher.context_states(),
-                dispatcher.grant().lineage.as_deref(),
-                self.tool.def.gate_tier,
-            )
-            .await;
+        // The decision runs in a task of its own, so that dropping this read cannot lose the id
+        // of an ask the gate has already made: the task withdraws it (`AskState::Abandoned`).
+        *lock(&withdrawal.ask) = AskState::Deciding;
+        let deciding = {
+            let (dispatcher, ask) = (dispatcher.clone(), withdrawal.ask.clone());
+            let (name, args) = (name.to_owned(), prepared.canonical.clone());
+            let tier = self.tool.def.gate_tier;
+            tokio::spawn(async move {
+                let gate = &dispatcher.services().gate;
+                let answer = gate
+                    .decide_at(
+                        dispatcher.session(),
+                        &name,
+                        &args,
+                        &dispatcher.context_states(),
+                        dispatcher.grant().lineage.as_deref(),
+                        tier,
+                    )
+                    .await;
+                let abandoned = {
+                    let mut ask = lock(&ask);
+                    let abandoned = matches!(*ask, AskState::Abandoned);
+                    *ask = match answer.pending {
+                        Some(id) if answer.decision == Verdict::Ask && !abandoned => {
+                            AskState::Pending(id)
+                        }
+                        _ => AskState::None,
+                    };
+                    abandoned
+                };
+                if abandoned
+                    && answer.decision == Verdict::Ask
+                    && let Some(id) = answer.pending
+                {
+                    tracing::info!(tool = %name, pending = id, "call withdrawn while its ask was made: the ask is withdrawn");
+                    gate.withdraw(id).await;
+                }
+                answer
+            })
+        };
+        let mut answer = deciding.await.unwrap_or_else(|e| {
+            warren_gate::client::unavailable(format!("the gate's decision failed in toolfs: {e}"))
+        });
         if answer.decision == Verdict::Ask {
             answer = match answer.pending {
                 Some(id) => {
                     tracing::info!(conn = %dispatcher.grant().label, tool = name, pending = id, "call waits for its ask to be answered");
-                    withdrawal.pending = Some(id);
-                    let mut waited = gate.wait(id).await;
-                    withdrawal.pending = None;
+                    let mut waited = dispatcher.services().gate.wait(id).await;
+                    *lock(&withdrawal.ask) = AskState::None;
                     // A wait's answer may name no receipt: the ask's own decision receipt
                     // (in the same scope) is then the call's.
                     if waited.receipt.is_none() {
