@@ -262,12 +262,45 @@ fn bad_input_is_a_clear_json_rpc_error_and_the_server_keeps_serving() {
     let unknown = raw.answer();
     assert_eq!(unknown["id"], 4, "{unknown}");
     assert_eq!(unknown["error"]["code"], -32601, "{unknown}");
+    // A message over the server's limit (4 MiB): refused, skipped, never parsed.
+    let huge = format!(
+        r#"{{"jsonrpc":"2.0","id":7,"method":"ping","params":{{"pad":"{}"}}}}"#,
+        "x".repeat(5 << 20)
+    );
+    raw.send(&huge);
+    let oversized = raw.answer();
+    assert_eq!(oversized["error"]["code"], -32600, "{oversized}");
+    assert_eq!(oversized["id"], Value::Null, "{oversized}");
     // Still serving.
     raw.send(r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{"n":1}}}"#);
     let echo = raw.answer();
     assert_eq!(echo["id"], 5, "{echo}");
     assert_eq!(echo["result"]["content"][0]["text"], r#"{"n":1}"#, "{echo}");
     raw.send(r#"{"jsonrpc":"2.0","id":6,"method":"ping"}"#);
+    assert_eq!(raw.answer()["result"], json!({}));
+    drop(raw.child.stdin.take());
+    assert!(raw.child.wait().unwrap().success());
+
+    // A protocol version the server does not speak: per MCP, it answers with one it does, and
+    // the client decides whether to go on.
+    let child = w
+        .cmd(&["mcp", "serve", "--tool", "echo"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut raw = Raw::new(child);
+    raw.send(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"1999-01-01","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#,
+    );
+    let old = raw.answer();
+    assert_eq!(old["id"], 1, "{old}");
+    let spoken = old["result"]["protocolVersion"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(spoken.starts_with("20") && spoken != "1999-01-01", "{old}");
+    raw.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    raw.send(r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#);
     assert_eq!(raw.answer()["result"], json!({}));
     drop(raw.child.stdin.take());
     assert!(raw.child.wait().unwrap().success());
@@ -608,15 +641,19 @@ fn listen_with(
 
 /// One raw HTTP/1.1 POST of an `initialize` request; the status code.
 fn post_status(url: &str, headers: &[&str]) -> u16 {
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
+    post(url, headers, body.len(), body)
+}
+
+/// The status of a POST to `url` that declares `length` bytes of body and sends `body`.
+fn post(url: &str, headers: &[&str], length: usize, body: &str) -> u16 {
     let unix = url.strip_prefix("unix:");
     let authority = match unix {
         Some(_) => "localhost",
         None => url.trim_start_matches("http://").split('/').next().unwrap(),
     };
-    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
     let mut request = format!(
-        "POST /mcp HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
+        "POST /mcp HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {length}\r\nConnection: close\r\n"
     );
     for h in headers {
         request.push_str(h);
@@ -689,6 +726,13 @@ fn streamable_http_needs_the_listeners_token_and_a_local_origin() {
         200,
         "a local origin"
     );
+    // A body declared over the limit (4 MiB) is refused before a byte of it is read.
+    assert_eq!(
+        post(&url, &[&bearer], 5 << 20, ""),
+        413,
+        "an oversized body"
+    );
+    assert_eq!(post_status(&url, &[&bearer]), 200, "still serving");
     serve.kill().unwrap();
     serve.wait().unwrap();
     wait_until("the namespace ended", || ns_ids(&w).is_empty());

@@ -17,6 +17,8 @@ use nix::sys::socket::{AddressFamily, SockaddrLike, SockaddrStorage, getsockname
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 
+use crate::lines::MAX_MESSAGE;
+
 /// A fresh bearer token for this listener: 32 random bytes, hex.
 fn mint_token() -> anyhow::Result<String> {
     let mut bytes = [0u8; 32];
@@ -70,6 +72,35 @@ fn unauthorized() -> Response<BoxBody<Bytes, Infallible>> {
     response.headers_mut().insert(
         hyper::header::WWW_AUTHENTICATE,
         hyper::header::HeaderValue::from_static("Bearer"),
+    );
+    response
+}
+
+/// A request's `Content-Length`, if it has a valid one.
+fn declared_length(request: &Request<Incoming>) -> Option<u64> {
+    request
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// 413, with a JSON-RPC error saying why (the request's id is not read: it is in the body).
+fn too_large() -> Response<BoxBody<Bytes, Infallible>> {
+    let error = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {"code": -32600, "message": format!(
+            "Invalid Request: a message is at most {MAX_MESSAGE} bytes"
+        )},
+    });
+    let mut response = Response::new(Full::new(Bytes::from(error.to_string())).boxed());
+    *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
     );
     response
 }
@@ -129,6 +160,13 @@ pub async fn serve(namespace: crate::Namespace, remote_hosts: &[String]) -> anyh
                     if !authorized(&request, &token) {
                         return Ok::<_, Infallible>(unauthorized());
                     }
+                    if declared_length(&request).is_some_and(|n| n > MAX_MESSAGE as u64) {
+                        return Ok(too_large());
+                    }
+                    // A body that grows past the limit without saying so in advance ends
+                    // there: rmcp gets an error instead of the rest.
+                    let request =
+                        request.map(|body| http_body_util::Limited::new(body, MAX_MESSAGE));
                     Ok(service.handle(request).await)
                 }
             });

@@ -1,12 +1,19 @@
 //! stdin/stdout for the MCP session, with one addition: a line that is not JSON is answered
 //! with JSON-RPC's Parse error (-32700, id null), as JSON-RPC 2.0 says, instead of the silence
-//! `rmcp` gives it, so a client that sent garbage learns so. Everything else passes through
-//! unchanged, a whole line at a time in each direction.
+//! `rmcp` gives it, so a client that sent garbage learns so; a line over [`MAX_MESSAGE`] is
+//! answered with Invalid Request (-32600, id null) and skipped unread. Everything else passes
+//! through unchanged, a whole line at a time in each direction.
 
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream};
+use tokio::io::{
+    AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream,
+};
 use tokio::sync::mpsc;
 
 const PIPE: usize = 1 << 20;
+
+/// The longest message (one line) taken from the client: a call's arguments are at most 1 MiB
+/// at the call file, and a line is held whole in memory while it is checked.
+pub const MAX_MESSAGE: usize = 4 << 20;
 
 /// The (reader, writer) pair to hand `rmcp` in place of stdin and stdout. A pipe is read and
 /// written on the runtime's reactor; anything else (a file, a terminal) through tokio's
@@ -50,9 +57,25 @@ async fn read_side<R: AsyncRead + Unpin>(
     let mut line = Vec::new();
     loop {
         line.clear();
-        match input.read_until(b'\n', &mut line).await {
+        let limit = MAX_MESSAGE as u64 + 1;
+        match (&mut input).take(limit).read_until(b'\n', &mut line).await {
             Ok(0) | Err(_) => return, // EOF: dropping `to_rmcp` ends the session.
             Ok(_) => {}
+        }
+        if line.len() > MAX_MESSAGE && line.last() != Some(&b'\n') {
+            // Too long to be a message we would take: say so, and skip the rest of its line.
+            let error = serde_json::json!({
+                "jsonrpc": "2.0",
+                "id": null,
+                "error": {"code": -32600, "message": format!(
+                    "Invalid Request: a message is at most {MAX_MESSAGE} bytes; this one was skipped"
+                )},
+            });
+            let _ = errors.send(error.to_string().into_bytes());
+            if !skip_line(&mut input).await {
+                return;
+            }
+            continue;
         }
         let body = line.trim_ascii();
         if !body.is_empty()
@@ -68,6 +91,24 @@ async fn read_side<R: AsyncRead + Unpin>(
         }
         if to_rmcp.write_all(&line).await.is_err() {
             return;
+        }
+    }
+}
+
+/// Reads and drops the rest of a line; `false` at the end of input.
+async fn skip_line<R: AsyncRead + Unpin>(input: &mut BufReader<R>) -> bool {
+    loop {
+        let buf = match input.fill_buf().await {
+            Ok([]) | Err(_) => return false,
+            Ok(buf) => buf,
+        };
+        let (used, found) = match buf.iter().position(|b| *b == b'\n') {
+            Some(at) => (at + 1, true),
+            None => (buf.len(), false),
+        };
+        input.consume(used);
+        if found {
+            return true;
         }
     }
 }
