@@ -150,3 +150,45 @@ async fn a_namespace_connection_is_receipted_in_its_session() {
     let theirs = op.new_session().await;
     assert!(conn.root.walk(&[theirs.as_str()]).await.is_err());
 }
+
+/// ATTACK (attack-llm): the model name a namespace writes to `model` goes whole into its `query`
+/// receipt. The gate takes a decide of up to 512 KiB (so a ~70 KiB name is decided, `llm` is
+/// read: allowed) and a backend that ignores the name (llama.cpp's server, the scripted model)
+/// answers; receiptd refuses the ~70 KiB receipt for good (64 KiB request limit), and llmfs's
+/// queue retries that one receipt forever with `failing` set: every later ask of every namespace
+/// (and the operator's) is refused, and receipts queued behind it are never written.
+/// Expected (secure): another namespace's call is still answered. Fails today.
+#[tokio::test]
+async fn attack_a_long_model_name_wedges_every_namespaces_model_calls() {
+    let dir = tmp();
+    let receipts_socket = start_receiptd(dir.path());
+    let script = Script::start(
+        dir.path(),
+        "openai",
+        json!([{"text": "one"}, {"text": "two"}, {"text": "three"}]),
+    );
+    let socket = receipts_socket.to_str().unwrap();
+    let fs = Llmfs::start_with(
+        dir.path(),
+        script.port,
+        "openai",
+        &["--model", "gpt-test", "--receipts", socket, "--no-gate"],
+    );
+    let attacker = fs.hand_over("a77ac0e5a77ac0e5a77ac0e5a77ac0e5").await;
+    let token = attacker.new_session().await;
+    attacker
+        .put(&token, "model", &"m".repeat(70 * 1024))
+        .await
+        .unwrap();
+    let reply = attacker.ask(&token, "hi").await;
+    assert!(reply.last().unwrap().get("done").is_some(), "{reply:?}");
+    // Give the writer time to be refused once (and to have retried a few times).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let victim = fs.hand_over("b1c7b1c7b1c7b1c7b1c7b1c7b1c7b1c7").await;
+    let t = victim.new_session().await;
+    let reply = victim.ask(&t, "hello").await;
+    assert!(
+        reply.last().unwrap().get("done").is_some(),
+        "another namespace's model call is refused after one long model name: {reply:?}"
+    );
+}
