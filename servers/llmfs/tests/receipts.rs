@@ -192,3 +192,48 @@ async fn attack_a_long_model_name_wedges_every_namespaces_model_calls() {
         "another namespace's model call is refused after one long model name: {reply:?}"
     );
 }
+
+/// ATTACK (attack-llm): an ask takes one of llmfs's QUEUE_CAP (1024) receipt places before the
+/// gate is asked and keeps it while the model answers; the queue is shared by every namespace
+/// and the operator, and nothing (neither the gate, for which `llm` is read and allowed, nor
+/// the subtree's receipt budgets, which count receipts, not calls in flight) bounds how many
+/// asks one subtree has running. Four connections of one subtree (a namespace and three clones,
+/// each `mount llm`, 256 sessions each) with slow replies take every place: every other
+/// namespace's ask is refused until they end.
+/// Expected (secure): the other namespace's call is answered. Fails today.
+#[tokio::test]
+async fn attack_one_subtree_takes_every_receipt_place() {
+    let dir = tmp();
+    let receipts_socket = start_receiptd(dir.path());
+    let mut turns: Vec<Value> = (0..1024)
+        .map(|_| json!({"text": "slow", "delay_ms": 60_000}))
+        .collect();
+    turns.push(json!({"text": "victim"}));
+    let script = Script::start(dir.path(), "openai", Value::Array(turns));
+    let socket = receipts_socket.to_str().unwrap();
+    let fs = Llmfs::start_with(
+        dir.path(),
+        script.port,
+        "openai",
+        &["--model", "gpt-test", "--receipts", socket, "--no-gate"],
+    );
+    let mut conns = Vec::new();
+    for i in 0..4 {
+        let conn = fs.hand_over(&format!("a77ac0e5a77ac0e5a77ac0e5a77ac0e{i}")).await;
+        for _ in 0..256 {
+            let token = conn.new_session().await;
+            // `echo hi > ask`: written and clunked, the ask starts.
+            let fid = conn.open(&token, "ask", oflags::WRONLY).await.unwrap();
+            fid.write_all(0, b"hi").await.unwrap();
+            fid.clunk().await.unwrap();
+        }
+        conns.push(conn);
+    }
+    let victim = fs.hand_over("b1c7b1c7b1c7b1c7b1c7b1c7b1c7b1c7").await;
+    let t = victim.new_session().await;
+    let reply = victim.ask(&t, "hello").await;
+    assert!(
+        reply.last().unwrap().get("done").is_some(),
+        "another namespace's model call is refused while one subtree's asks run: {reply:?}"
+    );
+}
