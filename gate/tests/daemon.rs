@@ -865,3 +865,27 @@ async fn open_asks_are_capped_per_subtree_and_the_request_says_who_asks() {
     );
     assert!(f.write(0, bad.as_bytes()).await.is_err());
 }
+
+/// ATTACK (attack-llm): the gate allows (read tier, by default) a model call whose `model`, the
+/// namespace's own choice, is 70 KiB: the decide request fits the gate's 512 KiB, while llmfs
+/// then puts that name whole into a `query` receipt receiptd refuses (64 KiB) — see
+/// servers/llmfs/tests/receipts.rs `attack_a_long_model_name_wedges_every_namespaces_model_calls`.
+/// This passes today: it shows the gate is no bound on the name.
+#[tokio::test]
+async fn attack_the_gate_allows_a_model_call_with_a_70_kib_model_name() {
+    let env = Env::up(&[]);
+    let llmfs = env
+        .handed(&ControlRecord {
+            version: 1,
+            kind: RecordKind::Daemon,
+            name: Some("llmfs".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let args = json!({"model": "m".repeat(70 * 1024),
+                      "request": format!("sha256:{}", "0".repeat(64))});
+    let a = decide(&llmfs, S1, "llm", &args, &[]).await;
+    assert_eq!(a.decision, Verdict::Allow, "{a:?}");
+    assert!(a.receipt.is_some(), "{a:?}");
+}
