@@ -19,7 +19,7 @@ use warren_gate::receipts::Ack;
 use warren_toolfs::gate::GateLink;
 
 /// The tool name a model call is decided as (the gate's tier table has it).
-pub const LLM_TOOL: &str = "llm";
+pub use warren_gate::request::LLM_TOOL;
 
 /// One namespace's connection's way through the gate.
 pub struct ModelGate {

@@ -24,7 +24,7 @@ pub const MAX_REPLY_BYTES: usize = 16 << 20;
 /// Bytes a model's name may have. It is the one text a namespace writes that goes whole into its
 /// calls' `query` receipts and the gate's decide requests (everything else it writes goes into
 /// them only as a digest), so it is held far below receiptd's request limit.
-pub const MAX_MODEL_BYTES: usize = 256;
+pub const MAX_MODEL_BYTES: usize = warren_gate::request::MAX_MODEL_NAME_BYTES;
 
 /// Why a settings write is refused.
 #[derive(Debug, thiserror::Error)]
@@ -451,24 +451,19 @@ fn prepare(s: &Settings, message: &[u8], backend: &Backend) -> Result<(AskReques
     Ok((request, body))
 }
 
-/// The name of a model a namespace may write to `model` (surrounding whitespace aside: `echo`
-/// adds a newline): 1 to [`MAX_MODEL_BYTES`] bytes of `[A-Za-z0-9._:/@-]`, which every backend's
-/// model names are made of (`gpt-4o`, `claude-3-5-sonnet@20241022`, `org/model:q4`).
+/// What a namespace may write to `model`: a model's name as the gate takes it
+/// ([`warren_gate::request::check_model_name`]), surrounding whitespace aside (`echo` adds a
+/// newline), or nothing; at most [`MAX_MODEL_BYTES`] bytes in all.
 pub fn check_model(bytes: &[u8]) -> Result<(), String> {
     if bytes.len() > MAX_MODEL_BYTES {
         return Err(format!("a model's name is at most {MAX_MODEL_BYTES} bytes"));
     }
-    let name = bytes.trim_ascii();
-    match name
-        .iter()
-        .find(|b| !(b.is_ascii_alphanumeric() || b"._:/@-".contains(b)))
-    {
-        Some(b) => Err(format!(
-            "a model's name is made of A-Z a-z 0-9 . _ : / @ -, not {:?}",
-            char::from(*b)
-        )),
-        None => Ok(()),
+    let name = std::str::from_utf8(bytes.trim_ascii())
+        .map_err(|_| "a model's name is ASCII".to_owned())?;
+    if name.is_empty() {
+        return Ok(());
     }
+    warren_gate::request::check_model_name(name)
 }
 
 /// Refuses, before anything is decided or asked, a call whose `query` receipt could be too big
