@@ -677,6 +677,30 @@ mod tests {
     }
 
     #[test]
+    fn a_model_name_is_checked_whole_when_written_in_pieces() {
+        let s = session();
+        s.write_setting(Setting::Model, 0, b"org/model").unwrap();
+        s.write_setting(Setting::Model, 9, b":q4@2024\n").unwrap();
+        assert_eq!(s.read_setting(Setting::Model), b"org/model:q4@2024\n");
+        for bad in [&b"gpt 4"[..], b"gpt-4\n\nx", b"m\xff", b"a;b"] {
+            assert!(
+                matches!(
+                    s.write_setting(Setting::Model, 0, bad),
+                    Err(SettingError::Invalid(_))
+                ),
+                "{bad:?}"
+            );
+        }
+        assert!(matches!(
+            s.write_setting(Setting::Model, 0, &[b'm'; MAX_MODEL_BYTES + 1]),
+            Err(SettingError::TooBig(_))
+        ));
+        assert_eq!(s.read_setting(Setting::Model), b"org/model:q4@2024\n");
+        // Emptied, the session has no model (the ask says so); that is not a bad name.
+        s.write_setting(Setting::Model, 0, b"").unwrap();
+    }
+
+    #[test]
     fn a_scope_names_the_session_without_its_token() {
         let scope = scope_of("0123456789abcdef0123456789abcdef");
         assert!(scope.starts_with("llm-") && scope.len() == 20, "{scope}");
