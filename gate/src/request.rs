@@ -59,6 +59,50 @@ pub struct DecideRequest {
     pub tier: Option<Tier>,
 }
 
+/// The core tool a namespace's model call is decided as (the model server's).
+pub const LLM_TOOL: &str = "llm";
+/// Bytes a model's name may have: it goes whole into the call's decision and `query` receipts,
+/// so it is held far below receiptd's request limit.
+pub const MAX_MODEL_NAME_BYTES: usize = 256;
+
+/// A model's name: 1 to [`MAX_MODEL_NAME_BYTES`] bytes of `[A-Za-z0-9._:/@-]`, which every
+/// backend's names are made of (`gpt-4o`, `claude-3-5-sonnet@20241022`, `org/model:q4`).
+pub fn check_model_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_MODEL_NAME_BYTES {
+        return Err(format!(
+            "a model's name is 1 to {MAX_MODEL_NAME_BYTES} bytes, not {}",
+            name.len()
+        ));
+    }
+    match name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "._:/@-".contains(*c)))
+    {
+        Some(c) => Err(format!(
+            "a model's name is made of A-Z a-z 0-9 . _ : / @ -, not {c:?}"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A model call's arguments ([`LLM_TOOL`]): the model's name and the digest of the request,
+/// nothing else — never the request's text.
+fn check_model_call_args(args: &Value) -> Result<(), String> {
+    let model = args.get("model").and_then(Value::as_str);
+    let digest = args.get("request").and_then(Value::as_str);
+    let (Some(model), Some(digest), 2) = (model, digest, args.as_object().map_or(0, |m| m.len()))
+    else {
+        return Err(
+            "a model call's args are {\"model\": NAME, \"request\": \"sha256:HEX\"}".into(),
+        );
+    };
+    check_model_name(model).map_err(|e| format!("a model call: {e}"))?;
+    match digest.strip_prefix("sha256:") {
+        Some(hex) if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) => Ok(()),
+        _ => Err("a model call's request is \"sha256:\" and 64 hex digits".into()),
+    }
+}
+
 /// A session id: nsd's 128-bit id as 32 lowercase hex digits.
 pub fn check_session(session: &str) -> Result<(), String> {
     if session.len() == 32
@@ -87,6 +131,9 @@ pub fn parse(bytes: &[u8]) -> Result<DecideRequest, String> {
     check_name(&wire.tool)?;
     let canonical_args = wire.args.get().to_owned();
     let args = canonical_value(&canonical_args)?;
+    if wire.tool == LLM_TOOL {
+        check_model_call_args(&args)?;
+    }
     let mut context = wire.context;
     context.sort();
     context.dedup();

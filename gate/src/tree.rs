@@ -371,6 +371,28 @@ fn expiry_in_words(row: &PendingRow, now_ms: i64) -> String {
     }
 }
 
+/// Each deciding daemon decides only the calls it serves: the model server [`LLM_TOOL`] (a
+/// namespace's model call), mcpfs `mcp:*`, netproxy `net:*`, toolfs every other name — so a
+/// daemon cannot have the gate decide (and receipt) a call of a kind it never makes.
+fn daemon_decides(daemon: &str, tool: &str) -> std::result::Result<(), String> {
+    let model_call = tool == crate::request::LLM_TOOL;
+    let (mcp, net) = (tool.starts_with("mcp:"), tool.starts_with("net:"));
+    let own = match daemon {
+        "llmfs" => model_call,
+        "mcpfs" => mcp,
+        "netproxy" => net,
+        "toolfs" => !(model_call || mcp || net),
+        _ => false,
+    };
+    if own {
+        Ok(())
+    } else {
+        Err(format!(
+            "{daemon} does not decide {tool}: not a call it serves"
+        ))
+    }
+}
+
 fn slice(data: &[u8], offset: u64, count: u32) -> Vec<u8> {
     let start = (offset as usize).min(data.len());
     let end = start.saturating_add(count as usize).min(data.len());
@@ -493,6 +515,9 @@ impl FileTree for GateTree {
                 let mcpfs = matches!(&self.scope, Scope::Daemon { name } if name == "mcpfs");
                 if req.tier.is_some() && !mcpfs {
                     return Err("only mcpfs names a tool's tier".to_string());
+                }
+                if let Scope::Daemon { name } = &self.scope {
+                    daemon_decides(name, &req.tool)?;
                 }
                 Ok(req)
             }) {

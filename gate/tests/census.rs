@@ -3,10 +3,11 @@
 //! anything else (a conversation, its messages, a prompt, the model's server, another tree's log)
 //! in `gate/src` fails this test. The fixture plants such a read to show the census catches it.
 //!
-//! Two lines name the model server and are let through, each exactly as written: the tier
+//! Four lines name the model server and are let through, each exactly as written: the tier
 //! table's row for a model call (a tool name, decided like any other: by name and the digest in
-//! its arguments) and the list of daemons that may ask the gate to decide. Neither reads
-//! anything of the model's.
+//! its arguments), that tool name's constant (its arguments are checked to be a model's name and
+//! a digest, nothing else), the list of daemons that may ask the gate to decide, and the model
+//! server's row of which names each of them decides. None reads anything of the model's.
 
 use std::path::{Path, PathBuf};
 
@@ -38,6 +39,8 @@ const FORBIDDEN: &[(&str, &str)] = &[
 const NAMED_NOT_READ: &[&str] = &[
     r#"("llm", Tier::Read),"#,
     r#"pub const DECIDING_DAEMONS: [&str; 4] = ["toolfs", "mcpfs", "netproxy", "llmfs"];"#,
+    r#"pub const LLM_TOOL: &str = "llm";"#,
+    r#""llmfs" => model_call,"#,
 ];
 
 /// Every violation in `text`: (line number, what it names, the line).

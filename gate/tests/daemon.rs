@@ -983,3 +983,117 @@ async fn open_asks_are_capped_per_subtree_and_the_request_says_who_asks() {
     );
     assert!(f.write(0, bad.as_bytes()).await.is_err());
 }
+
+/// A model call's `model` is the namespace's own choice and goes whole into the call's decision
+/// and `query` receipts: the gate takes an `llm` decide only with a model's name (at most 256
+/// bytes of `[A-Za-z0-9._:/@-]`) and the request's digest, and refuses a 70 KiB name (EINVAL,
+/// with the reason) that would make a receipt receiptd refuses for good (its 64 KiB limit).
+#[tokio::test]
+async fn the_gate_takes_a_model_call_only_with_a_bounded_model_name() {
+    let env = Env::up(&[]);
+    let llmfs = env
+        .handed(&ControlRecord {
+            version: 1,
+            kind: RecordKind::Daemon,
+            name: Some("llmfs".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let digest = format!("sha256:{}", "0".repeat(64));
+    let request = |args: &Value| {
+        let args = String::from_utf8(canon(args)).unwrap();
+        format!(r#"{{"session":"{S1}","tool":"llm","args":{args}}}"#)
+    };
+    for (args, why) in [
+        (
+            json!({"model": "m".repeat(70 * 1024), "request": digest}),
+            "1 to 256 bytes",
+        ),
+        (
+            json!({"model": "m".repeat(257), "request": digest}),
+            "1 to 256 bytes",
+        ),
+        (json!({"model": "gpt 4", "request": digest}), "made of"),
+        (
+            json!({"model": "gpt-4o", "request": "the prompt's text"}),
+            "64 hex",
+        ),
+        (
+            json!({"model": "gpt-4o", "request": digest, "prompt": "x"}),
+            "args are",
+        ),
+    ] {
+        let (errno, msg) = write(&llmfs, "decide", &request(&args)).await.unwrap_err();
+        assert_eq!(errno, Errno::EINVAL, "{args}");
+        assert!(msg.contains(why), "{args}: {msg}");
+    }
+    let longest = json!({"model": "m".repeat(256), "request": digest});
+    let a = decide(&llmfs, S1, "llm", &longest, &[]).await;
+    assert_eq!(a.decision, Verdict::Allow, "{a:?}");
+    assert!(a.receipt.is_some(), "{a:?}");
+}
+
+/// A deciding daemon decides only the calls it serves: llmfs `llm`, mcpfs `mcp:*`, netproxy
+/// `net:*`, toolfs every other name. A name outside a daemon's own is refused (EINVAL, with the
+/// reason), so no daemon has the gate decide and receipt a kind of call it never makes.
+#[tokio::test]
+async fn a_deciding_daemon_decides_only_the_names_it_serves() {
+    let env = Env::up(&[]);
+    let digest = format!("sha256:{}", "0".repeat(64));
+    let llm_args = json!({"model": "gpt-4o", "request": digest});
+    let cases: [(&str, &str, Value, &[&str]); 4] = [
+        (
+            "llmfs",
+            "llm",
+            llm_args.clone(),
+            &["fs_read", "mcp:e:echo", "net:example.org:443"],
+        ),
+        (
+            "mcpfs",
+            "mcp:e:echo",
+            json!({}),
+            &["llm", "fs_read", "net:example.org:443"],
+        ),
+        (
+            "netproxy",
+            "net:example.org:443",
+            json!({}),
+            &["llm", "fs_read", "mcp:e:echo"],
+        ),
+        (
+            "toolfs",
+            "fs_read",
+            json!({"path": "/x"}),
+            &["llm", "mcp:e:echo", "net:example.org:443"],
+        ),
+    ];
+    for (daemon, own, args, others) in cases {
+        let conn = env
+            .handed(&ControlRecord {
+                version: 1,
+                kind: RecordKind::Daemon,
+                name: Some(daemon.into()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let a = decide(&conn, S1, own, &args, &[]).await;
+        assert_ne!(a.basis, "", "{daemon} decides {own}: {a:?}");
+        for tool in others {
+            let args = if *tool == "llm" {
+                &llm_args
+            } else {
+                &json!({})
+            };
+            let args = String::from_utf8(canon(args)).unwrap();
+            let req = format!(r#"{{"session":"{S1}","tool":"{tool}","args":{args}}}"#);
+            let (errno, msg) = write(&conn, "decide", &req).await.unwrap_err();
+            assert_eq!(errno, Errno::EINVAL, "{daemon} decides {tool}");
+            assert!(
+                msg.contains(&format!("{daemon} does not decide {tool}")),
+                "{daemon}, {tool}: {msg}"
+            );
+        }
+    }
+}

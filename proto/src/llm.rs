@@ -29,7 +29,8 @@ pub struct LlmGrant {
     pub namespace: String,
     /// Who the namespace is (itself first, then the namespaces that cloned it, with the budgets
     /// their specs set): each model call is decided by the gate with it and its receipt charged
-    /// to the subtree's receipt budgets. nsd always sends it.
+    /// to the subtree's receipt budgets. nsd always sends it; llmfs with a gate refuses a grant
+    /// without it (its calls would be decided for no one's subtree).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lineage: Option<warren_gate::lineage::Lineage>,
 }

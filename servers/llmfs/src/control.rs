@@ -77,9 +77,16 @@ fn accept(
     stream.set_nonblocking(true).map_err(|e| e.to_string())?;
     let _guard = runtime.enter();
     let stream = tokio::net::UnixStream::from_std(stream).map_err(|e| e.to_string())?;
-    let gate = gate
-        .map(|g| ModelGate::new(g.clone(), grant.lineage.as_ref()))
-        .transpose()?;
+    let gate = match (gate, &grant.lineage) {
+        (Some(g), Some(lineage)) => Some(ModelGate::new(g.clone(), lineage)?),
+        // Fail closed: the gate decides a namespace's calls with who the namespace is.
+        (Some(_), None) => {
+            return Err(
+                "the grant has no lineage: with a gate, a namespace's model calls are decided with its lineage, so its connection is refused".into(),
+            );
+        }
+        (None, _) => None,
+    };
     let tree = Arc::new(make().in_scope(grant.session.clone(), gate));
     let limits = limits.clone();
     let label = format!("namespace {}", grant.namespace);

@@ -19,15 +19,15 @@ use warren_gate::receipts::Ack;
 use warren_toolfs::gate::GateLink;
 
 /// The tool name a model call is decided as (the gate's tier table has it).
-pub const LLM_TOOL: &str = "llm";
+pub use warren_gate::request::LLM_TOOL;
 
 /// One namespace's connection's way through the gate.
 pub struct ModelGate {
     link: Arc<GateLink>,
     /// nsd's lineage of the namespace, as the gate takes it with a decide.
-    lineage: Option<Box<serde_json::value::RawValue>>,
+    lineage: Box<serde_json::value::RawValue>,
     /// The subtree's budget keys, for the `query` receipt.
-    budgets: Option<Value>,
+    budgets: Value,
 }
 
 /// What an admitted call carries into its receipt.
@@ -38,19 +38,19 @@ pub struct Admitted {
 
 impl ModelGate {
     /// The gate for the connection of the namespace `lineage` names (checked by the grant).
-    pub fn new(link: Arc<GateLink>, lineage: Option<&Lineage>) -> Result<ModelGate, String> {
-        let (lineage, budgets) = match lineage {
-            Some(l) => (
-                Some(serde_json::value::to_raw_value(l).map_err(|e| e.to_string())?),
-                Some(serde_json::to_value(l.budget_keys()).map_err(|e| e.to_string())?),
-            ),
-            None => (None, None),
-        };
+    /// A grant without a lineage gets no gate (`crate::control` refuses it): a call decided
+    /// without one would be charged to no subtree's budgets and counted in no subtree's asks.
+    pub fn new(link: Arc<GateLink>, lineage: &Lineage) -> Result<ModelGate, String> {
         Ok(ModelGate {
             link,
-            lineage,
-            budgets,
+            lineage: serde_json::value::to_raw_value(lineage).map_err(|e| e.to_string())?,
+            budgets: serde_json::to_value(lineage.budget_keys()).map_err(|e| e.to_string())?,
         })
+    }
+
+    /// The subtree's budget keys, as the `query` receipt carries them.
+    pub fn budgets(&self) -> Option<Value> {
+        Some(self.budgets.clone())
     }
 
     /// Decides the call of `model` with request `body` in the namespace's session `scope`; an
@@ -68,7 +68,7 @@ impl ModelGate {
         let canonical = warren_jcs::value_to_vec(&args).map_err(|e| e.to_string())?;
         let answer = self
             .link
-            .decide(scope, LLM_TOOL, &canonical, &[], self.lineage.as_deref())
+            .decide(scope, LLM_TOOL, &canonical, &[], Some(&*self.lineage))
             .await;
         let answer = match (answer.decision, answer.pending) {
             (Verdict::Ask, Some(id)) => {
@@ -87,7 +87,7 @@ impl ModelGate {
         match answer.decision {
             Verdict::Allow => Ok(Admitted {
                 decision: answer.receipt,
-                budgets: self.budgets.clone(),
+                budgets: self.budgets(),
             }),
             _ => Err(format!("the gate denied this model call: {}", answer.basis)),
         }

@@ -107,6 +107,9 @@ fn main() -> anyhow::Result<()> {
     if !(args.timeout.is_finite() && args.timeout > 0.0) {
         anyhow::bail!("--timeout {}: seconds, more than 0", args.timeout);
     }
+    // A new session starts with this name: it must be one a namespace could write to `model`.
+    warren_llmfs::session::check_model(args.model.as_bytes())
+        .map_err(|e| anyhow::anyhow!("--model {:?}: {e}", args.model))?;
     let key_file = args
         .key_file
         .clone()

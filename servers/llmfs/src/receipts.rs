@@ -4,7 +4,10 @@
 //!
 //! Fail closed like toolfs's effect queue: an ask takes its receipt's place before the model is
 //! asked and is refused while the queue is full or receiptd is not taking receipts; a receipt in
-//! the queue is retried, with backoff, until receiptd takes it.
+//! the queue is retried, with backoff, until receiptd takes it — unless receiptd refused that
+//! receipt itself (invalid, forbidden, or over its subtree's budget): retrying it could never
+//! succeed and would hold every namespace's receipts behind one namespace's, so it is dropped
+//! and logged instead.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,7 +16,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use tokio::sync::mpsc;
-use warren_receiptd::client::Appender;
+use warren_9p::Errno;
+use warren_receiptd::client::{Appender, Refusal};
 
 pub const QUEUE_CAP: usize = 1024;
 const RETRY_FIRST: Duration = Duration::from_millis(10);
@@ -67,11 +71,19 @@ async fn write_queue(socket: PathBuf, mut rx: mpsc::Receiver<Vec<u8>>, failing: 
                     .map_err(|e| format!("cannot reach receiptd at {}: {e}", socket.display())),
             };
             let result = match appender {
-                Ok(a) => a
-                    .append(&request)
-                    .await
-                    .map(|_| a)
-                    .map_err(|e| e.to_string()),
+                Ok(a) => match a.append(&request).await {
+                    Ok(_) => Ok(a),
+                    Err(refusal) if refused_for_good(&refusal) => {
+                        // The connection stays good: only this receipt was refused.
+                        conn = Some(a);
+                        failing.store(false, Ordering::Release);
+                        tracing::error!(
+                            "receiptd refused a model call's receipt for good; dropped: {refusal}"
+                        );
+                        break;
+                    }
+                    Err(refusal) => Err(refusal.to_string()),
+                },
                 Err(e) => Err(e),
             };
             match result {
@@ -92,4 +104,12 @@ async fn write_queue(socket: PathBuf, mut rx: mpsc::Receiver<Vec<u8>>, failing: 
             }
         }
     }
+}
+
+/// Whether receiptd refused the receipt itself (it is malformed, not llmfs's to append, or its
+/// subtree is over a budget), so that the same bytes would be refused again; anything else
+/// (receiptd unreachable, restarting, rate-limited, below its free-space floor) passes.
+fn refused_for_good(refusal: &Refusal) -> bool {
+    const EDQUOT: Errno = Errno(libc::EDQUOT as u32);
+    matches!(refusal.errno, Errno::EINVAL | Errno::EACCES | EDQUOT)
 }

@@ -10,17 +10,32 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
-use tokio::sync::watch;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::AbortHandle;
 
 use crate::backend::{AskError, AskRequest, Backend, Event, Reply, Usage};
 use crate::gate::{Admitted, ModelGate};
-use crate::receipts::{ReceiptSlot, Receipts};
+use crate::receipts::Receipts;
 
 /// Bytes a settings file (`model`, `system`, `tools`) or one message may hold.
 pub const MAX_FILE_BYTES: usize = 1 << 20;
 /// Bytes of one ask's reply kept for its readers; past it the ask ends with an error line.
 pub const MAX_REPLY_BYTES: usize = 16 << 20;
+/// Bytes a model's name may have. It is the one text a namespace writes that goes whole into its
+/// calls' `query` receipts and the gate's decide requests (everything else it writes goes into
+/// them only as a digest), so it is held far below receiptd's request limit.
+pub const MAX_MODEL_BYTES: usize = warren_gate::request::MAX_MODEL_NAME_BYTES;
+
+/// Why a settings write is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingError {
+    /// Past the file's size limit.
+    #[error("{0}")]
+    TooBig(String),
+    /// Not a value the file takes (a model's name with other characters).
+    #[error("{0}")]
+    Invalid(String),
+}
 
 /// Settings every new session starts with.
 #[derive(Clone, Debug)]
@@ -111,7 +126,12 @@ impl Session {
 
     /// A write at `offset`: the file is cut there and `data` put after it (so a write at 0
     /// replaces it, and a long value written in pieces is put together).
-    pub fn write_setting(&self, which: Setting, offset: u64, data: &[u8]) -> Result<(), String> {
+    pub fn write_setting(
+        &self,
+        which: Setting,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), SettingError> {
         let mut s = self.settings();
         let file = match which {
             Setting::Model => &mut s.model,
@@ -120,10 +140,22 @@ impl Session {
         };
         let at = usize::try_from(offset).unwrap_or(usize::MAX);
         if at > file.len() {
-            return Err(format!("write at {at}, past the end ({})", file.len()));
+            return Err(SettingError::Invalid(format!(
+                "write at {at}, past the end ({})",
+                file.len()
+            )));
         }
-        if at + data.len() > MAX_FILE_BYTES {
-            return Err(format!("more than {MAX_FILE_BYTES} bytes"));
+        let limit = match which {
+            Setting::Model => MAX_MODEL_BYTES,
+            Setting::System | Setting::Tools => MAX_FILE_BYTES,
+        };
+        if at + data.len() > limit {
+            return Err(SettingError::TooBig(format!("more than {limit} bytes")));
+        }
+        if which == Setting::Model {
+            let mut whole = file[..at].to_vec();
+            whole.extend_from_slice(data);
+            check_model(&whole).map_err(SettingError::Invalid)?;
         }
         file.truncate(at);
         file.extend_from_slice(data);
@@ -202,12 +234,15 @@ impl Session {
     /// Starts an ask with `message` (the bytes written to `ask`). Returns its turn, or `None`
     /// when an ask is already running.
     /// With `gate` (a namespace's connection), the call is decided by the gate first.
+    /// `in_flight` is the connection's share of asks running at once: with none left, the ask
+    /// ends at once with an error line, and only this connection's asks wait for a free one.
     pub fn start(
         self: &Arc<Self>,
         message: &[u8],
         backend: Arc<Backend>,
         receipts: Option<Arc<Receipts>>,
         gate: Option<Arc<ModelGate>>,
+        in_flight: &Arc<Semaphore>,
     ) -> Option<u64> {
         let mut s = self.settings();
         if s.running.is_some() {
@@ -219,11 +254,21 @@ impl Session {
             bytes: Vec::new(),
             done: false,
         });
-        let prepared = prepare(&s, message, &backend, receipts.as_deref());
+        let prepared = running_share(in_flight).and_then(|share| {
+            let (request, body) = prepare(&s, message, &backend)?;
+            check_receipt_size(
+                &self.scope,
+                backend.api().as_str(),
+                &request.model,
+                gate.as_deref(),
+            )?;
+            Ok((share, request, body))
+        });
         let session = self.clone();
         let timeout = s.timeout;
         let task = tokio::spawn(async move {
-            let (request, body, slot) = match prepared {
+            // Held until the ask ends: the connection's share of asks running at once.
+            let (_share, request, body) = match prepared {
                 Ok(p) => p,
                 Err(e) => {
                     session.finish(turn, json!({"error": e}));
@@ -244,6 +289,15 @@ impl Session {
                 },
                 None => None,
             };
+            // The receipt's place is taken once the call is admitted, before the model is
+            // asked: no place, no ask.
+            let slot = match receipts.as_deref().map(Receipts::reserve).transpose() {
+                Ok(slot) => slot,
+                Err(e) => {
+                    session.finish(turn, json!({"error": e}));
+                    return;
+                }
+            };
             let mut on_event = |ev: Event| session.emit(turn, &ev);
             let asked = tokio::time::timeout_at(
                 deadline,
@@ -254,12 +308,14 @@ impl Session {
                 Ok(Ok(reply)) => {
                     session.answered(turn, &request, &reply);
                     if let Some(slot) = slot {
+                        let sent = serde_json::to_vec(&body).expect("json");
+                        let got = serde_json::to_vec(&reply.as_message()).expect("json");
                         slot.send(receipt(
                             &session.scope,
                             backend.api().as_str(),
                             &request.model,
-                            &body,
-                            &reply,
+                            [sha256(&sent), sha256(&got)],
+                            reply.usage,
                             admitted.as_ref(),
                         ));
                     }
@@ -355,16 +411,22 @@ impl Session {
     }
 }
 
-type Prepared = (AskRequest, Value, Option<ReceiptSlot>);
+/// Asks one connection may have running at once (its sessions together): each holds a place in
+/// llmfs's receipt queue, shared by every namespace, from its decision to its answer.
+pub const MAX_ASKS_IN_FLIGHT: usize = 16;
+
+/// A share of the connection's asks running at once, or the error line's text.
+fn running_share(in_flight: &Arc<Semaphore>) -> Result<OwnedSemaphorePermit, String> {
+    in_flight.clone().try_acquire_owned().map_err(|_| {
+        format!(
+            "this connection has {MAX_ASKS_IN_FLIGHT} asks running, its most at once: ask again when one ended"
+        )
+    })
+}
 
 /// The request of an ask, from the session's settings and the new message; or the error line's
 /// text.
-fn prepare(
-    s: &Settings,
-    message: &[u8],
-    backend: &Backend,
-    receipts: Option<&Receipts>,
-) -> Result<Prepared, String> {
+fn prepare(s: &Settings, message: &[u8], backend: &Backend) -> Result<(AskRequest, Value), String> {
     let model = String::from_utf8_lossy(&s.model).trim().to_owned();
     if model.is_empty() {
         return Err("no model: write the model's name to `model`".into());
@@ -386,9 +448,59 @@ fn prepare(
         max_tokens: s.max_tokens,
     };
     let body = backend.body(&request).map_err(|e| e.to_string())?;
-    // The receipt's place is taken before the model is asked: no place, no ask.
-    let slot = receipts.map(Receipts::reserve).transpose()?;
-    Ok((request, body, slot))
+    Ok((request, body))
+}
+
+/// What a namespace may write to `model`: a model's name as the gate takes it
+/// ([`warren_gate::request::check_model_name`]), surrounding whitespace aside (`echo` adds a
+/// newline), or nothing; at most [`MAX_MODEL_BYTES`] bytes in all.
+pub fn check_model(bytes: &[u8]) -> Result<(), String> {
+    if bytes.len() > MAX_MODEL_BYTES {
+        return Err(format!("a model's name is at most {MAX_MODEL_BYTES} bytes"));
+    }
+    let name = std::str::from_utf8(bytes.trim_ascii())
+        .map_err(|_| "a model's name is ASCII".to_owned())?;
+    if name.is_empty() {
+        return Ok(());
+    }
+    warren_gate::request::check_model_name(name)
+}
+
+/// Refuses, before anything is decided or asked, a call whose `query` receipt could be too big
+/// for receiptd: the receipt with the largest counts and decision it could carry.
+fn check_receipt_size(
+    scope: &str,
+    api: &str,
+    model: &str,
+    gate: Option<&ModelGate>,
+) -> Result<(), String> {
+    let digest = sha256(b"");
+    let largest = receipt(
+        scope,
+        api,
+        model,
+        [digest.clone(), digest.clone()],
+        Usage {
+            prompt_tokens: u64::MAX,
+            completion_tokens: u64::MAX,
+        },
+        gate.map(|g| Admitted {
+            decision: Some(warren_gate::receipts::Ack {
+                seq: u64::MAX,
+                hash: digest.clone(),
+            }),
+            budgets: g.budgets(),
+        })
+        .as_ref(),
+    );
+    let size = serde_json::to_vec(&largest).expect("json").len();
+    if size > warren_receiptd::receipt::MAX_REQUEST_BYTES {
+        return Err(format!(
+            "this call's receipt would be {size} bytes, over receiptd's limit of {}: the call is refused",
+            warren_receiptd::receipt::MAX_REQUEST_BYTES
+        ));
+    }
+    Ok(())
 }
 
 /// Messages one ask may carry at most (a JSON array of them).
@@ -447,12 +559,10 @@ fn receipt(
     scope: &str,
     api: &str,
     model: &str,
-    body: &Value,
-    reply: &Reply,
+    [request_digest, reply_digest]: [String; 2],
+    usage: Usage,
     admitted: Option<&Admitted>,
 ) -> Value {
-    let sent = serde_json::to_vec(body).expect("json");
-    let got = serde_json::to_vec(&reply.as_message()).expect("json");
     let mut receipt = json!({
         "scope": scope,
         "kind": "query",
@@ -460,10 +570,10 @@ fn receipt(
             "server": "llmfs",
             "api": api,
             "model": model,
-            "prompt_tokens": reply.usage.prompt_tokens,
-            "completion_tokens": reply.usage.completion_tokens,
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
         },
-        "digests": {"request": sha256(&sent), "reply": sha256(&got)},
+        "digests": {"request": request_digest, "reply": reply_digest},
     });
     if let Some(a) = admitted {
         if let Some(ack) = &a.decision {
@@ -564,6 +674,30 @@ mod tests {
             s.write_setting(Setting::Tools, 0, &vec![b' '; MAX_FILE_BYTES + 1])
                 .is_err()
         );
+    }
+
+    #[test]
+    fn a_model_name_is_checked_whole_when_written_in_pieces() {
+        let s = session();
+        s.write_setting(Setting::Model, 0, b"org/model").unwrap();
+        s.write_setting(Setting::Model, 9, b":q4@2024\n").unwrap();
+        assert_eq!(s.read_setting(Setting::Model), b"org/model:q4@2024\n");
+        for bad in [&b"gpt 4"[..], b"gpt-4\n\nx", b"m\xff", b"a;b"] {
+            assert!(
+                matches!(
+                    s.write_setting(Setting::Model, 0, bad),
+                    Err(SettingError::Invalid(_))
+                ),
+                "{bad:?}"
+            );
+        }
+        assert!(matches!(
+            s.write_setting(Setting::Model, 0, &[b'm'; MAX_MODEL_BYTES + 1]),
+            Err(SettingError::TooBig(_))
+        ));
+        assert_eq!(s.read_setting(Setting::Model), b"org/model:q4@2024\n");
+        // Emptied, the session has no model (the ask says so); that is not a bad name.
+        s.write_setting(Setting::Model, 0, b"").unwrap();
     }
 
     #[test]

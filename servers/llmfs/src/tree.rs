@@ -6,12 +6,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use tokio::sync::Semaphore;
+
 use warren_9p::{DirEntry, Errno, FileTree, GetAttrMask, QId, QIdType, Result, Stat, Time, oflags};
 
 use crate::backend::Backend;
 use crate::gate::ModelGate;
 use crate::receipts::Receipts;
-use crate::session::{Defaults, MAX_FILE_BYTES, Session, Setting};
+use crate::session::{
+    Defaults, MAX_ASKS_IN_FLIGHT, MAX_FILE_BYTES, Session, Setting, SettingError,
+};
 
 /// Sessions one connection may hold; one more open of `new` gets EAGAIN.
 pub const MAX_SESSIONS: usize = 256;
@@ -90,6 +94,8 @@ pub struct LlmTree {
     /// How this namespace's model calls are decided (`crate::gate`); None: not decided (the
     /// operator socket, or llmfs run with `--no-gate`).
     gate: Option<Arc<ModelGate>>,
+    /// The connection's share of asks running at once ([`MAX_ASKS_IN_FLIGHT`]).
+    in_flight: Arc<Semaphore>,
     mtime: Time,
 }
 
@@ -105,6 +111,7 @@ impl LlmTree {
             sessions: Mutex::new(HashMap::new()),
             scope: None,
             gate: None,
+            in_flight: Arc::new(Semaphore::new(MAX_ASKS_IN_FLIGHT)),
             mtime: Time {
                 sec: now.as_secs(),
                 nsec: u64::from(now.subsec_nanos()),
@@ -206,6 +213,7 @@ impl LlmTree {
                 self.backend.clone(),
                 self.receipts.clone(),
                 self.gate.clone(),
+                &self.in_flight,
             )
             .ok_or(Errno::EBUSY)?;
         ask.message.clear();
@@ -398,7 +406,10 @@ impl FileTree for LlmTree {
                 let which = f.setting().ok_or(Errno::EACCES)?;
                 s.write_setting(which, offset, data).map_err(|e| {
                     tracing::info!("{} refused: {e}", f.name());
-                    Errno::EFBIG
+                    match e {
+                        SettingError::TooBig(_) => Errno::EFBIG,
+                        SettingError::Invalid(_) => Errno::EINVAL,
+                    }
                 })?;
                 Ok(taken)
             }

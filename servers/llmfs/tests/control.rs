@@ -94,3 +94,40 @@ async fn with_no_gate_a_namespaces_model_call_is_denied() {
         json!({"text": "operator"})
     );
 }
+
+/// Fail closed: with a gate, a grant that does not say who the namespace is (no `lineage`) is
+/// refused with the reason — its calls could be charged to no subtree's budgets — and nothing is
+/// served; the same grant with its lineage is served.
+#[tokio::test]
+async fn with_a_gate_a_grant_without_a_lineage_is_refused() {
+    let dir = tmp();
+    let script = Script::start(dir.path(), "openai", json!([]));
+    let fs = Llmfs::start_with(
+        dir.path(),
+        script.port,
+        "openai",
+        &["--model", "m", "--no-receipts"],
+    );
+    let ctl = fs.socket.with_file_name("llmfs.ctl");
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let bare = LlmGrant {
+        version: 1,
+        session: SESSION.into(),
+        namespace: "1".into(),
+        lineage: None,
+    };
+    let e = hand_over(&ctl, &bare, theirs.as_fd()).unwrap_err();
+    assert!(e.to_string().contains("the grant has no lineage"), "{e}");
+    drop(theirs);
+    // Nothing serves the refused connection: the namespace's end reads EOF.
+    ours.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    assert_eq!(std::io::Read::read(&mut &ours, &mut [0u8; 1]).unwrap(), 0);
+    let conn = fs.hand_over(SESSION).await;
+    let token = conn.new_session().await;
+    let reply = conn.ask(&token, "hello").await;
+    assert!(
+        error_of(&reply).contains("the gate denied this model call: no gate"),
+        "{reply:?}"
+    );
+}

@@ -140,7 +140,13 @@ impl Llmfs {
             version: 1,
             session: session.into(),
             namespace: "1".into(),
-            lineage: None,
+            lineage: Some(warren_gate::lineage::Lineage::root(
+                warren_gate::lineage::Member {
+                    session: session.into(),
+                    namespace: "1".into(),
+                    ..Default::default()
+                },
+            )),
         };
         let ctl = self.socket.with_file_name("llmfs.ctl");
         warren_proto::llm::hand_over(&ctl, &grant, std::os::fd::AsFd::as_fd(&theirs)).unwrap();
