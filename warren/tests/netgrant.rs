@@ -2,7 +2,8 @@
 //! server on the host's 127.0.0.1: the proxy (outside every namespace) reaches it, the payload
 //! (in a network namespace of its own) does not, except through the proxy, for the listed name.
 //! `api.test` and `other.test` are names only the proxy knows (`WARREN_NETPROXY_HOSTS`).
-//! Needs root, /dev/fuse, curl and the workspace's binaries.
+//! Needs root, /dev/fuse, curl, openssl, the workspace's binaries and (for the MCP server's
+//! test) the Python peers (`scripts/install-test-deps`).
 
 mod common;
 #[path = "../../servers/netproxy/tests/common/tls.rs"]
