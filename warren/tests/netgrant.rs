@@ -2,7 +2,8 @@
 //! server on the host's 127.0.0.1: the proxy (outside every namespace) reaches it, the payload
 //! (in a network namespace of its own) does not, except through the proxy, for the listed name.
 //! `api.test` and `other.test` are names only the proxy knows (`WARREN_NETPROXY_HOSTS`).
-//! Needs root, /dev/fuse, curl and the workspace's binaries.
+//! Needs root, /dev/fuse, curl, openssl, the workspace's binaries and (for the MCP server's
+//! test) the Python peers (`scripts/install-test-deps`).
 
 mod common;
 #[path = "../../servers/netproxy/tests/common/tls.rs"]
@@ -674,4 +675,142 @@ fn the_internet_is_reached_by_name_over_https_and_nothing_else_gets_out() {
         assert_eq!(refused[0]["outcome"], "refused");
         assert!(refused[0]["address"].is_null());
     }
+}
+
+/// The `fetching` MCP server (`servers/mcpfs/tests/servers/fetching.py`, the Python SDK) defined
+/// as `NAME` with `net` as its spec's network line, the test CA as its `SSL_CERT_FILE`, `fetch`
+/// at the read tier, and accepted.
+fn define_fetching(w: &Warren, config: &std::path::Path, name: &str, net: &str, ca: &str) {
+    let venv = common::repo().join("target/peers/mcp-python");
+    assert!(
+        venv.join("bin/python").exists(),
+        "{}: run scripts/install-test-deps",
+        venv.display()
+    );
+    let server = common::repo().join("servers/mcpfs/tests/servers");
+    let ca_dir = std::path::Path::new(ca).parent().unwrap().display();
+    std::fs::write(
+        config.join(format!("mcp/{name}.toml")),
+        format!(
+            "command = [\"{py}\", \"{s}/fetching.py\"]\nenv = [\"SSL_CERT_FILE\"]\nspec = \"\"\"\n{SYSTEM}bind -r {v} {v}\nbind -r {s} {s}\nbind -r {ca_dir} {ca_dir}\n{net}\n\"\"\"\n[tiers]\nfetch = \"read\"\n",
+            py = venv.join("bin/python").display(),
+            v = venv.display(),
+            s = server.display(),
+        ),
+    )
+    .unwrap();
+    let secret = w
+        .base
+        .path()
+        .join(format!("secrets/mcp/{name}/SSL_CERT_FILE"));
+    std::fs::create_dir_all(secret.parent().unwrap()).unwrap();
+    std::fs::write(&secret, ca).unwrap();
+    let (ok, out, err) = common::mcp(w, config, &["accept", name], &[]);
+    assert!(ok && out.contains("accepted fetch\t"), "{out}\n{err}");
+}
+
+/// An MCP server whose definition's spec grants `net proxy api.test` reaches exactly that host:
+/// its `fetch` of `https://api.test/hello` (the proxy resolving the name, the gate allowing
+/// `net:api.test:443`, the test CA checked end to end) returns the world's content to the agent
+/// that called it; `http://other.test/` is refused by the proxy. The connection is decided and
+/// receipted in the server's own session (the namespace nsd started for mcpfs), not the calling
+/// agent's. The same server defined with `net none` cannot fetch at all.
+#[test]
+fn an_mcp_server_given_the_network_fetches_its_listed_host_and_one_without_cannot() {
+    let net = Internet::start();
+    let ip = &net.ip;
+    let (w, config) = common::up_with_config_and(&[("WARREN_NETPROXY_DNS", &format!("{ip}:53"))]);
+    w.run_ok(&["write", "/gate/rules", "ask tier:network"]);
+    let _approver = approve_every_ask(&w);
+    let ca = net.dir.path().join("ca.pem");
+    let ca = ca.to_str().unwrap();
+    define_fetching(&w, config.path(), "fetcher", "net proxy api.test", ca);
+    define_fetching(&w, config.path(), "offline", "net none", ca);
+
+    let spec = w.base.path().join("agent.ns");
+    std::fs::write(
+        &spec,
+        "mount mcp:fetcher /mnt/mcp/fetcher\nmount mcp:offline /mnt/mcp/offline\n",
+    )
+    .unwrap();
+    let call = |server: &str, url: &str| {
+        format!(
+            "exec 3<>/mnt/mcp/{server}/fetch/call; printf '%s' '{{\"url\":\"{url}\"}}' >&3; cat <&3; exec 3<&-; echo"
+        )
+    };
+    let script = [
+        call("fetcher", "https://api.test/hello"),
+        call("fetcher", "http://other.test/"),
+        call("offline", "https://api.test/hello"),
+    ]
+    .join("\n");
+    let (status, out, err) = w.sh(
+        &["--asks", "operator", "--ns", spec.to_str().unwrap()],
+        &script,
+    );
+    assert_eq!(status, 0, "{out}\n{err}");
+    let got = common::envelopes(&out);
+    assert_eq!(got.len(), 3, "{out}\n{err}");
+    for env in &got {
+        assert_eq!(env["status"], "ok", "{env}");
+    }
+    let content = |i: usize| got[i]["content"].as_str().unwrap().to_string();
+    assert_eq!(content(0), format!("body:{}", tls::BODY), "{out}");
+    assert_eq!(content(1), "status:403", "{out}");
+    // No proxy variables and only `lo`: the name does not even resolve.
+    assert!(content(2).starts_with("failed:"), "{out}");
+    assert!(net.http.conns.lock().unwrap().is_empty());
+
+    // The connection's receipt and the gate's decision are in one scope: the server
+    // namespace's session, not the agent's (where mcpfs receipts the `fetch` calls).
+    common::wait_until("the two connections' receipts", || {
+        let receipts = all_receipts(&w);
+        !effects_for(&receipts, "api.test").is_empty()
+            && !effects_for(&receipts, "other.test").is_empty()
+    });
+    let scope = scopes(&w)
+        .into_iter()
+        .find(|s| !effects_for(&w.receipts(s), "api.test").is_empty())
+        .unwrap();
+    let receipts = w.receipts(&scope);
+    assert!(
+        receipts.iter().any(|r| r["kind"] == "decision"
+            && r["subject"]["tool"] == "net:api.test:443"
+            && r["subject"]["verdict"] == "allow"),
+        "no allow decision for net:api.test:443 in the connection's scope: {receipts:#?}"
+    );
+    assert!(
+        !receipts
+            .iter()
+            .any(|r| r["subject"]["tool"] == "mcp:fetcher:fetch"),
+        "the server's connection is in the calling agent's scope: {receipts:#?}"
+    );
+    let api = effects_for(&receipts, "api.test");
+    assert_eq!(api.len(), 1, "{api:#?}");
+    assert_eq!(api[0]["outcome"], "closed");
+    assert_eq!(api[0]["address"], format!("{ip}:443").as_str());
+    assert_eq!(api[0]["tool"], "net:api.test:443");
+    let other = effects_for(&receipts, "other.test");
+    assert_eq!(other.len(), 1, "{other:#?}");
+    assert_eq!(other[0]["outcome"], "refused");
+    // That session is the server's namespace's own (`origin mcp`, its argv the server's):
+    // mcpfs keeps one server per name for every namespace that mounts it.
+    let server_sessions: Vec<String> = common::ns_ids(&w)
+        .iter()
+        .map(|id| {
+            let info = w.run_ok(&["cat", &format!("/ns/{id}/info")]).stdout;
+            String::from_utf8_lossy(&info).into_owned()
+        })
+        .filter(|info| info.starts_with("origin mcp\n") && info.contains("fetching.py"))
+        .filter_map(|info| {
+            let session = info.lines().find_map(|l| l.strip_prefix("session "));
+            session.map(str::to_string)
+        })
+        .collect();
+    assert!(
+        server_sessions.contains(&scope),
+        "{scope} is not an MCP server's session: {server_sessions:?}"
+    );
+    // The `net none` server made no connection anyone receipted.
+    assert_eq!(effects_for(&all_receipts(&w), "api.test").len(), 1);
 }
