@@ -847,8 +847,9 @@ fn checkpoint_size(note: &str) -> Option<u64> {
 /// The calling host's `remote` receipt cross-references the serving host's signed chain: A reads
 /// its own session's log, head and key registry on B through the link (`receipts`, granted with
 /// `tool`), and `warren verify --head --entry SEQ:HASH` checks, offline on A, that B's signed
-/// checkpoint covers an entry with exactly the `{seq, hash}` A's receipt names. A tampered log or
-/// a wrong hash is refused. The view is A's session alone: B's own scopes, its `append` and
+/// checkpoint covers an entry with exactly the `{seq, hash}` A's receipt names, and A's own chain
+/// (holding that receipt) verifies. A tampered log, a wrong hash or an entry past B's checkpoint
+/// is refused. The view is A's session alone: B's own scopes, its `append` and
 /// `ctl`, and a second peer's session are absent (ENOENT) for A, and A's for that peer.
 #[test]
 fn a_remote_receipt_is_checked_against_bs_signed_checkpoint_read_through_the_link() {
@@ -907,6 +908,17 @@ fn a_remote_receipt_is_checked_against_bs_signed_checkpoint_read_through_the_lin
         said.contains(&format!("entry {seq} has hash {hash}")),
         "{said}"
     );
+
+    // A's own chain verifies too: the calling namespace's session, holding the signed `remote`
+    // receipt that names B's `{seq, hash}`.
+    let a_scope = remote[0]["scope"].as_str().unwrap();
+    let a_export = h.a.run_ok(&["receipts", "export", a_scope]).stdout;
+    let a_export = file("a-export", &String::from_utf8(a_export).unwrap());
+    let remote_seq = remote[0]["seq"].as_u64().unwrap();
+    let out =
+        h.a.run(&["verify", &a_export, "--size", &(remote_seq + 1).to_string()]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{said}");
 
     // Planted: a hash B's chain does not hold at that seq; an entry past the checkpoint; and a
     // log whose decision entry was changed by a byte.
