@@ -20,6 +20,9 @@ pub enum Role {
     Operator(u32),
     /// receiptd itself: `boot` and `checkpoint` receipts.
     Receiptd,
+    /// A read-only view of one scope handed over on the control socket (a peer host reading its
+    /// own session's receipts): appends nothing.
+    Reader,
 }
 
 /// The uids of the daemons whose connections are not an operator's.
@@ -59,6 +62,7 @@ impl Role {
             Role::Netproxy => "netproxy".into(),
             Role::Operator(uid) => format!("operator:{uid}"),
             Role::Receiptd => "receiptd".into(),
+            Role::Reader => "reader".into(),
         }
     }
 
@@ -76,6 +80,11 @@ impl Role {
     }
 
     pub fn may_append(self, kind: Kind) -> Result<(), AppendError> {
+        if self == Role::Reader {
+            return Err(AppendError::Forbidden(
+                "a read-only view appends nothing".into(),
+            ));
+        }
         let allowed = match kind {
             Kind::Decision => self == Role::Gate,
             Kind::Effect => matches!(self, Role::Toolfs | Role::Mcpfs | Role::Netproxy),

@@ -1,7 +1,9 @@
 //! The daemon: opens the log, writes the boot receipt, serves `/receipts` on the operator socket
-//! (peers' roles from SO_PEERCRED), checkpoints on a timer, and checkpoints again at shutdown.
+//! (peers' roles from SO_PEERCRED) and one-scope views handed over on the control socket
+//! (`crate::control`), checkpoints on a timer, and checkpoints again at shutdown.
 
 use std::os::fd::AsFd;
+use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +18,9 @@ use crate::tree::{ReceiptsTree, Shared};
 pub struct DaemonConfig {
     pub log: LogConfig,
     pub socket: PathBuf,
+    /// The control socket (`receipts.ctl`), where root hands over read-only views of one scope;
+    /// None: not served.
+    pub control: Option<PathBuf>,
     /// The gate's, toolfs's and mcpfs's uids.
     pub daemons: crate::access::DaemonUids,
 }
@@ -48,6 +53,21 @@ async fn serve(cfg: DaemonConfig) -> anyhow::Result<()> {
     tracing::info!(socket = %cfg.socket.display(), "serving /receipts");
 
     let ticker = tokio::spawn(checkpoint_timer(Arc::clone(&shared)));
+    let control = match &cfg.control {
+        Some(path) => {
+            let listener = warren_daemon::operator::listen(path)?;
+            // A socket the supervisor bound is already 0600 and root's; one we bound ourselves
+            // is made 0600 here (root peers only reach it anyway: `crate::control`).
+            if std::fs::metadata(path)?.permissions().mode() & 0o777 != 0o600 {
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+            }
+            Some(tokio::spawn(crate::control::serve_control(
+                Arc::clone(&shared),
+                listener,
+            )))
+        }
+        None => None,
+    };
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let daemons = cfg.daemons;
@@ -74,6 +94,9 @@ async fn serve(cfg: DaemonConfig) -> anyhow::Result<()> {
         }
     }
     ticker.abort();
+    if let Some(control) = control {
+        control.abort();
+    }
     shared.log().shutdown();
     tracing::info!("stopped after the final checkpoint");
     Ok(())

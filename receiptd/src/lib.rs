@@ -13,6 +13,7 @@ pub mod access;
 pub mod batch;
 pub mod budget;
 pub mod client;
+pub mod control;
 pub mod daemon;
 pub mod dsse;
 pub mod keys;

@@ -11,7 +11,9 @@
 //! <scope>/proof/consistency/<m>-<n>   consistency proof from size m to checkpointed size n
 //! ```
 //!
-//! One tree per connection; its role came from the connection's peer credentials.
+//! One tree per connection; its role came from the connection's peer credentials. A connection
+//! handed over on the control socket (`crate::control`) is a *view*: one scope's `log`, `head`
+//! and `proof/…` and the `keys` registry, read-only; every other name is absent (ENOENT).
 
 use std::hash::{DefaultHasher, Hash as _, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -51,11 +53,34 @@ impl Shared {
 pub struct ReceiptsTree {
     shared: Arc<Shared>,
     role: Role,
+    /// A view's one scope: nothing else is named, listed or written.
+    view: Option<String>,
 }
 
 impl ReceiptsTree {
     pub fn new(shared: Arc<Shared>, role: Role) -> ReceiptsTree {
-        ReceiptsTree { shared, role }
+        ReceiptsTree {
+            shared,
+            role,
+            view: None,
+        }
+    }
+
+    /// The read-only view of one scope (and the key registry that verifies it).
+    pub fn view(shared: Arc<Shared>, scope: String) -> ReceiptsTree {
+        ReceiptsTree {
+            shared,
+            role: Role::Reader,
+            view: Some(scope),
+        }
+    }
+
+    /// Whether this connection sees the root entry `name` (a view: `keys` and its scope only).
+    fn shows(&self, name: &str) -> bool {
+        match &self.view {
+            None => true,
+            Some(scope) => name == "keys" || name == scope,
+        }
     }
 }
 
@@ -128,6 +153,7 @@ impl ReceiptsTree {
         let log = self.shared.log();
         let node = match (parent, name) {
             (_, "..") => return Ok(parent_of(parent)),
+            (Node::Root, name) if !self.shows(name) => return Err(Errno::ENOENT),
             (Node::Root, "append") => Node::Append,
             (Node::Root, "keys") => Node::Keys,
             (Node::Root, "ctl") => Node::Ctl,
@@ -361,6 +387,7 @@ impl FileTree for ReceiptsTree {
                         .into_iter()
                         .map(|s| (s.clone(), Node::Scope(s))),
                 );
+                v.retain(|(name, _)| self.shows(name));
                 v
             }
             Node::Scope(s) => vec![

@@ -72,6 +72,18 @@ struct Failure {
     message: String,
 }
 
+/// `SEQ:HASH` (what [`Require::entry`] takes): a seq and a 64-hex-digit SHA-256.
+pub fn parse_entry(arg: &str) -> Result<(u64, &str), String> {
+    let (seq, hash) = arg
+        .split_once(':')
+        .ok_or_else(|| format!("{arg:?} is not SEQ:HASH"))?;
+    let seq = seq.parse().map_err(|e| format!("seq {seq:?}: {e}"))?;
+    if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!("hash {hash:?} is not 64 hex digits"));
+    }
+    Ok((seq, hash))
+}
+
 /// `1 entry`, `2 entries`: a count with its noun in the right number.
 pub fn counted(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
@@ -101,6 +113,10 @@ pub struct Require<'a> {
     /// shows whether the export's entries are the start of the head's log (left out after,
     /// not changed) or not (a different history).
     pub proof: Option<&'a str>,
+    /// A cross-reference: the entry at this seq must have this hash (hex SHA-256 of its line, as
+    /// the next entry's `prev` names it) and be covered by the verified checkpoint (`head`'s
+    /// when given): what another host's `remote` receipt names as this host's decision.
+    pub entry: Option<(u64, &'a str)>,
 }
 
 /// Verifies an export against a key registry. Never panics on any input.
@@ -132,6 +148,8 @@ pub fn verify_with(export: &[u8], registry: &[u8], require: Require<'_>) -> Veri
         checkpoints: 0,
         covered: 0,
         in_checkpoints: false,
+        wanted: require.entry.map(|(seq, _)| seq),
+        wanted_hash: None,
     };
     match v.run(export).and_then(|()| v.require(require)) {
         Ok(reach) => VerifyOutcome {
@@ -167,6 +185,9 @@ struct Verifier {
     checkpoints: u64,
     covered: u64,
     in_checkpoints: bool,
+    /// The seq of [`Require::entry`], and that entry's hash once read.
+    wanted: Option<u64>,
+    wanted_hash: Option<String>,
 }
 
 impl Verifier {
@@ -339,6 +360,9 @@ impl Verifier {
             return Err(invalid(format!("{at}: query receipts are unsigned")));
         }
         self.prev_hash = hex::encode(Sha256::digest(line));
+        if self.wanted == Some(self.entries) {
+            self.wanted_hash = Some(self.prev_hash.clone());
+        }
         self.frontier.push(merkle::leaf_hash(line));
         self.roots.push(self.frontier.root());
         self.last_hlc = Some(body.hlc);
@@ -349,8 +373,10 @@ impl Verifier {
     /// What the export reaches, checked against `require` (after [`Verifier::run`]).
     fn require(&self, require: Require<'_>) -> Result<String, Failure> {
         let mut reach = Vec::new();
+        let mut signed = self.covered;
         if let Some(text) = require.head {
             let cp = self.signed_checkpoint("--head", text)?;
+            signed = cp.size;
             if cp.size > self.covered {
                 let prefix = match require.proof {
                     None => String::new(),
@@ -395,6 +421,22 @@ impl Verifier {
                 });
             }
             reach.push(format!("holds the {size} entries --size requires"));
+        }
+        if let Some((seq, hash)) = require.entry {
+            if seq >= signed {
+                return Err(invalid(format!(
+                    "--entry: entry {seq} is not under the checkpoint (size {signed})"
+                )));
+            }
+            let found = self.wanted_hash.as_deref().unwrap_or_default();
+            if !found.eq_ignore_ascii_case(hash) {
+                return Err(invalid(format!(
+                    "--entry: entry {seq} has hash {found}, not {hash}"
+                )));
+            }
+            reach.push(format!(
+                "entry {seq} has hash {found} under the checkpoint of size {signed}"
+            ));
         }
         if reach.is_empty() {
             return Ok(

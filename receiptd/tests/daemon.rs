@@ -527,3 +527,62 @@ fn a_batch_write_is_appended_all_or_none_and_acked_per_request() {
     d.stop();
     assert_eq!(verify_all(dir.path()), 3);
 }
+
+/// A connection handed over on `receipts.ctl` with a scope is a read-only view of that scope:
+/// its `log`, `head` and proofs and the key registry are there; another scope, receiptd's own,
+/// `append` and `ctl` are absent (ENOENT), and a listing shows `keys` and the scope alone.
+#[test]
+fn a_view_handed_over_shows_one_scope_and_keys_and_appends_nothing() {
+    let dir = tmp();
+    let d = Daemon::start(dir.path(), &[]);
+    rt().block_on(async {
+        let appender = Appender::connect(&d.socket).await.unwrap();
+        for (scope, i) in [("s1", 0), ("s2", 0), ("s1", 1)] {
+            appender.append(&body(scope, "query", i)).await.unwrap();
+        }
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let ctl = dir.path().join("run").join("receipts.ctl");
+        warren_receiptd::control::hand_over(&ctl, "s1", &theirs).unwrap();
+        drop(theirs);
+        ours.set_nonblocking(true).unwrap();
+        let stream = tokio::net::UnixStream::from_std(ours).unwrap();
+        let view = Client::new(stream, 1 << 20).await.unwrap();
+        let log = read_file(&view, "s1/log").await.unwrap();
+        assert_eq!(
+            log.split(|b| *b == b'\n').filter(|l| !l.is_empty()).count(),
+            2
+        );
+        assert!(!read_file(&view, "keys").await.unwrap().is_empty());
+        read_file(&view, "s1/head").await.unwrap();
+        for absent in ["s2/log", "s2", "receiptd/log", "append", "ctl"] {
+            assert_eq!(
+                read_file(&view, absent).await.unwrap_err(),
+                Errno::ENOENT,
+                "{absent}"
+            );
+        }
+        let root = view.attach("peer", "").await.unwrap();
+        let listing = root.walk(&[]).await.unwrap();
+        listing.open(oflags::RDONLY).await.unwrap();
+        let mut names: Vec<String> = listing
+            .readdir_all()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .filter(|n| n != "." && n != "..")
+            .collect();
+        names.sort();
+        assert_eq!(names, ["keys", "s1"]);
+        // A record naming no valid scope is refused, and the connection is not served.
+        let (_ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let refused = warren_receiptd::control::hand_over(&ctl, "../s2", &theirs).unwrap_err();
+        assert!(refused.to_string().contains("scope"), "{refused}");
+    });
+    assert_eq!(
+        warren_receiptd::Role::Reader.may_append(warren_receiptd::Kind::Query),
+        Err(warren_receiptd::AppendError::Forbidden(
+            "a read-only view appends nothing".into()
+        ))
+    );
+}

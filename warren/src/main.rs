@@ -123,6 +123,11 @@ enum Command {
         /// different history.
         #[arg(long, requires = "head")]
         proof: Option<std::path::PathBuf>,
+        /// SEQ:HASH — the entry at SEQ must have this hash and be under the checkpoint (--head's
+        /// when given): the decision another host's `remote` receipt names (`{seq, hash}`),
+        /// checked in the log that host read of its own session here (its `receipts` tree).
+        #[arg(long)]
+        entry: Option<String>,
     },
     /// Receipts in plain words, one line each (time, scope, seq, kind, tool, decision or
     /// effect and why, digest prefix), in clock order; `-f` follows new ones as they land.
@@ -263,6 +268,7 @@ fn main() -> ExitCode {
             head,
             size,
             proof,
+            entry,
         } => receipts::verify(
             &dirs,
             &file,
@@ -271,6 +277,7 @@ fn main() -> ExitCode {
                 head: head.as_deref(),
                 size,
                 proof: proof.as_deref(),
+                entry: entry.as_deref(),
             },
         ),
         Command::Doctor { json } => doctor::doctor(&dirs, json),

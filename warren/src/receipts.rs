@@ -45,6 +45,8 @@ pub struct Require<'a> {
     pub head: Option<&'a Path>,
     pub size: Option<u64>,
     pub proof: Option<&'a Path>,
+    /// `SEQ:HASH`: the entry another host's `remote` receipt names must be under the checkpoint.
+    pub entry: Option<&'a str>,
 }
 
 pub fn verify(dirs: &Dirs, file: &Path, keys: Option<&Path>, require: Require) -> Result<ExitCode> {
@@ -83,10 +85,16 @@ pub fn verify(dirs: &Dirs, file: &Path, keys: Option<&Path>, require: Require) -
         (Ok(h), Ok(p)) => (h, p),
         (Err(e), _) | (_, Err(e)) => return usage(e),
     };
+    let entry = match require.entry.map(warren_receiptd::verify::parse_entry) {
+        None => None,
+        Some(Ok(e)) => Some(e),
+        Some(Err(e)) => return usage(format!("--entry: {e}")),
+    };
     let require = warren_receiptd::Require {
         head: head.as_deref(),
         size: require.size,
         proof: proof.as_deref(),
+        entry,
     };
     let outcome = warren_receiptd::verify_with(&export, &registry, require);
     eprintln!("{}", outcome.message);

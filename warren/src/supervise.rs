@@ -60,7 +60,8 @@ const DAEMONS: &[Daemon] = &[
         args: &[],
         name: "receiptd",
         role: Some(Role::Receiptd),
-        sockets: &["receipts.sock"],
+        // receipts.ctl: nsd hands over one-scope views there (a peer's own receipts).
+        sockets: &["receipts.sock", "receipts.ctl"],
         caps: &[],
         gate_client: false,
     },

@@ -817,3 +817,164 @@ fn a_peer_reads_a_granted_directory_and_cannot_write_it() {
     );
     assert!(!shared.path().join("new").exists());
 }
+
+/// A spec mounting B's `tool` tree and B's `receipts` tree (what a `tool` grant brings).
+fn tool_and_receipts_spec(w: &Warren, addr: &str) -> String {
+    let path = w.base.path().join("receipts.ns");
+    std::fs::write(
+        &path,
+        format!("mount -k b {addr} /n/b/tool\nmount -k b {addr} /n/b/receipts receipts\n"),
+    )
+    .unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+/// One echo call on B from `w`'s namespace; the call's envelope is `ok`.
+fn echo_on_b(w: &Warren, spec: &str) {
+    let (code, out, err) = w.sh(
+        &["--ns", spec],
+        r#"exec 3<>/n/b/tool/echo/call; printf '{"text":"x"}' >&3; cat <&3"#,
+    );
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains(r#""status":"ok""#), "{out}");
+}
+
+/// The size a signed checkpoint (C2SP note) names: its second line.
+fn checkpoint_size(note: &str) -> Option<u64> {
+    note.lines().nth(1)?.parse().ok()
+}
+
+/// The calling host's `remote` receipt cross-references the serving host's signed chain: A reads
+/// its own session's log, head and key registry on B through the link (`receipts`, granted with
+/// `tool`), and `warren verify --head --entry SEQ:HASH` checks, offline on A, that B's signed
+/// checkpoint covers an entry with exactly the `{seq, hash}` A's receipt names, and A's own chain
+/// (holding that receipt) verifies. A tampered log, a wrong hash or an entry past B's checkpoint
+/// is refused. The view is A's session alone: B's own scopes, its `append` and
+/// `ctl`, and a second peer's session are absent (ENOENT) for A, and A's for that peer.
+#[test]
+fn a_remote_receipt_is_checked_against_bs_signed_checkpoint_read_through_the_link() {
+    let h = hosts("tool:echo");
+    let spec = tool_and_receipts_spec(&h.a, &h.addr);
+    echo_on_b(&h.a, &spec);
+    let remote = remote_receipts(&h.a);
+    assert_eq!(remote.len(), 1, "{remote:?}");
+    let decision = &remote[0]["subject"]["remote"]["decision"];
+    let (seq, hash) = (
+        decision["seq"].as_u64().unwrap(),
+        decision["hash"].as_str().unwrap().to_owned(),
+    );
+    let session = h.a_key.session();
+    let read = |path: &str| {
+        let (code, out, err) = h.a.sh(&["--ns", &spec], &format!("cat {path}"));
+        assert_eq!(code, 0, "{path}: {err}");
+        out
+    };
+    // B signs a checkpoint of the session within its interval; A reads it through the link.
+    let mut head = String::new();
+    wait_until("B's checkpoint covering the decision, read by A", || {
+        head = read(&format!("/n/b/receipts/{session}/head"));
+        checkpoint_size(&head).is_some_and(|n| n > seq)
+    });
+    let size = checkpoint_size(&head).unwrap() as usize;
+    let log = read(&format!("/n/b/receipts/{session}/log"));
+    let keys = read("/n/b/receipts/keys");
+    let mut export: String = log.lines().take(size).map(|l| format!("{l}\n")).collect();
+    assert_eq!(export.lines().count(), size, "{log}");
+    export.push_str(&serde_json::json!({ "checkpoint": head }).to_string());
+    export.push('\n');
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    let (export_path, keys_path, head_path) = (
+        file("export", &export),
+        file("keys", &keys),
+        file("head", &head),
+    );
+    let verify = |export: &str, entry: &str| {
+        let out = h.a.run(&[
+            "verify", export, "--keys", &keys_path, "--head", &head_path, "--entry", entry,
+        ]);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, said) = verify(&export_path, &format!("{seq}:{hash}"));
+    assert_eq!(code, Some(0), "{said}");
+    assert!(
+        said.contains(&format!("entry {seq} has hash {hash}")),
+        "{said}"
+    );
+
+    // A's own chain verifies too: the calling namespace's session, holding the signed `remote`
+    // receipt that names B's `{seq, hash}`.
+    let a_scope = remote[0]["scope"].as_str().unwrap();
+    let a_export = h.a.run_ok(&["receipts", "export", a_scope]).stdout;
+    let a_export = file("a-export", &String::from_utf8(a_export).unwrap());
+    let remote_seq = remote[0]["seq"].as_u64().unwrap();
+    let out =
+        h.a.run(&["verify", &a_export, "--size", &(remote_seq + 1).to_string()]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+
+    // Planted: a hash B's chain does not hold at that seq; an entry past the checkpoint; and a
+    // log whose decision entry was changed by a byte.
+    let wrong = format!("{seq}:{}", "0".repeat(64));
+    let (code, said) = verify(&export_path, &wrong);
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("not 0000"), "{said}");
+    let (code, said) = verify(&export_path, &format!("{size}:{hash}"));
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("is not under the checkpoint"), "{said}");
+    let line = export.lines().nth(seq as usize).unwrap().to_owned();
+    let tampered = export.replacen(&line, &line.replacen("\"sig\":\"", "\"sig\":\"A", 1), 1);
+    assert_ne!(tampered, export);
+    let (code, said) = verify(&file("tampered", &tampered), &format!("{seq}:{hash}"));
+    assert_eq!(code, Some(1), "{said}");
+
+    // A second peer, C, granted echo too, calls on B: neither reads the other's session, and
+    // neither reads B's own scope (`receiptd`) nor its `append` or `ctl`.
+    let c_config = h._configs.path().join("c");
+    std::fs::create_dir_all(&c_config).unwrap();
+    std::fs::set_permissions(&c_config, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let c = up(c_config.to_str().unwrap());
+    let c_key = keys_init(&c);
+    write_peers(&c_config, &format!("b {} addr:{}\n", h.b_key, h.addr));
+    write_peers(
+        &h.b_config,
+        &format!("a {} tool:echo\nc {c_key} tool:echo\n", h.a_key),
+    );
+    let c_spec = tool_and_receipts_spec(&c, &h.addr);
+    echo_on_b(&c, &c_spec);
+    let c_session = c_key.session();
+    wait_until("C's session on B", || {
+        receipt_kinds(&h.b, &c_session).iter().any(|k| k == "query")
+    });
+    for (w, spec, other) in [(&h.a, &spec, &c_session), (&c, &c_spec, &session)] {
+        let (code, out, err) = w.sh(
+            &["--ns", spec],
+            &format!(
+                "for p in {other}/log {other}/head receiptd/log receiptd append ctl; do \
+                   cat /n/b/receipts/$p 2>&1 || echo REFUSED; done"
+            ),
+        );
+        assert_eq!(code, 0, "{out}\n{err}");
+        assert_eq!(out.matches("REFUSED").count(), 6, "{out}");
+        assert_eq!(out.matches("No such file or directory").count(), 6, "{out}");
+    }
+    for (w, spec, own, other) in [
+        (&h.a, &spec, &session, &c_session),
+        (&c, &c_spec, &c_session, &session),
+    ] {
+        let (_, listed, _) = w.sh(&["--ns", spec], "ls /n/b/receipts");
+        let mut names: Vec<&str> = listed.split_whitespace().collect();
+        let mut want = vec!["keys", own.as_str()];
+        names.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(names, want, "{listed}");
+        assert!(!listed.contains(other.as_str()), "{listed}");
+    }
+}

@@ -9,6 +9,11 @@
 //! The tree `asks` (a peer whose entry says `asks:remote`) is a connection handed to the gate's
 //! control socket as a capped channel: the peer's session's asks only, `allow once` up to the
 //! write tier or `deny`, receipted as answered by `peer:<fingerprint>`.
+//!
+//! The tree `receipts` (a peer with a `tool` grant) is a connection handed to receiptd's control
+//! socket as a read-only view of the peer's session alone (its `log`, `head`, proofs, and the
+//! key registry): what the peer's host needs to check this host's signed checkpoint against the
+//! `remote` receipts it keeps of its calls here.
 
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
@@ -21,7 +26,7 @@ use warren_daemon::identity::Role;
 use warren_daemon::peer::PeerCred;
 use warren_exportfs::control::{ExportRequest, Made, REQUEST_VERSION, answer};
 use warren_exportfs::keys::PublicKey;
-use warren_exportfs::peers::{ASKS_TREE, Peer, Peers};
+use warren_exportfs::peers::{ASKS_TREE, Peer, Peers, RECEIPTS_TREE};
 use warren_gate::control::{ControlRecord, RECORD_VERSION, RecordKind};
 use warren_gate::lineage::Lineage;
 use warren_gate::scope::CHANNEL_CAP_MAX;
@@ -88,6 +93,9 @@ fn serve(sock: &UnixStream, dirs: &Dirs, peers: &std::path::Path) -> Result<Made
     peer.grants(&req.tree)?;
     if req.tree == ASKS_TREE {
         return asks_channel(dirs, peer).map(Made::Connection);
+    }
+    if req.tree == RECEIPTS_TREE {
+        return receipts_view(dirs, peer).map(Made::Connection);
     }
     let guard = Guard::new(dirs).map_err(|e| e.to_string())?;
     if let Some(path) = peer.dir(&req.tree) {
@@ -167,6 +175,15 @@ fn asks_channel(dirs: &Dirs, peer: &Peer) -> Result<std::os::fd::OwnedFd, String
     warren_gate::control::hand_over(&dirs.control("gate"), &record, &theirs)
         .map_err(|e| format!("hand the peer's asks to the gate: {e}"))?;
     tracing::info!(peer = %peer.name, key = %peer.key.fingerprint(), "a peer's asks");
+    Ok(ours.into())
+}
+
+/// The peer's own session's receipts, as receiptd serves a read-only view of one scope.
+fn receipts_view(dirs: &Dirs, peer: &Peer) -> Result<std::os::fd::OwnedFd, String> {
+    let (ours, theirs) = UnixStream::pair().map_err(|e| e.to_string())?;
+    warren_receiptd::control::hand_over(&dirs.control("receipts"), &peer.key.session(), &theirs)
+        .map_err(|e| format!("hand the peer's receipts to receiptd: {e}"))?;
+    tracing::info!(peer = %peer.name, key = %peer.key.fingerprint(), "a peer's receipts");
     Ok(ours.into())
 }
 

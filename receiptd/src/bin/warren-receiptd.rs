@@ -36,6 +36,10 @@ struct Args {
     /// The socket path (default <runtime>/receipts.sock).
     #[arg(long)]
     socket: Option<PathBuf>,
+    /// The control socket, where root (nsd) hands over read-only views of one scope (default
+    /// <runtime>/receipts.ctl).
+    #[arg(long)]
+    control: Option<PathBuf>,
     /// The gate's uid: the only appender of decision receipts (default: warren's gate uid).
     #[arg(long)]
     gate_uid: Option<u32>,
@@ -111,9 +115,13 @@ fn main() -> ExitCode {
         let socket = args
             .socket
             .unwrap_or_else(|| args.runtime_dir.join("receipts.sock"));
+        let control = args
+            .control
+            .unwrap_or_else(|| args.runtime_dir.join("receipts.ctl"));
         daemon::run(DaemonConfig {
             log,
             socket,
+            control: Some(control),
             daemons: warren_receiptd::access::DaemonUids {
                 gate: Some(args.gate_uid.unwrap_or_else(|| identity::Role::Gate.uid())),
                 toolfs: Some(

@@ -1,4 +1,4 @@
-//! warren-verify EXPORT --keys REGISTRY [--head CHECKPOINT [--proof CONSISTENCY]] [--size N]:
+//! warren-verify EXPORT --keys REGISTRY [--head CHECKPOINT [--proof CONSISTENCY]] [--size N] [--entry SEQ:HASH]:
 //! verifies a receipts export offline. Exit 0 verified, 1 invalid, 2 usage, 3 incomplete (ends before --head or
 //! --size), 5 unknown key, 6 key used after its retirement. What it checks: `specs/receipts.md`.
 
@@ -6,17 +6,19 @@ use std::process::ExitCode;
 
 use warren_receiptd::verify::{EXIT_USAGE, Require, verify_with};
 
-const USAGE: &str = "usage: warren-verify EXPORT --keys REGISTRY [--head CHECKPOINT [--proof CONSISTENCY]] [--size N]";
+const USAGE: &str = "usage: warren-verify EXPORT --keys REGISTRY [--head CHECKPOINT [--proof CONSISTENCY]] [--size N] [--entry SEQ:HASH]";
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
-    let (mut export, mut keys, mut head, mut size, mut proof) = (None, None, None, None, None);
+    let (mut export, mut keys, mut head, mut size, mut proof, mut entry) =
+        (None, None, None, None, None, None);
     while let Some(arg) = args.next() {
         let slot = match arg.as_str() {
             "--keys" => &mut keys,
             "--head" => &mut head,
             "--size" => &mut size,
             "--proof" => &mut proof,
+            "--entry" => &mut entry,
             _ if export.is_none() && !arg.starts_with("--") => {
                 export = Some(arg);
                 continue;
@@ -54,10 +56,15 @@ fn main() -> ExitCode {
         Ok(s) => s,
         Err(e) => return usage(format!("--size: {e}")),
     };
+    let entry = match entry.as_deref().map(parse_entry).transpose() {
+        Ok(e) => e,
+        Err(e) => return usage(e),
+    };
     let require = Require {
         head: head.as_deref(),
         size,
         proof: proof.as_deref(),
+        entry,
     };
     let outcome = verify_with(&export, &keys, require);
     if outcome.code == 0 {
@@ -66,6 +73,10 @@ fn main() -> ExitCode {
         eprintln!("warren-verify: {}", outcome.message);
     }
     ExitCode::from(outcome.code as u8)
+}
+
+fn parse_entry(arg: &str) -> Result<(u64, &str), String> {
+    warren_receiptd::verify::parse_entry(arg).map_err(|e| format!("--entry: {e}"))
 }
 
 fn usage(msg: String) -> ExitCode {

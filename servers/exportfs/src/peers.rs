@@ -6,7 +6,9 @@
 //! b       ed25519:BASE64   tool:echo,fs_read  root:fs_read:/srv/data  asks:local  addr:tcp!10.0.0.2!5640
 //! ```
 //!
-//! - `tool:NAMES` — the peer may mount this host's `tool` tree, holding exactly these tools.
+//! - `tool:NAMES` — the peer may mount this host's `tool` tree, holding exactly these tools,
+//!   and the tree `receipts`: its own session's receipts, read-only (receiptd's `<session>/…`
+//!   and `keys`, nothing else), so that its host can check this host's signed checkpoint.
 //! - `root:TOOL:/PATH` — a read-only root for a granted tool (as a spec's `tool NAME -r PATH`).
 //! - `dir:NAME:/PATH` — the host directory PATH served read-only as the peer's tree NAME (what
 //!   others may read of it: `crate::dir`).
@@ -36,6 +38,9 @@ pub fn peers_path() -> PathBuf {
 
 /// The tree a peer with `asks:remote` mounts to answer its own asks.
 pub const ASKS_TREE: &str = "asks";
+
+/// The tree a peer with a `tool` grant mounts to read its own session's receipts here.
+pub const RECEIPTS_TREE: &str = "receipts";
 
 /// Whether a peer's host may answer the asks its calls raise here.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -76,15 +81,16 @@ impl Peer {
 
     /// Whether this entry lets the peer mount `tree`; the error says what it may mount.
     pub fn grants(&self, tree: &str) -> Result<(), String> {
-        if (tree == "tool" && !self.tools.is_empty())
+        if ((tree == "tool" || tree == RECEIPTS_TREE) && !self.tools.is_empty())
             || (tree == ASKS_TREE && self.asks == Asks::Remote)
             || self.dir(tree).is_some()
         {
             return Ok(());
         }
         let trees: Vec<String> = (!self.tools.is_empty())
-            .then(|| "`tool`".to_owned())
+            .then(|| ["`tool`".to_owned(), format!("`{RECEIPTS_TREE}`")])
             .into_iter()
+            .flatten()
             .chain((self.asks == Asks::Remote).then(|| format!("`{ASKS_TREE}`")))
             .chain(self.dirs.iter().map(|(name, _)| format!("`{name}`")))
             .collect();
@@ -215,11 +221,13 @@ impl Peers {
                         if !valid_name(tree)
                             || tree == "tool"
                             || tree == ASKS_TREE
+                            || tree == RECEIPTS_TREE
                             || !clean_path(path)
                         {
                             return Err(at(format!(
-                                "`{word}`: dir:NAME:/PATH (NAME a tree name other than `tool` \
-                                 and `{ASKS_TREE}`, PATH absolute without `.` or `..`)"
+                                "`{word}`: dir:NAME:/PATH (NAME a tree name other than `tool`, \
+                                 `{ASKS_TREE}` and `{RECEIPTS_TREE}`, PATH absolute without `.` \
+                                 or `..`)"
                             )));
                         }
                         if peer.dirs.iter().any(|(t, _)| t == tree) {
@@ -313,12 +321,20 @@ mod tests {
         assert_eq!(a.roots, [("fs_read".to_owned(), "/srv".to_owned())]);
         assert_eq!(a.asks, Asks::Remote);
         assert!(a.grants("tool").is_ok() && a.grants(ASKS_TREE).is_ok());
+        assert!(
+            a.grants(RECEIPTS_TREE).is_ok(),
+            "a tool grant brings its receipts"
+        );
         let refused = a.grants("dir").unwrap_err();
         assert!(refused.contains("not granted tree `dir`"), "{refused}");
         let p = Peers::parse(&format!("a {key_a} dir:docs:/srv/docs")).unwrap();
         let a = p.by_name("a").unwrap();
         assert_eq!(a.dir("docs"), Some("/srv/docs"));
         assert!(a.grants("docs").is_ok() && a.grants("tool").is_err());
+        assert!(
+            a.grants(RECEIPTS_TREE).is_err(),
+            "no tool grant, no receipts"
+        );
         let refused = a.grants(ASKS_TREE).unwrap_err();
         assert!(refused.contains("not granted tree `asks`"), "{refused}");
     }
@@ -337,6 +353,7 @@ mod tests {
             format!("a {key_a} root:fs_read:/srv/../etc tool:fs_read"),
             format!("a {key_a} dir:tool:/srv"),
             format!("a {key_a} dir:asks:/srv"),
+            format!("a {key_a} dir:receipts:/srv"),
             format!("a {key_a} dir:docs:srv"),
             format!("a {key_a} dir:docs:/a dir:docs:/b"),
         ] {

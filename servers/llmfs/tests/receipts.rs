@@ -58,6 +58,7 @@ fn start_receiptd(base: &std::path::Path) -> std::path::PathBuf {
     let config = DaemonConfig {
         log,
         socket: receipts_socket.clone(),
+        control: None,
         daemons: Default::default(),
     };
     // receiptd in a thread of the test (it runs until the test process ends).
