@@ -24,12 +24,24 @@ fn build(base: &Path) -> Log {
 }
 
 fn run_verifier(dir: &Path, args: &[&str]) -> (i32, String) {
-    let out = Command::new(dir.join("warren-verify"))
-        .args(args)
-        .current_dir(dir)
-        .env_clear()
-        .output()
-        .unwrap();
+    // A copy just written may still be open for writing in a child another test thread forked
+    // meanwhile (`cargo test` runs tests as threads of one process): exec then fails with
+    // ETXTBSY until that child has exec'd, which closes it.
+    let mut tries = 0;
+    let out = loop {
+        match Command::new(dir.join("warren-verify"))
+            .args(args)
+            .current_dir(dir)
+            .env_clear()
+            .output()
+        {
+            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => break other.unwrap(),
+        }
+    };
     (
         out.status.code().unwrap(),
         String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout),
