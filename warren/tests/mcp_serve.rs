@@ -1066,3 +1066,217 @@ const SCENARIO_TOOLS: &[&str] = &[
     "test_tool_with_progress",
     "test_tool_with_logging",
 ];
+
+/// `fs_write` granted a work dir: its calls are `write` tier, so each asks.
+fn fs_write_spec(w: &Warren) -> (tempfile::TempDir, PathBuf, String) {
+    let work = tempfile::Builder::new()
+        .prefix("wserve")
+        .tempdir_in("/tmp")
+        .unwrap();
+    open_to_shell_workers(work.path());
+    let dir = work.path().to_str().unwrap().to_string();
+    let spec = w.base.path().join("write.ns");
+    std::fs::write(
+        &spec,
+        format!("mount tool /tool fs_write\ntool fs_write -w {dir}\n"),
+    )
+    .unwrap();
+    let args = json!({"path": format!("{dir}/x"), "content": "from the client's user"}).to_string();
+    (work, spec, args)
+}
+
+/// Every decision receipt, in every session, that closed an ask by an answer.
+fn answered_asks(w: &Warren) -> Vec<Value> {
+    let out = w.run_ok(&["ls", "/receipts"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim_end_matches('/').to_string())
+        .filter(|s| s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit()))
+        .flat_map(|s| w.decisions(&s))
+        .filter(|d| {
+            d["basis"]
+                .as_str()
+                .is_some_and(|b| b.starts_with("answer:"))
+        })
+        .collect()
+}
+
+/// With `--elicit`, a `write`-tier call's ask is put to a client that declared elicitation: its
+/// user's `allow once` lets this one call run, and the decision receipt names the channel
+/// `mcp-client:<namespace id>`, not the operator.
+#[test]
+fn a_write_call_is_allowed_once_through_the_clients_elicitation_and_the_receipt_names_the_channel()
+{
+    let w = Warren::up();
+    let (work, spec, args) = fs_write_spec(&w);
+    let out = client(
+        &w,
+        "elicit",
+        &["--ns", spec.to_str().unwrap(), "--elicit"],
+        &[
+            ("TOOL", "fs_write"),
+            ("ARGS", &args),
+            ("ELICIT_ANSWER", "allow_once"),
+        ],
+    )
+    .output()
+    .unwrap();
+    let steps = steps(out);
+    let answered = &steps["answered"];
+    let result = &answered["result"];
+    assert_ne!(result["isError"], true, "{answered}");
+    assert_eq!(
+        std::fs::read_to_string(work.path().join("x")).unwrap(),
+        "from the client's user",
+        "the call ran"
+    );
+    let elicitations = answered["elicitations"].as_array().unwrap();
+    assert_eq!(
+        elicitations.len(),
+        1,
+        "one offer for the one ask: {answered}"
+    );
+    let offer = &elicitations[0];
+    let message = offer["message"].as_str().unwrap();
+    for shown in ["tool: fs_write", "tier: write", "from the client's user"] {
+        assert!(message.contains(shown), "{shown}: {message}");
+    }
+    assert_eq!(
+        offer["requestedSchema"]["properties"]["decision"]["enum"],
+        json!(["allow_once", "deny"]),
+        "{offer}"
+    );
+    let answers = answered_asks(&w);
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    let decision = &answers[0];
+    assert_eq!(decision["tool"], "fs_write", "{decision}");
+    assert_eq!(decision["basis"], "answer:allow_once", "{decision}");
+    assert_eq!(decision["verdict"], "allow", "{decision}");
+    let by = decision["answered_by"].as_str().unwrap();
+    let id = by
+        .strip_prefix("mcp-client:")
+        .unwrap_or_else(|| panic!("{decision}"));
+    assert!(id.parse::<u64>().is_ok(), "the namespace's id: {decision}");
+}
+
+/// An `exec`-tier call's ask is never put to the client's user, though the client declared
+/// elicitation and would allow it: the call waits for the operator, whose deny reaches the
+/// client as a tool error.
+#[test]
+fn an_exec_call_is_not_offered_to_the_client_and_waits_for_the_operator() {
+    let w = Warren::up();
+    let (work, spec, args) = shell_spec(&w);
+    let mut child = client(
+        &w,
+        "elicit",
+        &["--ns", spec.to_str().unwrap(), "--elicit"],
+        &[
+            ("TOOL", "shell"),
+            ("ARGS", &args),
+            ("ELICIT_ANSWER", "allow_once"),
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let (id, request) = next_ask(&w, 0);
+    assert_eq!(field(&request, "tier"), "exec", "{request}");
+    // Three progress notes read after the ask is on the gate: the call has waited on it for
+    // over a second, in which the server looks for its ask on the channel every 200 ms.
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut ticks = 0;
+    while ticks < 3 {
+        let line = lines.next().expect("the client ended early").unwrap();
+        if line.contains(r#""step": "progress""#) {
+            ticks += 1;
+        }
+    }
+    assert_eq!(ask_state(&w, id), "open", "answered by someone");
+    assert!(!work.path().join("log").exists(), "it ran");
+    w.run_ok(&["write", &format!("/gate/pending/{id}/ctl"), "deny"]);
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(child.wait().unwrap().success(), "{rest:?}");
+    let answered: Value = rest
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["step"] == "answered")
+        .unwrap_or_else(|| panic!("no answer: {rest:?}"));
+    assert_eq!(
+        answered["elicitations"],
+        json!([]),
+        "an exec ask was put to the client: {answered}"
+    );
+    assert_eq!(answered["result"]["isError"], true, "{answered}");
+    assert!(!work.path().join("log").exists(), "a denied call ran");
+    let answers = answered_asks(&w);
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert!(
+        answers[0]["answered_by"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("operator")),
+        "{answers:?}"
+    );
+}
+
+/// A client that did not declare elicitation gets no `elicitation/create`, though the
+/// namespace was launched with `--elicit`: its call's ask waits for the operator.
+#[test]
+fn a_client_without_elicitation_gets_no_elicitation_request() {
+    let w = Warren::up();
+    server_built();
+    let (work, spec, args) = fs_write_spec(&w);
+    let child = w
+        .cmd(&["mcp", "serve", "--ns", spec.to_str().unwrap(), "--elicit"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut raw = Raw::new(child);
+    raw.send(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"no-elicitation","version":"0"}}}"#,
+    );
+    assert_eq!(raw.answer()["id"], 1);
+    raw.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    let call = json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{
+        "name":"fs_write","arguments":serde_json::from_str::<Value>(&args).unwrap(),
+        "_meta":{"progressToken":"p"}}});
+    raw.send(&call.to_string());
+    let (id, request) = next_ask(&w, 0);
+    assert_eq!(field(&request, "tier"), "write", "{request}");
+    // As above: over a second of waiting on the ask, told by the server's progress notes.
+    let mut seen = Vec::new();
+    while seen
+        .iter()
+        .filter(|m: &&Value| m["method"] == "notifications/progress")
+        .count()
+        < 3
+    {
+        seen.push(raw.answer());
+    }
+    assert_eq!(ask_state(&w, id), "open", "answered by someone: {seen:?}");
+    let fp = fingerprint(&request).to_string();
+    w.run_ok(&[
+        "write",
+        &format!("/gate/pending/{id}/ctl"),
+        &format!("allow once {fp}"),
+    ]);
+    loop {
+        let message = raw.answer();
+        let done = message["id"] == 2;
+        seen.push(message);
+        if done {
+            break;
+        }
+    }
+    assert!(
+        !seen.iter().any(|m| m["method"] == "elicitation/create"),
+        "{seen:?}"
+    );
+    let result = &seen.last().unwrap()["result"];
+    assert_ne!(result["isError"], true, "{result}");
+    assert!(
+        work.path().join("x").exists(),
+        "the operator's allow ran it"
+    );
+    drop(raw.child.stdin.take());
+    assert!(raw.child.wait().unwrap().success());
+}
