@@ -1121,12 +1121,46 @@ fn a_write_call_is_allowed_once_through_the_clients_elicitation_and_the_receipt_
     )
     .output()
     .unwrap();
-    let steps = steps(out);
+    allowed_through_the_client(&w, work.path(), &steps(out));
+}
+
+/// Over streamable HTTP too: the offer goes to the session whose call raised the ask.
+#[test]
+fn over_http_a_write_call_is_allowed_once_through_the_clients_elicitation() {
+    let w = Warren::up();
+    let (work, spec, args) = fs_write_spec(&w);
+    let (mut serve, url, token) = listen(&w, &["--ns", spec.to_str().unwrap(), "--elicit"]);
+    let out = client(
+        &w,
+        "elicit",
+        &[],
+        &[
+            ("MCP_URL", &url),
+            ("MCP_TOKEN", &token),
+            ("TOOL", "fs_write"),
+            ("ARGS", &args),
+            ("ELICIT_ANSWER", "allow_once"),
+        ],
+    )
+    .output()
+    .unwrap();
+    allowed_through_the_client(&w, work.path(), &steps(out));
+    serve.kill().unwrap();
+    serve.wait().unwrap();
+}
+
+/// The `elicit` client's `fs_write` call was offered once, allowed by its answer, and ran; the
+/// one answered ask's receipt names the channel.
+fn allowed_through_the_client(
+    w: &Warren,
+    work: &Path,
+    steps: &std::collections::BTreeMap<String, Value>,
+) {
     let answered = &steps["answered"];
     let result = &answered["result"];
     assert_ne!(result["isError"], true, "{answered}");
     assert_eq!(
-        std::fs::read_to_string(work.path().join("x")).unwrap(),
+        std::fs::read_to_string(work.join("x")).unwrap(),
         "from the client's user",
         "the call ran"
     );
@@ -1146,7 +1180,7 @@ fn a_write_call_is_allowed_once_through_the_clients_elicitation_and_the_receipt_
         json!(["allow_once", "deny"]),
         "{offer}"
     );
-    let answers = answered_asks(&w);
+    let answers = answered_asks(w);
     assert_eq!(answers.len(), 1, "{answers:?}");
     let decision = &answers[0];
     assert_eq!(decision["tool"], "fs_write", "{decision}");
@@ -1180,8 +1214,29 @@ fn an_exec_call_is_not_offered_to_the_client_and_waits_for_the_operator() {
     .unwrap();
     let (id, request) = next_ask(&w, 0);
     assert_eq!(field(&request, "tier"), "exec", "{request}");
-    // Three progress notes read after the ask is on the gate: the call has waited on it for
-    // over a second, in which the server looks for its ask on the channel every 200 ms.
+    let answered = waits_then_operator_denies(&w, &mut child, id);
+    assert_eq!(
+        answered["elicitations"],
+        json!([]),
+        "an exec ask was put to the client: {answered}"
+    );
+    assert_eq!(answered["result"]["isError"], true, "{answered}");
+    assert!(!work.path().join("log").exists(), "a denied call ran");
+    let answers = answered_asks(&w);
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert!(
+        answers[0]["answered_by"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("operator")),
+        "{answers:?}"
+    );
+}
+
+/// Waits until the `elicit` client's call has waited on ask `id` for over a second (three
+/// progress notes read after the ask is on the gate; the server looks for its ask on the channel
+/// every 200 ms), checks the ask is still open, denies it as the operator, and returns the
+/// client's `answered` step.
+fn waits_then_operator_denies(w: &Warren, child: &mut Child, id: i64) -> Value {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut ticks = 0;
     while ticks < 3 {
@@ -1190,23 +1245,43 @@ fn an_exec_call_is_not_offered_to_the_client_and_waits_for_the_operator() {
             ticks += 1;
         }
     }
-    assert_eq!(ask_state(&w, id), "open", "answered by someone");
-    assert!(!work.path().join("log").exists(), "it ran");
+    assert_eq!(ask_state(w, id), "open", "answered by someone");
     w.run_ok(&["write", &format!("/gate/pending/{id}/ctl"), "deny"]);
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
     assert!(child.wait().unwrap().success(), "{rest:?}");
-    let answered: Value = rest
-        .iter()
+    rest.iter()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .find(|v| v["step"] == "answered")
-        .unwrap_or_else(|| panic!("no answer: {rest:?}"));
+        .unwrap_or_else(|| panic!("no answer: {rest:?}"))
+}
+
+/// A client's user who declines the offer leaves the ask to the operator: it stays open, and
+/// the operator's deny is what the client gets.
+#[test]
+fn a_declined_offer_leaves_the_ask_to_the_operator() {
+    let w = Warren::up();
+    let (work, spec, args) = fs_write_spec(&w);
+    let mut child = client(
+        &w,
+        "elicit",
+        &["--ns", spec.to_str().unwrap(), "--elicit"],
+        &[
+            ("TOOL", "fs_write"),
+            ("ARGS", &args),
+            ("ELICIT_ANSWER", "decline"),
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let (id, _) = next_ask(&w, 0);
+    let answered = waits_then_operator_denies(&w, &mut child, id);
     assert_eq!(
-        answered["elicitations"],
-        json!([]),
-        "an exec ask was put to the client: {answered}"
+        answered["elicitations"].as_array().map(Vec::len),
+        Some(1),
+        "offered once: {answered}"
     );
     assert_eq!(answered["result"]["isError"], true, "{answered}");
-    assert!(!work.path().join("log").exists(), "a denied call ran");
+    assert!(!work.path().join("x").exists(), "a denied call ran");
     let answers = answered_asks(&w);
     assert_eq!(answers.len(), 1, "{answers:?}");
     assert!(
