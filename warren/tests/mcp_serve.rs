@@ -1078,7 +1078,7 @@ fn fs_write_spec(w: &Warren) -> (tempfile::TempDir, PathBuf, String) {
     let spec = w.base.path().join("write.ns");
     std::fs::write(
         &spec,
-        format!("mount tool /tool fs_write\ntool fs_write -w {dir}\n"),
+        format!("{SYSTEM}mount tool /tool fs_write\ntool fs_write -w {dir}\n"),
     )
     .unwrap();
     let args = json!({"path": format!("{dir}/x"), "content": "from the client's user"}).to_string();
@@ -1352,6 +1352,54 @@ fn a_client_without_elicitation_gets_no_elicitation_request() {
         work.path().join("x").exists(),
         "the operator's allow ran it"
     );
+    drop(raw.child.stdin.take());
+    assert!(raw.child.wait().unwrap().success());
+}
+
+/// A program `warren attach` runs in the serving namespace later is no payload of its launch:
+/// its Landlock rules come from the spec, which does not hold the channel's mount, so its answer
+/// on the channel is refused and the ask stays open.
+#[test]
+fn a_program_attached_to_the_serving_namespace_cannot_answer_on_the_channel() {
+    let w = Warren::up();
+    server_built();
+    let (work, spec, args) = fs_write_spec(&w);
+    let child = w
+        .cmd(&["mcp", "serve", "--ns", spec.to_str().unwrap(), "--elicit"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut raw = Raw::new(child);
+    raw.send(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"attach","version":"0"}}}"#,
+    );
+    assert_eq!(raw.answer()["id"], 1);
+    raw.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    let call = json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{
+        "name":"fs_write","arguments":serde_json::from_str::<Value>(&args).unwrap()}});
+    raw.send(&call.to_string());
+    let (id, request) = next_ask(&w, 0);
+    let fp = fingerprint(&request).to_string();
+    let ns = ns_ids(&w).pop().expect("the serving namespace");
+    let out = w.run(&[
+        "attach",
+        &ns,
+        "--",
+        "/bin/sh",
+        "-c",
+        &format!("echo 'allow once {fp}' > /dev/warren-asks/pending/{id}/ctl"),
+    ]);
+    assert!(!out.status.success(), "the attached program answered");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(ask_state(&w, id), "open");
+    w.run_ok(&["write", &format!("/gate/pending/{id}/ctl"), "deny"]);
+    assert_eq!(raw.answer()["id"], 2);
+    assert!(!work.path().join("x").exists(), "a denied call ran");
     drop(raw.child.stdin.take());
     assert!(raw.child.wait().unwrap().success());
 }
