@@ -220,17 +220,20 @@ impl ControlRecord {
     }
 }
 
-/// A channel's name is `<kind>:<id>` (e.g. `peer:<fingerprint>`), printable, and never one the
-/// other connections' labels use: a receipt's `answered_by` must not pass it off as the operator.
+/// A channel's name is `<kind>:<id>` (e.g. `peer:<fingerprint>`, `mcp-client:<namespace>`),
+/// printable, and never one the other connections' labels use: a receipt's `answered_by` must
+/// not pass it off as the operator. The kind is lowercase letters, `-` between them.
 fn check_channel_name(name: &str) -> Result<(), String> {
     check_label(name, MAX_CHANNEL_NAME)?;
     let kind = name.split_once(':').map_or("", |(k, _)| k);
     if kind.is_empty()
-        || !kind.bytes().all(|b| b.is_ascii_lowercase())
+        || !kind.bytes().all(|b| b.is_ascii_lowercase() || b == b'-')
+        || kind.starts_with('-')
+        || kind.ends_with('-')
         || ["operator", "daemon", "namespace"].contains(&kind)
     {
         return Err(format!(
-            "a channel name is <kind>:<id> with a lowercase kind other than operator, daemon or namespace (got {name:?})"
+            "a channel name is <kind>:<id> with a kind of lowercase letters (and `-` between them) other than operator, daemon or namespace (got {name:?})"
         ));
     }
     Ok(())
@@ -353,6 +356,26 @@ mod tests {
 
     fn s(c: char) -> String {
         c.to_string().repeat(32)
+    }
+
+    #[test]
+    fn a_channel_name_is_a_lowercase_kind_and_an_id() {
+        for ok in ["peer:SHA256:ab", "mcp-client:7"] {
+            assert!(check_channel_name(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "operator:x",
+            "namespace:7",
+            "daemon:toolfs",
+            "-mcp:7",
+            "mcp-:7",
+            "Mcp:7",
+            "mcp client:7",
+            ":7",
+            "nokind",
+        ] {
+            assert!(check_channel_name(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

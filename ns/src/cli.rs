@@ -218,7 +218,7 @@ pub fn run_through_nsd(
         weaker_landlock: args.weaker_landlock,
         uid: args.uid,
         bare: args.bare,
-        operator: false,
+        ..LaunchOptions::default()
     };
     let (stdin, stdout, stderr) = (io::stdin(), io::stdout(), io::stderr());
     let stdio = [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()];

@@ -10,6 +10,9 @@
 //! - `mount tool` — nsd: a socketpair, one end to toolfs's control socket with the grant record.
 //! - `mount gate` — nsd: a socketpair to the gate's control socket as a `namespace` record (the
 //!   namespace sees and answers only its descendants' asks).
+//! - the client-asks mount (`warren mcp serve --elicit`, in no spec: nsd adds it at
+//!   `CLIENT_ASKS_PATH`) — nsd: a socketpair to the gate's control socket as a `channel` record
+//!   named `mcp-client:<id>`: the namespace's own session's asks, `allow once` up to `write`.
 //! - `mount unix!PATH` / `mount tcp!HOST!PORT` — the launcher, with the operator's own
 //!   credentials, handed to nsd with the run request ([`ServedMounts::with_connections`]), so
 //!   nsd never connects as root on an operator's behalf. Its bridge reads real file sizes and
@@ -43,6 +46,7 @@ use std::time::{Duration, Instant};
 use warren_daemon::Dirs;
 use warren_daemon::identity::Role;
 use warren_gate::lineage::{Budget, Lineage, Member};
+use warren_proto::launch::CLIENT_ASKS_PATH;
 use warren_toolfs::{GrantRecord, RootGrant, ToolGrant};
 
 use crate::confine::fuse::MountServer;
@@ -78,6 +82,21 @@ pub struct ServedMounts {
     /// lineage both grant records carry.
     command: Vec<String>,
     ancestors: Vec<Member>,
+    /// `warren mcp serve --elicit`: the gate mount at `CLIENT_ASKS_PATH` is the namespace's own
+    /// asks on a capped channel ([`ServedMounts::client_asks_record`]).
+    client_asks: bool,
+}
+
+/// The mount nsd adds, outside the spec, for a launch with `client_asks`: a gate tree at
+/// [`CLIENT_ASKS_PATH`] (beneath `/dev`, where no spec line may land).
+pub fn client_asks_mount() -> Mount {
+    Mount {
+        key: None,
+        insecure_plain: false,
+        server: Server::Local(LocalServer::Gate),
+        path: CLIENT_ASKS_PATH.to_owned(),
+        spec: Vec::new(),
+    }
 }
 
 /// How a bridge presents its tree.
@@ -164,7 +183,29 @@ impl ServedMounts {
             ns_view: None,
             command: Vec::new(),
             ancestors: Vec::new(),
+            client_asks: false,
         })
+    }
+
+    /// Serve the mount at `CLIENT_ASKS_PATH` as the namespace's own asks on a capped channel
+    /// (`warren mcp serve --elicit`; nsd adds that mount, [`client_asks_mount`]).
+    pub fn client_asks(mut self, client_asks: bool) -> ServedMounts {
+        self.client_asks = client_asks;
+        self
+    }
+
+    /// The gate record of the client-asks channel: this namespace's own session only (never a
+    /// clone's or another namespace's), `allow once` up to the write tier or `deny`, named
+    /// `mcp-client:<namespace id>` in the receipts of what it answers.
+    fn client_asks_record(&self) -> warren_gate::control::ControlRecord {
+        warren_gate::control::ControlRecord {
+            version: warren_gate::control::RECORD_VERSION,
+            kind: warren_gate::control::RecordKind::Channel,
+            name: Some(format!("mcp-client:{}", self.namespace)),
+            sessions: vec![self.session.clone()],
+            cap: Some(warren_gate::scope::CHANNEL_CAP_MAX),
+            ..Default::default()
+        }
     }
 
     /// Who this namespace is: the command it runs and the namespaces that cloned it (parent
@@ -1015,6 +1056,12 @@ impl MountServer for ServedMounts {
                 }
                 self.spawn_bridge(fuse, conn, mount, Presentation::FileServer, None)
             }
+            Server::Local(LocalServer::Gate)
+                if self.client_asks && mount.path == CLIENT_ASKS_PATH =>
+            {
+                let record = self.client_asks_record();
+                self.spawn_remade(fuse, mount, Remake::Gate { record })
+            }
             Server::Local(_) if self.operator => {
                 let conn = self.launcher_connection(mount)?;
                 self.spawn_bridge(fuse, conn, mount, Presentation::Synthetic, None)
@@ -1080,5 +1127,43 @@ mod tests {
         let (ours, _theirs) = UnixStream::pair().unwrap();
         assert!(b.attempt(|| Ok(OwnedFd::from(ours))).is_ok());
         assert_eq!((b.wait, b.not_before), (Duration::ZERO, None));
+    }
+
+    /// The client-asks channel (`warren mcp serve --elicit`) sees its own namespace's session
+    /// and nothing else, answers `allow once` up to the write tier only, and is named
+    /// `mcp-client:<id>` (what receipts show as who answered).
+    #[test]
+    fn the_client_asks_channel_is_the_namespaces_own_session_capped_at_write() {
+        use warren_gate::scope::Scope;
+        let dirs = Dirs {
+            runtime: "/nonexistent/run".into(),
+            data: "/nonexistent/data".into(),
+            secrets: "/nonexistent/secrets".into(),
+        };
+        let served = ServedMounts::new(dirs, &Spec::default(), Vec::new(), "7", "/x".into())
+            .unwrap()
+            .client_asks(true);
+        let scope = served.client_asks_record().scope().unwrap();
+        assert!(matches!(scope, Scope::Channel { .. }), "{scope:?}");
+        assert!(scope.sees_session(served.session()));
+        assert!(
+            !scope.sees_session(&"1".repeat(32)),
+            "another session's asks"
+        );
+        assert_eq!(scope.label(), "mcp-client:7");
+        assert!(scope.may_allow("read").is_ok() && scope.may_allow("write").is_ok());
+        for above in ["exec", "network", "destructive", "dynamic", "unmapped"] {
+            assert!(scope.may_allow(above).is_err(), "{above}");
+        }
+        assert!(!scope.may_decide());
+        assert_eq!(client_asks_mount().path, CLIENT_ASKS_PATH);
+        // Where no spec line may land: a spec cannot mount or bind anything there.
+        for line in [
+            format!("mount gate {CLIENT_ASKS_PATH}\n"),
+            format!("bind -r /usr {CLIENT_ASKS_PATH}\n"),
+        ] {
+            let refused = crate::spec::parse("t", &line).unwrap_err();
+            assert!(refused.message.contains("reserved"), "{refused}");
+        }
     }
 }

@@ -661,7 +661,7 @@ impl Nsd {
                 space.status.send_replace(Status::Running { holder: 0 });
                 let argv = argv.to_vec();
                 let argv_shown = argv.clone();
-                let served = match self.served_mounts(id, &space, &argv) {
+                let served = match self.served_mounts(id, &space, space.build(), &argv) {
                     Ok(s) => s.map(Arc::new),
                     Err(e) => {
                         space.status.send_replace(Status::Failed(e.to_string()));
@@ -766,13 +766,16 @@ impl Nsd {
     /// The mount server of namespace `id` (run through the run socket or cloned through `/ns`):
     /// toolfs and gate connections from its grant, its own scoped `/ns` for `mount ns`, its
     /// lineage, and file servers attached as this view's operator. `None`: it mounts nothing.
+    /// `build`: the spec it is built from (`space`'s, or with the mounts nsd adds outside the
+    /// spec: `crate::mount_server::client_asks_mount`).
     pub(crate) fn served_mounts(
         &self,
         id: u64,
         space: &Space,
+        build: &Spec,
         argv: &[String],
     ) -> std::io::Result<Option<ServedMounts>> {
-        if space.build.mounts.is_empty() {
+        if build.mounts.is_empty() {
             return Ok(None);
         }
         let bridge = self.shared.bridge.get().cloned().ok_or_else(|| {
@@ -783,7 +786,7 @@ impl Nsd {
         })?;
         let served = ServedMounts::new(
             self.shared.opts.protected.clone(),
-            &space.build,
+            build,
             space.handles.all_roots()?,
             &id.to_string(),
             bridge,

@@ -681,7 +681,7 @@ fn confine_worker(plan: &mut Plan) -> Result<std::convert::Infallible, String> {
         mounts::write_etc(&root, uid)?;
     }
     binds::attach_all(&root, &mut plan.binds)?;
-    mounts::mount_dev(&root)?;
+    mounts::mount_dev(&root, &[])?;
     if plan.execs {
         mounts::mount_proc(&root)?;
     }

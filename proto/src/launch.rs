@@ -29,6 +29,11 @@ pub const VERSION: u32 = 1;
 /// The run socket's file name in the runtime dir. Not `*.sock`: it speaks this protocol, not 9P.
 pub const SOCKET_NAME: &str = "ns.run";
 
+/// Where the payload of a namespace launched with [`Request::client_asks`] finds its own asks:
+/// beneath `/dev`, which the confinement builds itself and no spec line may bind or mount into,
+/// so no spec can place anything there or see this mount in its own paths.
+pub const CLIENT_ASKS_PATH: &str = "/dev/warren-asks";
+
 /// What the launcher asks for.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -59,6 +64,12 @@ pub struct Request {
     /// The mount targets whose connections the launcher made, in fd order after stdio.
     #[serde(default)]
     pub connections: Vec<String>,
+    /// `warren mcp serve --elicit`: nsd mounts at [`CLIENT_ASKS_PATH`] a gate tree of a capped
+    /// channel named `mcp-client:<namespace id>` that sees the namespace's own session's asks
+    /// only and may answer `allow once` up to the `write` tier, or `deny` (docs/mcp.md). The
+    /// mount is in no spec: a clone's spec cannot name it.
+    #[serde(default)]
+    pub client_asks: bool,
 }
 
 /// What an attaching launcher asks for: `argv` inside the live namespace `/ns/<attach>`.

@@ -2,7 +2,9 @@
 //! from the flags exactly as for `warren run`, and runs `warren-mcp-server` inside it with this
 //! process's stdin/stdout/stderr: the client speaks MCP straight to a program that can reach
 //! only what the namespace holds. Its asks wait for the operator (`warren approvals`); stdin is
-//! the client's, so nothing here answers them.
+//! the client's, so nothing here answers them. With `--elicit`, nsd also mounts the namespace's
+//! own asks on a capped gate channel, and the server offers a waiting `read`/`write` call's ask
+//! to a client that declared elicitation (docs/mcp.md, "Asks offered to the client's user").
 
 use std::os::fd::AsFd;
 use std::path::PathBuf;
@@ -43,6 +45,12 @@ pub struct ServeArgs {
     /// Accept a Landlock ruleset that is not fully enforced. Weaker confinement.
     #[arg(long = "weaker-landlock")]
     pub weaker_landlock: bool,
+    /// Offer a waiting call's ask to the client's user (MCP elicitation, when the client
+    /// declares it): an answer that way allows at most a `write`-tier call, once, and its
+    /// receipt names the channel `mcp-client:<namespace id>`; `exec`, `network` and
+    /// `destructive` calls stay with `warren approvals`.
+    #[arg(long)]
+    pub elicit: bool,
 }
 
 /// The server binary beside this one.
@@ -70,6 +78,12 @@ fn run_args(args: &ServeArgs, server: &std::path::Path, remote: Option<&str>) ->
     }
     if let Some(host) = remote {
         command.extend(["--allow-host".into(), host.to_string()]);
+    }
+    if args.elicit {
+        command.extend([
+            "--client-asks".into(),
+            warren_proto::launch::CLIENT_ASKS_PATH.into(),
+        ]);
     }
     RunArgs {
         ns: args.ns.clone(),
@@ -174,6 +188,7 @@ pub fn serve(dirs: &Dirs, args: &ServeArgs) -> Result<ExitCode> {
         uid: None,
         bare: false,
         operator: false,
+        client_asks: args.elicit,
     };
     let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
     // Over HTTP the server's stdin is the listener and its stdout goes to our stderr.

@@ -1110,3 +1110,340 @@ const SCENARIO_TOOLS: &[&str] = &[
     "test_tool_with_progress",
     "test_tool_with_logging",
 ];
+
+/// `fs_write` granted a work dir: its calls are `write` tier, so each asks.
+fn fs_write_spec(w: &Warren) -> (tempfile::TempDir, PathBuf, String) {
+    let work = tempfile::Builder::new()
+        .prefix("wserve")
+        .tempdir_in("/tmp")
+        .unwrap();
+    open_to_shell_workers(work.path());
+    let dir = work.path().to_str().unwrap().to_string();
+    let spec = w.base.path().join("write.ns");
+    std::fs::write(
+        &spec,
+        format!("{SYSTEM}mount tool /tool fs_write\ntool fs_write -w {dir}\n"),
+    )
+    .unwrap();
+    let args = json!({"path": format!("{dir}/x"), "content": "from the client's user"}).to_string();
+    (work, spec, args)
+}
+
+/// Every decision receipt, in every session, that closed an ask by an answer.
+fn answered_asks(w: &Warren) -> Vec<Value> {
+    let out = w.run_ok(&["ls", "/receipts"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim_end_matches('/').to_string())
+        .filter(|s| s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit()))
+        .flat_map(|s| w.decisions(&s))
+        .filter(|d| {
+            d["basis"]
+                .as_str()
+                .is_some_and(|b| b.starts_with("answer:"))
+        })
+        .collect()
+}
+
+/// With `--elicit`, a `write`-tier call's ask is put to a client that declared elicitation: its
+/// user's `allow once` lets this one call run, and the decision receipt names the channel
+/// `mcp-client:<namespace id>`, not the operator.
+#[test]
+fn a_write_call_is_allowed_once_through_the_clients_elicitation_and_the_receipt_names_the_channel()
+{
+    let w = Warren::up();
+    let (work, spec, args) = fs_write_spec(&w);
+    let out = client(
+        &w,
+        "elicit",
+        &["--ns", spec.to_str().unwrap(), "--elicit"],
+        &[
+            ("TOOL", "fs_write"),
+            ("ARGS", &args),
+            ("ELICIT_ANSWER", "allow_once"),
+        ],
+    )
+    .output()
+    .unwrap();
+    allowed_through_the_client(&w, work.path(), &steps(out));
+}
+
+/// Over streamable HTTP too: the offer goes to the session whose call raised the ask.
+#[test]
+fn over_http_a_write_call_is_allowed_once_through_the_clients_elicitation() {
+    let w = Warren::up();
+    let (work, spec, args) = fs_write_spec(&w);
+    let (mut serve, url, token) = listen(&w, &["--ns", spec.to_str().unwrap(), "--elicit"]);
+    let out = client(
+        &w,
+        "elicit",
+        &[],
+        &[
+            ("MCP_URL", &url),
+            ("MCP_TOKEN", &token),
+            ("TOOL", "fs_write"),
+            ("ARGS", &args),
+            ("ELICIT_ANSWER", "allow_once"),
+        ],
+    )
+    .output()
+    .unwrap();
+    allowed_through_the_client(&w, work.path(), &steps(out));
+    serve.kill().unwrap();
+    serve.wait().unwrap();
+}
+
+/// The `elicit` client's `fs_write` call was offered once, allowed by its answer, and ran; the
+/// one answered ask's receipt names the channel.
+fn allowed_through_the_client(
+    w: &Warren,
+    work: &Path,
+    steps: &std::collections::BTreeMap<String, Value>,
+) {
+    let answered = &steps["answered"];
+    let result = &answered["result"];
+    assert_ne!(result["isError"], true, "{answered}");
+    assert_eq!(
+        std::fs::read_to_string(work.join("x")).unwrap(),
+        "from the client's user",
+        "the call ran"
+    );
+    let elicitations = answered["elicitations"].as_array().unwrap();
+    assert_eq!(
+        elicitations.len(),
+        1,
+        "one offer for the one ask: {answered}"
+    );
+    let offer = &elicitations[0];
+    let message = offer["message"].as_str().unwrap();
+    for shown in ["tool: fs_write", "tier: write", "from the client's user"] {
+        assert!(message.contains(shown), "{shown}: {message}");
+    }
+    assert_eq!(
+        offer["requestedSchema"]["properties"]["decision"]["enum"],
+        json!(["allow_once", "deny"]),
+        "{offer}"
+    );
+    let answers = answered_asks(w);
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    let decision = &answers[0];
+    assert_eq!(decision["tool"], "fs_write", "{decision}");
+    assert_eq!(decision["basis"], "answer:allow_once", "{decision}");
+    assert_eq!(decision["verdict"], "allow", "{decision}");
+    let by = decision["answered_by"].as_str().unwrap();
+    let id = by
+        .strip_prefix("mcp-client:")
+        .unwrap_or_else(|| panic!("{decision}"));
+    assert!(id.parse::<u64>().is_ok(), "the namespace's id: {decision}");
+}
+
+/// An `exec`-tier call's ask is never put to the client's user, though the client declared
+/// elicitation and would allow it: the call waits for the operator, whose deny reaches the
+/// client as a tool error.
+#[test]
+fn an_exec_call_is_not_offered_to_the_client_and_waits_for_the_operator() {
+    let w = Warren::up();
+    let (work, spec, args) = shell_spec(&w);
+    let mut child = client(
+        &w,
+        "elicit",
+        &["--ns", spec.to_str().unwrap(), "--elicit"],
+        &[
+            ("TOOL", "shell"),
+            ("ARGS", &args),
+            ("ELICIT_ANSWER", "allow_once"),
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let (id, request) = next_ask(&w, 0);
+    assert_eq!(field(&request, "tier"), "exec", "{request}");
+    let answered = waits_then_operator_denies(&w, &mut child, id);
+    assert_eq!(
+        answered["elicitations"],
+        json!([]),
+        "an exec ask was put to the client: {answered}"
+    );
+    assert_eq!(answered["result"]["isError"], true, "{answered}");
+    assert!(!work.path().join("log").exists(), "a denied call ran");
+    let answers = answered_asks(&w);
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert!(
+        answers[0]["answered_by"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("operator")),
+        "{answers:?}"
+    );
+}
+
+/// Waits until the `elicit` client's call has waited on ask `id` for over a second (three
+/// progress notes read after the ask is on the gate; the server looks for its ask on the channel
+/// every 200 ms), checks the ask is still open, denies it as the operator, and returns the
+/// client's `answered` step.
+fn waits_then_operator_denies(w: &Warren, child: &mut Child, id: i64) -> Value {
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut ticks = 0;
+    while ticks < 3 {
+        let line = lines.next().expect("the client ended early").unwrap();
+        if line.contains(r#""step": "progress""#) {
+            ticks += 1;
+        }
+    }
+    assert_eq!(ask_state(w, id), "open", "answered by someone");
+    w.run_ok(&["write", &format!("/gate/pending/{id}/ctl"), "deny"]);
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(child.wait().unwrap().success(), "{rest:?}");
+    rest.iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["step"] == "answered")
+        .unwrap_or_else(|| panic!("no answer: {rest:?}"))
+}
+
+/// A client's user who declines the offer leaves the ask to the operator: it stays open, and
+/// the operator's deny is what the client gets.
+#[test]
+fn a_declined_offer_leaves_the_ask_to_the_operator() {
+    let w = Warren::up();
+    let (work, spec, args) = fs_write_spec(&w);
+    let mut child = client(
+        &w,
+        "elicit",
+        &["--ns", spec.to_str().unwrap(), "--elicit"],
+        &[
+            ("TOOL", "fs_write"),
+            ("ARGS", &args),
+            ("ELICIT_ANSWER", "decline"),
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let (id, _) = next_ask(&w, 0);
+    let answered = waits_then_operator_denies(&w, &mut child, id);
+    assert_eq!(
+        answered["elicitations"].as_array().map(Vec::len),
+        Some(1),
+        "offered once: {answered}"
+    );
+    assert_eq!(answered["result"]["isError"], true, "{answered}");
+    assert!(!work.path().join("x").exists(), "a denied call ran");
+    let answers = answered_asks(&w);
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert!(
+        answers[0]["answered_by"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("operator")),
+        "{answers:?}"
+    );
+}
+
+/// A client that did not declare elicitation gets no `elicitation/create`, though the
+/// namespace was launched with `--elicit`: its call's ask waits for the operator.
+#[test]
+fn a_client_without_elicitation_gets_no_elicitation_request() {
+    let w = Warren::up();
+    server_built();
+    let (work, spec, args) = fs_write_spec(&w);
+    let child = w
+        .cmd(&["mcp", "serve", "--ns", spec.to_str().unwrap(), "--elicit"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut raw = Raw::new(child);
+    raw.send(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"no-elicitation","version":"0"}}}"#,
+    );
+    assert_eq!(raw.answer()["id"], 1);
+    raw.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    let call = json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{
+        "name":"fs_write","arguments":serde_json::from_str::<Value>(&args).unwrap(),
+        "_meta":{"progressToken":"p"}}});
+    raw.send(&call.to_string());
+    let (id, request) = next_ask(&w, 0);
+    assert_eq!(field(&request, "tier"), "write", "{request}");
+    // As above: over a second of waiting on the ask, told by the server's progress notes.
+    let mut seen = Vec::new();
+    while seen
+        .iter()
+        .filter(|m: &&Value| m["method"] == "notifications/progress")
+        .count()
+        < 3
+    {
+        seen.push(raw.answer());
+    }
+    assert_eq!(ask_state(&w, id), "open", "answered by someone: {seen:?}");
+    let fp = fingerprint(&request).to_string();
+    w.run_ok(&[
+        "write",
+        &format!("/gate/pending/{id}/ctl"),
+        &format!("allow once {fp}"),
+    ]);
+    loop {
+        let message = raw.answer();
+        let done = message["id"] == 2;
+        seen.push(message);
+        if done {
+            break;
+        }
+    }
+    assert!(
+        !seen.iter().any(|m| m["method"] == "elicitation/create"),
+        "{seen:?}"
+    );
+    let result = &seen.last().unwrap()["result"];
+    assert_ne!(result["isError"], true, "{result}");
+    assert!(
+        work.path().join("x").exists(),
+        "the operator's allow ran it"
+    );
+    drop(raw.child.stdin.take());
+    assert!(raw.child.wait().unwrap().success());
+}
+
+/// A program `warren attach` runs in the serving namespace later is no payload of its launch:
+/// its Landlock rules come from the spec, which does not hold the channel's mount, so its answer
+/// on the channel is refused and the ask stays open.
+#[test]
+fn a_program_attached_to_the_serving_namespace_cannot_answer_on_the_channel() {
+    let w = Warren::up();
+    server_built();
+    let (work, spec, args) = fs_write_spec(&w);
+    let child = w
+        .cmd(&["mcp", "serve", "--ns", spec.to_str().unwrap(), "--elicit"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut raw = Raw::new(child);
+    raw.send(
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"attach","version":"0"}}}"#,
+    );
+    assert_eq!(raw.answer()["id"], 1);
+    raw.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    let call = json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{
+        "name":"fs_write","arguments":serde_json::from_str::<Value>(&args).unwrap()}});
+    raw.send(&call.to_string());
+    let (id, request) = next_ask(&w, 0);
+    let fp = fingerprint(&request).to_string();
+    let ns = ns_ids(&w).pop().expect("the serving namespace");
+    let out = w.run(&[
+        "attach",
+        &ns,
+        "--",
+        "/bin/sh",
+        "-c",
+        &format!("echo 'allow once {fp}' > /dev/warren-asks/pending/{id}/ctl"),
+    ]);
+    assert!(!out.status.success(), "the attached program answered");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(ask_state(&w, id), "open");
+    w.run_ok(&["write", &format!("/gate/pending/{id}/ctl"), "deny"]);
+    assert_eq!(raw.answer()["id"], 2);
+    assert!(!work.path().join("x").exists(), "a denied call ran");
+    drop(raw.child.stdin.take());
+    assert!(raw.child.wait().unwrap().success());
+}

@@ -174,7 +174,15 @@ fn build(plan: &mut Plan, uid: u32) -> Result<nix::unistd::Pid, String> {
     mounts::mount_tmp_and_home(&root, uid, plan.spec.limits.mem)?;
     mounts::write_etc(&root, uid)?;
     binds::attach_all(&root, &mut plan.binds)?;
-    mounts::mount_dev(&root)?;
+    // nsd's own mounts beneath /dev (no spec line may land there): their points, made before
+    // /dev turns read-only.
+    let dev_points: Vec<&str> = plan
+        .spec
+        .mounts
+        .iter()
+        .filter_map(|m| m.path.strip_prefix("/dev/"))
+        .collect();
+    mounts::mount_dev(&root, &dev_points)?;
     mounts::mount_proc(&root)?;
     let mut mount_points = Vec::new();
     if !plan.spec.mounts.is_empty() {

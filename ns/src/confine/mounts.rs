@@ -86,8 +86,10 @@ pub fn dev_nodes() -> Vec<String> {
 }
 
 /// Step 2d: a /dev like bubblewrap's: the harmless character devices bound from the host's
-/// nodes, a devpts of our own with its ptmx, a tmpfs shm, and the fd/std* links.
-pub fn mount_dev(root: &OwnedFd) -> Result<(), String> {
+/// nodes, a devpts of our own with its ptmx, a tmpfs shm, and the fd/std* links; and an empty
+/// directory for each of `mount_points` (names in /dev: only nsd's own mounts land there, e.g.
+/// the client-asks mount), made before /dev turns read-only.
+pub fn mount_dev(root: &OwnedFd, mount_points: &[&str]) -> Result<(), String> {
     let dev = attach_new_fs(
         root,
         "/dev",
@@ -130,6 +132,14 @@ pub fn mount_dev(root: &OwnedFd) -> Result<(), String> {
     ] {
         nix::unistd::symlinkat(target, dev.as_fd(), name)
             .map_err(|e| format!("/dev/{name} link: {e}"))?;
+    }
+    for name in mount_points {
+        nix::sys::stat::mkdirat(
+            dev.as_fd(),
+            *name,
+            nix::sys::stat::Mode::from_bits_truncate(0o755),
+        )
+        .map_err(|e| format!("/dev/{name} mount point: {e}"))?;
     }
     sys::mount_setattr(
         dev.as_fd(),

@@ -26,6 +26,8 @@ pub struct LaunchOptions {
     pub bare: bool,
     /// An operator namespace (see `Request::operator`).
     pub operator: bool,
+    /// The payload's own asks on a capped channel (see `Request::client_asks`).
+    pub client_asks: bool,
 }
 
 /// Values for TERM, LANG and the spec's `env` names, from this process's environment.
@@ -125,6 +127,7 @@ pub fn launch(
         bare: opts.bare,
         operator: opts.operator,
         connections,
+        client_asks: opts.client_asks,
     };
     let mut fds: Vec<BorrowedFd<'_>> = Vec::new();
     if opts.pty.is_none() {

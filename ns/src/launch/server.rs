@@ -336,10 +336,22 @@ fn start(
             ..Info::default()
         },
     )?;
+    // The client-asks mount is added to what is built, not to the namespace's spec: a clone's
+    // spec is checked against the parent's, and this mount is no spec's to grant.
+    let mut build = space.build().clone();
+    if request.client_asks {
+        build.mounts.push(crate::mount_server::client_asks_mount());
+    }
     let built = (|| {
         let served = nsd
-            .served_mounts(id, &space, &request.argv)?
-            .map(|s| Arc::new(s.with_connections(connections).operator(request.operator)));
+            .served_mounts(id, &space, &build, &request.argv)?
+            .map(|s| {
+                Arc::new(
+                    s.with_connections(connections)
+                        .operator(request.operator)
+                        .client_asks(request.client_asks),
+                )
+            });
         let session = match &served {
             Some(s) => s.session().to_string(),
             None => new_session_id()?,
@@ -355,7 +367,7 @@ fn start(
                 &space.build().limits,
             )),
         });
-        let mut running = spawn(space.build(), &request.argv, &opts)
+        let mut running = spawn(&build, &request.argv, &opts)
             .map_err(|e| io::Error::new(e.kind(), space.handles().in_words(&e.to_string())))?;
         let pty_master = running.take_pty_master();
         Ok::<_, io::Error>((served, session, Arc::new(running), pty_master))

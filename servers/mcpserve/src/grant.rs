@@ -151,6 +151,22 @@ fn listing(dir: &Path) -> Vec<(String, String)> {
 }
 
 impl Granted {
+    /// The tool's name at the gate: a built-in's own, `mcp:<server>:<tool>` for a mounted
+    /// server's (its directory is `<mcp root>/<server>/<tool>`).
+    pub fn gate_name(&self) -> String {
+        let name = |p: &Path| {
+            p.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        };
+        if self.mcp {
+            let server = self.dir.parent().map(name).unwrap_or_default();
+            format!("mcp:{server}:{}", name(&self.dir))
+        } else {
+            name(&self.dir)
+        }
+    }
+
     /// The call file a call opens.
     pub fn call_file(&self) -> PathBuf {
         self.dir.join(if self.mcp { "call.mcp" } else { "call" })

@@ -5,6 +5,7 @@
 //! in the namespace. `docs/mcp.md` ("Serving a namespace to an MCP client").
 
 mod call;
+mod elicit;
 mod grant;
 mod http;
 mod lines;
@@ -51,6 +52,11 @@ struct Args {
     /// operator's `--allow-remote`).
     #[arg(long = "allow-host")]
     allow_hosts: Vec<String>,
+    /// The gate tree of this namespace's own asks on a capped channel (mounted by nsd for
+    /// `warren mcp serve --elicit`): a waiting call's ask is offered to a client that declared
+    /// elicitation.
+    #[arg(long = "client-asks", value_name = "PATH")]
+    client_asks: Option<PathBuf>,
 }
 
 /// How often a waiting call tells a client that asked for progress that it still waits.
@@ -65,6 +71,8 @@ pub(crate) struct Namespace {
     /// ([`level_rank`]): a mounted server's log messages below it are not relayed. One per
     /// client session.
     log_level: Arc<AtomicU8>,
+    /// The channel a waiting call's ask is offered to the client on (`--client-asks`).
+    client_asks: Option<elicit::ClientAsks>,
 }
 
 impl Namespace {
@@ -248,6 +256,26 @@ impl ServerHandler for Namespace {
         };
         let args = serde_json::to_vec(&request.arguments.unwrap_or_default())
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        // The ask of this call, offered to the client's user while it waits (a client that
+        // declared elicitation, a namespace launched with `--elicit`).
+        let offer = self
+            .client_asks
+            .clone()
+            .filter(|_| elicit::client_elicits(&context.peer))
+            .map(|asks| {
+                asks.offer(
+                    context.peer.clone(),
+                    name.clone(),
+                    granted.gate_name(),
+                    args.clone(),
+                )
+            });
+        let mut offering = offer.is_some();
+        let mut offer = std::pin::pin!(async move {
+            if let Some(offer) = offer {
+                offer.await;
+            }
+        });
         let mut pending = call::start(granted.call_file(), args);
         let progress = context.meta.get_progress_token();
         let mut ticks = tokio::time::interval(PROGRESS_EVERY);
@@ -258,6 +286,8 @@ impl ServerHandler for Namespace {
         let outcome = loop {
             tokio::select! {
                 outcome = &mut pending.result => break outcome,
+                // Offered (or not the channel's): the call waits on for the gate's decision.
+                () = &mut offer, if offering => offering = false,
                 _ = context.ct.cancelled() => {
                     // Dropping `pending` withdraws the call.
                     return Err(ErrorData::internal_error("the call was cancelled by the client and withdrawn", None));
@@ -397,6 +427,7 @@ async fn main() -> anyhow::Result<()> {
         },
         grant: Arc::default(),
         log_level: Arc::default(),
+        client_asks: args.client_asks.map(elicit::ClientAsks::new),
     };
     let served = if args.http {
         http::serve(namespace, &args.allow_hosts).await

@@ -6,7 +6,7 @@ import os
 import sys
 
 import anyio
-from mcp import ClientSession, StdioServerParameters
+from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -38,9 +38,21 @@ def transport(warren, flags):
 
 async def main():
     scenario, warren, *flags = sys.argv[1:]
+    # The elicitation requests the server sent (scenario `elicit`: the client declares the
+    # capability and answers each with ELICIT_ANSWER: allow_once, deny or decline).
+    elicitations = []
+
+    async def on_elicit(context, params):
+        elicitations.append(dump(params))
+        answer = os.environ.get("ELICIT_ANSWER", "decline")
+        if answer == "decline":
+            return types.ElicitResult(action="decline")
+        return types.ElicitResult(action="accept", content={"decision": answer})
+
+    kw = {"elicitation_callback": on_elicit} if scenario == "elicit" else {}
     async with transport(warren, flags) as streams:
         read, write = streams[0], streams[1]
-        async with ClientSession(read, write) as session:
+        async with ClientSession(read, write, **kw) as session:
             init = await session.initialize()
             out("initialize", result=dump(init))
             if scenario == "grant":
@@ -61,6 +73,16 @@ async def main():
                 reply = await call(session, os.environ["TOOL"], json.loads(os.environ["ARGS"]),
                                    progress_callback=on_progress)
                 out("answered", progress=progress, **reply)
+            elif scenario == "elicit":
+                # Each progress notification is a line as it arrives: the test's clock while
+                # the call waits (the server sends one a second).
+                async def on_progress(value, total, message):
+                    out("progress", value=value)
+
+                out("calling")
+                reply = await call(session, os.environ["TOOL"], json.loads(os.environ["ARGS"]),
+                                   progress_callback=on_progress)
+                out("answered", elicitations=elicitations, **reply)
             elif scenario == "list":
                 tools = await session.list_tools()
                 out("tools/list", tools=[dump(t) for t in tools.tools])
