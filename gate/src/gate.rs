@@ -526,7 +526,7 @@ impl Gate {
         if matches!(verb, Verb::AllowOnce(_)) {
             // A capped channel's allow above its cap is refused; the ask stays open for this
             // host's operator.
-            scope.may_allow(&row.class)?;
+            scope.may_allow(&row.class, &row.basis)?;
         }
         if *verb == Verb::Withdraw {
             drop(_one_at_a_time);

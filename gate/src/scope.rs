@@ -65,10 +65,23 @@ impl Scope {
     /// Whether this connection may allow a call of `class` (the ask's effective class: `read` …
     /// `destructive`, `dynamic`, `unmapped`). Only a channel is capped: a class that is not a
     /// tier at or below its cap (an unknown tool's `dynamic` included) is refused.
-    pub fn may_allow(&self, class: &str) -> Result<(), (Errno, String)> {
+    ///
+    /// A channel allows only what asks because of its tier alone (`basis` `default:<tier>`): an
+    /// ask the operator's own `ask` rule raised (`rule:N`), or one a session's untrusted
+    /// context raised (`context:…`), was raised for a person to look, and a channel's yes is no
+    /// evidence that one did.
+    pub fn may_allow(&self, class: &str, basis: &str) -> Result<(), (Errno, String)> {
         let Scope::Channel { name, cap, .. } = self else {
             return Ok(());
         };
+        if !basis.starts_with("default:") {
+            return Err((
+                Errno::EPERM,
+                format!(
+                    "this call asks because of {basis}, not its tier: {name} may not allow it; this host's operator answers it"
+                ),
+            ));
+        }
         match class.parse::<Tier>() {
             Ok(tier) if tier <= *cap && tier <= CHANNEL_CAP_MAX => Ok(()),
             _ => Err((
@@ -254,7 +267,7 @@ mod tests {
         };
         let write = ch(Tier::Write);
         for ok in ["read", "write"] {
-            assert!(write.may_allow(ok).is_ok(), "{ok}");
+            assert!(write.may_allow(ok, "default:x").is_ok(), "{ok}");
         }
         for refused in [
             "exec",
@@ -265,14 +278,21 @@ mod tests {
             "bogus",
         ] {
             assert_eq!(
-                write.may_allow(refused).unwrap_err().0,
+                write.may_allow(refused, "default:x").unwrap_err().0,
                 Errno::EPERM,
                 "{refused}"
             );
         }
-        assert!(ch(Tier::Read).may_allow("write").is_err());
+        assert!(ch(Tier::Read).may_allow("write", "default:x").is_err());
         // Even a channel built with a higher cap (the record check refuses one) stops at write.
-        assert!(ch(Tier::Destructive).may_allow("exec").is_err());
+        assert!(
+            ch(Tier::Destructive)
+                .may_allow("exec", "default:x")
+                .is_err()
+        );
+        for raised in ["rule:3", "context:untrusted_context", "session_grant:1", ""] {
+            assert!(write.may_allow("read", raised).is_err(), "{raised}");
+        }
         assert!(write.may_use(&Verb::AllowOnce("0".repeat(8))).is_ok());
         assert!(write.may_use(&Verb::Deny).is_ok());
         for v in [Verb::AllowSession, Verb::AllowAlways, Verb::Withdraw] {

@@ -325,7 +325,7 @@ pub fn request_text(row: &PendingRow, scope: &Scope, subtree_open: usize) -> Str
     let fp = &row.fp[..FP_SHOWN.min(row.fp.len())];
     let answers = match scope {
         Scope::Namespace { .. } => format!("allow once {fp} | deny"),
-        Scope::Channel { .. } if scope.may_allow(&row.class).is_err() => {
+        Scope::Channel { .. } if scope.may_allow(&row.class, &row.basis).is_err() => {
             "deny (allowing it is this host's operator's)".to_owned()
         }
         Scope::Channel { .. } => format!("allow once {fp} | deny"),

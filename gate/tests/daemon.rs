@@ -623,6 +623,66 @@ async fn a_namespace_sees_and_answers_only_strict_descendants_with_once_or_deny(
 /// A capped channel (a remote peer's operator): sees its sessions' asks only, answers `allow
 /// once`/`deny` only, allows a write-tier call but never an exec-tier one (that ask stays open
 /// for this host's operator), and the receipt names the channel as who answered.
+/// A channel allows only what asks because of its tier: an ask the operator's own `ask` rule
+/// raised, or one an untrusted context raised, was raised for a person to look at, and stays the
+/// operator's (a planted violation, a channel taking any `default:` or raised basis, fails here).
+#[tokio::test]
+async fn a_capped_channel_never_allows_what_a_rule_or_an_untrusted_context_raised() {
+    let env = Env::up(&[]);
+    let op = env.operator().await;
+    write(&op, "rules", "allow fs_write\nask fs_read")
+        .await
+        .unwrap();
+    let by_rule = decide(&op, S1, "fs_read", &json!({"path": "a"}), &[]).await;
+    assert_eq!(by_rule.decision, Verdict::Ask);
+    assert!(by_rule.basis.starts_with("rule:"), "{}", by_rule.basis);
+    let by_context = decide(
+        &op,
+        S1,
+        "fs_write",
+        &json!({"path": "b", "content": "x"}),
+        &["untrusted_context"],
+    )
+    .await;
+    assert_eq!(
+        (by_context.decision, by_context.basis.as_str()),
+        (Verdict::Ask, "context:untrusted_context")
+    );
+    let record = ControlRecord {
+        version: 1,
+        kind: RecordKind::Channel,
+        name: Some("peer:SHA256:test".into()),
+        sessions: vec![S1.into()],
+        cap: Some(Tier::Write),
+        ..Default::default()
+    };
+    let ch = env.handed(&record).await.unwrap();
+    for asked in [&by_rule, &by_context] {
+        let id = asked.pending.unwrap();
+        let request = read(&ch, &format!("pending/{id}/request")).await.unwrap();
+        assert!(
+            request.contains("answer deny (allowing it is this host's operator's)"),
+            "{request}"
+        );
+        let (errno, msg) = write(
+            &ch,
+            &format!("pending/{id}/ctl"),
+            &format!("allow once {}", &asked.fingerprint[..8]),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(errno, Errno::EPERM, "{msg}");
+        assert!(msg.contains("not its tier"), "{msg}");
+        assert!(listed(&op).await.contains(&id), "ask {id} stays open");
+    }
+    // The channel may still say no.
+    let id = by_context.pending.unwrap();
+    write(&ch, &format!("pending/{id}/ctl"), "deny")
+        .await
+        .unwrap();
+    assert_eq!(wait(&op, id).await.decision, Verdict::Deny);
+}
+
 #[tokio::test]
 async fn a_capped_channel_allows_once_up_to_its_tier_and_the_rest_stays_the_operators() {
     let env = Env::up(&[]);
