@@ -1151,9 +1151,12 @@ mod tests {
             "another session's asks"
         );
         assert_eq!(scope.label(), "mcp-client:7");
-        assert!(scope.may_allow("read").is_ok() && scope.may_allow("write").is_ok());
+        assert!(
+            scope.may_allow("read", "default:read").is_ok()
+                && scope.may_allow("write", "default:write").is_ok()
+        );
         for above in ["exec", "network", "destructive", "dynamic", "unmapped"] {
-            assert!(scope.may_allow(above).is_err(), "{above}");
+            assert!(scope.may_allow(above, "default:exec").is_err(), "{above}");
         }
         assert!(!scope.may_decide());
         assert_eq!(client_asks_mount().path, CLIENT_ASKS_PATH);

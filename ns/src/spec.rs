@@ -744,6 +744,30 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                         ));
                     }
                 }
+                if let Some(peer) = &key {
+                    // A namespace that calls a peer's tools and answers that peer's asks would
+                    // approve its own calls: the two trees of one peer never meet in one spec.
+                    let this = names.first().map_or("tool", String::as_str);
+                    let other = match this {
+                        "asks" => Some("tool"),
+                        "tool" => Some("asks"),
+                        _ => None,
+                    };
+                    if let Some(other) = other
+                        && spec.mounts.iter().any(|m| {
+                            m.key.as_ref() == Some(peer)
+                                && m.spec.first().map_or("tool", String::as_str) == other
+                        })
+                    {
+                        return Err(ctx.err(
+                            server_w,
+                            format!(
+                                "peer `{peer}`'s `tool` and `asks` trees may not be mounted in one \
+                                 namespace: it would answer the asks of its own calls"
+                            ),
+                        ));
+                    }
+                }
                 if server == Server::Local(LocalServer::Tool) && names.is_empty() {
                     return Err(ctx.err(
                         server_w,
@@ -1351,6 +1375,14 @@ mod tests {
             ("mount unix!rel /m", "absolute"),
             ("mount -k", "PEER"),
             ("mount -k Gpu tcp!h!1 /m", "not a peer name"),
+            (
+                "mount -k b tcp!h!1 /n/b\nmount -k b tcp!h!1 /n/b-asks asks",
+                "may not be mounted in one namespace",
+            ),
+            (
+                "mount -k b tcp!h!1 /n/a asks\nmount -k b tcp!h!1 /n/b tool",
+                "may not be mounted in one namespace",
+            ),
             ("mount -k gpu unix!/s /m", "tcp!HOST!PORT"),
             ("mount -k gpu tcp!h!1 /m tool dir", "at most one word"),
             ("tool x -r /a", "no `mount tool` line grants"),

@@ -216,6 +216,9 @@ mod tests {
         assert!(!sa.sees_session(&"1".repeat(32)), "a local session");
         assert_eq!(sa.label(), format!("peer:{}", a.key.fingerprint()));
         assert!(matches!(sa, Scope::Channel { .. }));
-        assert!(sa.may_allow("write").is_ok() && sa.may_allow("exec").is_err());
+        assert!(
+            sa.may_allow("write", "default:write").is_ok()
+                && sa.may_allow("exec", "default:exec").is_err()
+        );
     }
 }
