@@ -16,6 +16,7 @@
 //! and `proof/…` and the `keys` registry, read-only; every other name is absent (ENOENT).
 
 use std::hash::{DefaultHasher, Hash as _, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::json;
@@ -55,6 +56,34 @@ pub struct ReceiptsTree {
     role: Role,
     /// A view's one scope: nothing else is named, listed or written.
     view: Option<String>,
+    /// Files this connection holds open: each holds a copy of what it read at open (a whole
+    /// session's log, for `log`), taken under the log's lock that appends wait on.
+    snapshots: Arc<AtomicUsize>,
+}
+
+/// Read-only files one connection may hold open at once; the next open is EMFILE. A reader
+/// needs one or two at a time; without a bound, a peer or a namespace opening `log` a
+/// thousand times would hold a thousand copies and stall every append while taking them.
+pub const MAX_SNAPSHOTS: usize = 16;
+
+/// One of a connection's [`MAX_SNAPSHOTS`] places, given back when its fid goes.
+struct Held(Arc<AtomicUsize>);
+
+impl Held {
+    fn take(count: &Arc<AtomicUsize>) -> Result<Held> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_SNAPSHOTS).then_some(n + 1)
+            })
+            .map_err(|_| Errno::EMFILE)?;
+        Ok(Held(count.clone()))
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl ReceiptsTree {
@@ -63,6 +92,7 @@ impl ReceiptsTree {
             shared,
             role,
             view: None,
+            snapshots: Arc::default(),
         }
     }
 
@@ -72,6 +102,7 @@ impl ReceiptsTree {
             shared,
             role: Role::Reader,
             view: Some(scope),
+            snapshots: Arc::default(),
         }
     }
 
@@ -140,6 +171,8 @@ pub struct FidState {
     node: Node,
     /// A read-only file's contents, taken at open.
     content: Option<Vec<u8>>,
+    /// The connection's place that `content` holds.
+    held: Option<Held>,
     /// `append`/`ctl`: the reply to the last write.
     reply: RpcReply,
 }
@@ -276,6 +309,7 @@ impl FileTree for ReceiptsTree {
             FidState {
                 node: Node::Root,
                 content: None,
+                held: None,
                 reply: RpcReply::default(),
             },
         ))
@@ -303,6 +337,7 @@ impl FileTree for ReceiptsTree {
             Some(FidState {
                 node,
                 content: None,
+                held: None,
                 reply: RpcReply::default(),
             }),
         ))
@@ -336,7 +371,9 @@ impl FileTree for ReceiptsTree {
                 if writing {
                     return Err(Errno::EACCES);
                 }
+                let held = Held::take(&self.snapshots)?;
                 fid.content = Some(self.content(n)?);
+                fid.held = Some(held);
             }
         }
         Ok((fid.node.qid(), 0))

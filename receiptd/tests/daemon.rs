@@ -574,6 +574,22 @@ fn a_view_handed_over_shows_one_scope_and_keys_and_appends_nothing() {
             .collect();
         names.sort();
         assert_eq!(names, ["keys", "s1"]);
+        // Open files are bounded per connection (each holds a copy of what it read): the one
+        // past the bound is EMFILE, and a place comes back when a file is closed.
+        let mut open = Vec::new();
+        for _ in 0..warren_receiptd::tree::MAX_SNAPSHOTS {
+            let f = root.walk(&["s1", "log"]).await.unwrap();
+            f.open(oflags::RDONLY).await.unwrap();
+            open.push(f);
+        }
+        let one_more = root.walk(&["s1", "log"]).await.unwrap();
+        assert_eq!(
+            one_more.open(oflags::RDONLY).await.unwrap_err(),
+            Errno::EMFILE
+        );
+        open.pop().unwrap().clunk().await.unwrap();
+        one_more.open(oflags::RDONLY).await.unwrap();
+        drop(open);
         // A record naming no valid scope is refused, and the connection is not served.
         let (_ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
         let refused = warren_receiptd::control::hand_over(&ctl, "../s2", &theirs).unwrap_err();

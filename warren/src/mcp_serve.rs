@@ -48,8 +48,9 @@ pub struct ServeArgs {
     /// Offer a waiting call's ask to the client's user (MCP elicitation, when the client
     /// declares it): an answer that way allows at most a `write`-tier call, once, and its
     /// receipt names the channel `mcp-client:<namespace id>`; `exec`, `network` and
-    /// `destructive` calls stay with `warren approvals`.
-    #[arg(long)]
+    /// `destructive` calls stay with `warren approvals`. Not with --weaker-landlock: Landlock is
+    /// what keeps an attached program from answering on that channel.
+    #[arg(long, conflicts_with = "weaker_landlock")]
     pub elicit: bool,
 }
 

@@ -352,6 +352,25 @@ fn a_client_that_hangs_up_mid_call_leaves_nothing_behind() {
     assert!(!work.path().join("log").exists(), "the call ran");
 }
 
+/// The channel `--elicit` mounts is kept from other programs in the namespace by Landlock, so
+/// it is refused with a ruleset that may not be enforced.
+#[test]
+fn elicit_is_refused_with_a_weaker_landlock() {
+    let w = Warren::up();
+    let out = w.run(&[
+        "mcp",
+        "serve",
+        "--elicit",
+        "--weaker-landlock",
+        "--tool",
+        "echo",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("--weaker-landlock"), "{said}");
+    assert!(ns_ids(&w).is_empty());
+}
+
 /// A process's parent, from `/proc/PID/stat`.
 fn parent_of(pid: i32) -> Option<i32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
