@@ -401,7 +401,11 @@ pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Runn
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in an argument"))?;
     let env = payload_env(spec, opts.env.as_ref())?;
     let net_grant = match (spec.net(), &opts.net_proxy) {
-        (Net::Proxy, Some(target)) => Some(crate::netgrant::grant(spec, target, &opts.protected)?),
+        (Net::Proxy, Some(target)) => Some(crate::netgrant::grant(
+            &spec.proxy,
+            target,
+            &opts.protected,
+        )?),
         (Net::Proxy, None) => {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,

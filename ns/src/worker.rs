@@ -227,7 +227,7 @@ impl WorkerFactory {
                 ));
             }
             (true, Some(net)) => Some(
-                crate::netgrant::grant_patterns(&net.patterns, &net.target, &self.protected)
+                crate::netgrant::grant(&net.patterns, &net.target, &self.protected)
                     .map_err(|e| format!("the worker's network: {e}"))?,
             ),
         };
