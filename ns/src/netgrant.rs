@@ -26,7 +26,7 @@ use warren_netproxy::Pattern;
 use warren_netproxy::grant::{CONTROL, GrantRecord};
 
 use crate::confine::guard::ProtectedDirs;
-use crate::spec::{PROXY_PORT, Spec};
+use crate::spec::PROXY_PORT;
 
 /// Which session and namespace a `net proxy` grant is for (nsd sets it on `RunOptions`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,20 +69,10 @@ pub fn proxy_env() -> Vec<String> {
     env
 }
 
-/// Makes the namespace's network namespace and its listener, and hands the listener with the
-/// spec's patterns to the proxy.
-pub(crate) fn grant(
-    spec: &Spec,
-    target: &NetProxyTarget,
-    dirs: &ProtectedDirs,
-) -> io::Result<NetGrant> {
-    grant_patterns(&spec.proxy, target, dirs)
-}
-
 /// Makes a network namespace with a listener of its own and hands the listener with `patterns`
 /// to the proxy, in `target`'s session: the namespace's own, or one of its tool workers' (its
 /// `tool NAME net proxy` list; the same session, so the same gate decisions and receipts).
-pub(crate) fn grant_patterns(
+pub(crate) fn grant(
     patterns: &[Pattern],
     target: &NetProxyTarget,
     dirs: &ProtectedDirs,

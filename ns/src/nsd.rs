@@ -872,7 +872,10 @@ impl crate::worker::WorkerScopes for Nsd {
                 if target.session != session {
                     return Err(format!("namespace {id}'s grant has another session"));
                 }
-                Some(crate::worker::WorkerNet { target, patterns })
+                Some(crate::worker::WorkerNet {
+                    target,
+                    patterns: patterns.to_vec(),
+                })
             }
             _ => None,
         };

@@ -261,13 +261,12 @@ pub(crate) fn payload_env(
     if spec.net() == Net::Proxy {
         // These name the only way out: a launcher's value for one (through the spec's `env`)
         // must not point elsewhere, so it is dropped for the proxy's.
-        env.retain(|e| {
-            let name = e.split('=').next().unwrap_or("");
-            !crate::netgrant::proxy_env()
-                .iter()
-                .any(|p| p.split('=').next() == Some(name))
-        });
-        env.extend(crate::netgrant::proxy_env());
+        let proxy = crate::netgrant::proxy_env();
+        fn name(e: &str) -> &str {
+            e.split('=').next().unwrap_or("")
+        }
+        env.retain(|e| !proxy.iter().any(|p| name(p) == name(e)));
+        env.extend(proxy);
     }
     env.into_iter()
         .map(|s| {
@@ -402,7 +401,11 @@ pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Runn
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in an argument"))?;
     let env = payload_env(spec, opts.env.as_ref())?;
     let net_grant = match (spec.net(), &opts.net_proxy) {
-        (Net::Proxy, Some(target)) => Some(crate::netgrant::grant(spec, target, &opts.protected)?),
+        (Net::Proxy, Some(target)) => Some(crate::netgrant::grant(
+            &spec.proxy,
+            target,
+            &opts.protected,
+        )?),
         (Net::Proxy, None) => {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,

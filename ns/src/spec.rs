@@ -106,8 +106,8 @@ pub struct ToolAuthority {
 }
 
 /// `tool NAME net proxy [PATTERN…]`: a tool's worker gets the network through the egress proxy,
-/// for `proxy` (empty: every destination of the namespace's own `net proxy` line), never wider
-/// than the namespace's list (checked when the spec is parsed).
+/// for `proxy`, never wider than the namespace's list. Both are settled when the spec is parsed:
+/// a line that lists none gets the namespace's own `net proxy` patterns there, once.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ToolNet {
     pub name: String,
@@ -1003,13 +1003,14 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
         }
     }
     // A tool's network is never wider than its namespace's.
-    for ((line, word, source), tool) in pending_nets.into_iter().zip(&spec.tool_nets) {
+    let (net, namespace) = (spec.net(), warren_netproxy::Policy::new(spec.proxy.clone()));
+    for ((line, word, source), tool) in pending_nets.into_iter().zip(&mut spec.tool_nets) {
         let ctx = LineCtx {
             file,
             number: line,
             source: &source,
         };
-        if spec.net() != Net::Proxy {
+        if net != Net::Proxy {
             return Err(ctx.err(
                 &word,
                 format!(
@@ -1019,7 +1020,10 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                 ),
             ));
         }
-        let namespace = warren_netproxy::Policy::new(spec.proxy.clone());
+        if tool.proxy.is_empty() {
+            tool.proxy = namespace.patterns.clone();
+            continue;
+        }
         let widened = namespace.widenings(&warren_netproxy::Policy::new(tool.proxy.clone()));
         if let Some(why) = widened.first() {
             return Err(ctx.err(
@@ -1077,18 +1081,13 @@ impl Spec {
     }
 
     /// The destinations `tool`'s worker may reach through the egress proxy: none unless a
-    /// `tool NAME net proxy` line names it under a `net proxy` namespace; that line's patterns,
-    /// or the namespace's own when it lists none.
-    pub fn tool_proxy(&self, tool: &str) -> Option<Vec<warren_netproxy::Pattern>> {
+    /// `tool NAME net proxy` line names it under a `net proxy` namespace (its list as parsed).
+    pub fn tool_proxy(&self, tool: &str) -> Option<&[warren_netproxy::Pattern]> {
         if self.net() != Net::Proxy {
             return None;
         }
         let line = self.tool_nets.iter().find(|t| t.name == tool)?;
-        Some(if line.proxy.is_empty() {
-            self.proxy.clone()
-        } else {
-            line.proxy.clone()
-        })
+        Some(&line.proxy)
     }
 
     /// The spec as text that parses back to an equal spec. It holds env NAMES only: a `Spec`
@@ -1646,7 +1645,7 @@ mod tests {
     fn a_tools_network_is_within_its_namespaces() {
         let base = "mount tool /tool shell fs_read\nnet proxy api.test '*.pypi.org'\n";
         let all = parse("t.ns", &format!("{base}tool shell net proxy\n")).unwrap();
-        let shown = |p: Option<Vec<warren_netproxy::Pattern>>| {
+        let shown = |p: Option<&[warren_netproxy::Pattern]>| {
             p.map(|v| v.iter().map(ToString::to_string).collect::<Vec<_>>())
         };
         assert_eq!(

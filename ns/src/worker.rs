@@ -26,7 +26,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sched::CloneFlags;
 use nix::unistd::{ForkResult, Pid};
 use warren_daemon::Dirs;
 use warren_daemon::accept::{into_blocking, next_peer, refusal};
@@ -38,7 +37,7 @@ use warren_toolfs::worker::protocol::RootConfig;
 use crate::confine::binds::{self, PreparedBind};
 use crate::confine::guard::Guard;
 use crate::confine::sys::{self, Dir};
-use crate::confine::{NAMESPACES, creds, landlock, mounts, seccomp};
+use crate::confine::{creds, landlock, mounts, seccomp};
 use crate::run::{SETUP_DEADLINE, SetupErrors};
 use crate::spec::{Access, Bind, Limits, Net};
 
@@ -228,7 +227,7 @@ impl WorkerFactory {
                 ));
             }
             (true, Some(net)) => Some(
-                crate::netgrant::grant_patterns(&net.patterns, &net.target, &self.protected)
+                crate::netgrant::grant(&net.patterns, &net.target, &self.protected)
                     .map_err(|e| format!("the worker's network: {e}"))?,
             ),
         };
@@ -578,16 +577,7 @@ fn holder(mut plan: Plan) -> ! {
     if let Err(m) = close_all_but(&plan) {
         fail(&plan.err_write, &m);
     }
-    let unshared = match &plan.net_ns {
-        None => nix::sched::unshare(NAMESPACES).map_err(|e| format!("unshare namespaces: {e}")),
-        Some(netns) => nix::sched::unshare(NAMESPACES.difference(CloneFlags::CLONE_NEWNET))
-            .map_err(|e| format!("unshare namespaces: {e}"))
-            .and_then(|()| {
-                nix::sched::setns(netns, CloneFlags::CLONE_NEWNET)
-                    .map_err(|e| format!("joining the worker's network namespace: {e}"))
-            }),
-    };
-    if let Err(m) = unshared {
+    if let Err(m) = crate::confine::unshare_namespaces(plan.net_ns.as_ref()) {
         fail(&plan.err_write, &m);
     }
     if let Err(m) = mounts::make_root_private() {

@@ -80,8 +80,10 @@ fn serve(mut s: TcpStream) -> Option<(u64, u64)> {
     Some((received, answer.len() as u64))
 }
 
-/// A hosts file the proxy's uid can read (a test's temp dirs are 0700 root).
-fn hosts_file() -> tempfile::TempDir {
+/// warren up with the proxy answering `api.test` and `other.test` from a hosts file (kept with
+/// the warren: a restarted proxy reads it again), and every first use of a destination asked.
+fn up_with_hosts() -> (tempfile::TempDir, Warren) {
+    // In /tmp, readable by the proxy's uid (a test's temp dirs are 0700 root).
     let dir = tempfile::Builder::new()
         .prefix("wnet")
         .tempdir_in("/tmp")
@@ -90,13 +92,14 @@ fn hosts_file() -> tempfile::TempDir {
     let path = dir.path().join("hosts");
     std::fs::write(&path, "127.0.0.1 api.test other.test\n").unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-    dir
+    let w = up_asking(&[("WARREN_NETPROXY_HOSTS", path.to_str().unwrap())]);
+    (dir, w)
 }
 
-fn up_with_hosts(hosts: &tempfile::TempDir) -> Warren {
-    let path = hosts.path().join("hosts");
-    let w = Warren::up_with(&[("WARREN_NETPROXY_HOSTS", path.to_str().unwrap())]);
-    // Every first use of a destination asks (the network tier's default is allow).
+/// warren up with `env`, every first use of a destination asked (the network tier's default
+/// is allow).
+fn up_asking(env: &[(&str, &str)]) -> Warren {
+    let w = Warren::up_with(env);
     w.run_ok(&["write", "/gate/rules", "ask tier:network"]);
     w
 }
@@ -134,8 +137,7 @@ fn effects_for(receipts: &[serde_json::Value], host: &str) -> Vec<serde_json::Va
 fn a_payload_reaches_exactly_the_listed_host_through_the_proxy() {
     let world = World::start();
     let port = world.port;
-    let hosts = hosts_file();
-    let w = up_with_hosts(&hosts);
+    let (_hosts, w) = up_with_hosts();
     let _approver = approve_every_ask(&w);
     let spec = w.base.path().join("net.ns");
     std::fs::write(
@@ -241,8 +243,7 @@ fn a_payload_reaches_exactly_the_listed_host_through_the_proxy() {
 fn a_clone_cannot_widen_the_host_list() {
     let world = World::start();
     let port = world.port;
-    let hosts = hosts_file();
-    let w = up_with_hosts(&hosts);
+    let (_hosts, w) = up_with_hosts();
     let share = tempfile::Builder::new()
         .prefix("wnets")
         .tempdir_in("/tmp")
@@ -323,8 +324,7 @@ fn a_clone_cannot_widen_the_host_list() {
 fn a_restarted_proxy_gets_the_running_namespaces_grant_again() {
     let world = World::start();
     let port = world.port;
-    let hosts = hosts_file();
-    let w = up_with_hosts(&hosts);
+    let (_hosts, w) = up_with_hosts();
     let _approver = approve_every_ask(&w);
     let share = tempfile::Builder::new()
         .prefix("wnetr")
@@ -425,8 +425,7 @@ fn line_of(out: &str, prefix: &str) -> String {
 fn a_shell_tool_given_the_network_fetches_through_the_proxy_and_one_without_cannot() {
     let world = World::start();
     let port = world.port;
-    let hosts = hosts_file();
-    let w = up_with_hosts(&hosts);
+    let (_hosts, w) = up_with_hosts();
     let _approver = approve_every_ask(&w);
     let root = common::tempdir_with_mode("wnett", 0o777);
     let base = format!(
@@ -595,8 +594,7 @@ fn answer_dns(sock: &std::net::UdpSocket, names: &[(&str, std::net::Ipv4Addr)]) 
 fn the_internet_is_reached_by_name_over_https_and_nothing_else_gets_out() {
     let net = Internet::start();
     let ip = &net.ip;
-    let w = Warren::up_with(&[("WARREN_NETPROXY_DNS", &format!("{ip}:53"))]);
-    w.run_ok(&["write", "/gate/rules", "ask tier:network"]);
+    let w = up_asking(&[("WARREN_NETPROXY_DNS", &format!("{ip}:53"))]);
     let _approver = approve_every_ask(&w);
     let d = net.dir.path().display();
     let spec = w.base.path().join("internet.ns");

@@ -141,16 +141,20 @@ fn enter_namespaces(plan: &Plan) -> Result<(), String> {
         std::fs::write(dir.join("cgroup.procs"), "0")
             .map_err(|e| format!("joining cgroup {}: {e}", dir.display()))?;
     }
-    match &plan.net_ns {
-        None => nix::sched::unshare(NAMESPACES).map_err(|e| format!("unshare namespaces: {e}"))?,
-        Some(fd) => {
-            nix::sched::unshare(NAMESPACES.difference(CloneFlags::CLONE_NEWNET))
-                .map_err(|e| format!("unshare namespaces: {e}"))?;
-            nix::sched::setns(fd, CloneFlags::CLONE_NEWNET)
-                .map_err(|e| format!("joining the proxy's network namespace: {e}"))?;
-        }
-    }
+    unshare_namespaces(plan.net_ns.as_ref())?;
     mounts::make_root_private()
+}
+
+/// Unshares [`NAMESPACES`], but joins `net_ns` (a `net proxy` grant's network namespace, with
+/// its proxy listener) instead of a fresh network namespace when given one.
+pub(crate) fn unshare_namespaces(net_ns: Option<&OwnedFd>) -> Result<(), String> {
+    let Some(fd) = net_ns else {
+        return nix::sched::unshare(NAMESPACES).map_err(|e| format!("unshare namespaces: {e}"));
+    };
+    nix::sched::unshare(NAMESPACES.difference(CloneFlags::CLONE_NEWNET))
+        .map_err(|e| format!("unshare namespaces: {e}"))?;
+    nix::sched::setns(fd, CloneFlags::CLONE_NEWNET)
+        .map_err(|e| format!("joining the granted network namespace: {e}"))
 }
 
 fn pid1(plan: &mut Plan, uid: u32) -> ! {

@@ -78,11 +78,7 @@ fn main() -> anyhow::Result<()> {
                 .patterns,
         );
     }
-    let resolver = resolver(&args)?;
-    let records = match args.records.as_str() {
-        "-" => Records::stdout(),
-        path => Records::file(std::path::Path::new(path))?,
-    };
+    let (resolver, records) = (resolver(&args)?, records(&args)?);
     if policy.patterns.is_empty() {
         tracing::warn!("no --allow and no --policy: every destination is refused");
     }
@@ -161,16 +157,20 @@ fn resolver(args: &Args) -> anyhow::Result<Resolver> {
     resolver.with_dns(&args.dns).map_err(anyhow::Error::msg)
 }
 
+/// Where `--records` says records go.
+fn records(args: &Args) -> anyhow::Result<Records> {
+    Ok(match args.records.as_str() {
+        "-" => Records::stdout(),
+        path => Records::file(std::path::Path::new(path))?,
+    })
+}
+
 /// `--control`: the daemon `warren supervise` runs (see [`warren_netproxy::grant`]).
 fn control(args: Args) -> anyhow::Result<()> {
     use warren_toolfs::gate::{self, GateLink};
     let gate_fd = gate::take_inherited_fd()?;
     let dirs = warren_daemon::Dirs::from_env();
-    let resolver = resolver(&args)?;
-    let records = match args.records.as_str() {
-        "-" => Records::stdout(),
-        path => Records::file(std::path::Path::new(path))?,
-    };
+    let (resolver, records) = (resolver(&args)?, records(&args)?);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.threads.max(1))
         .enable_all()

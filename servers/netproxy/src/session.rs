@@ -6,7 +6,7 @@
 //! connection of its own, `Connection: close`). The stream may be anything that reads and
 //! writes: a TCP or Unix connection, or one half of a socketpair handed over by nsd.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
@@ -58,6 +58,9 @@ impl Default for Limits {
 /// 512 KiB per open tunnel.
 const COPY_BUF: usize = 256 * 1024;
 
+/// Set once the hook allowed a destination; its one ask's waiters wait on it.
+type Allowed = Arc<tokio::sync::OnceCell<()>>;
+
 pub struct Session {
     pub name: String,
     pub policy: Policy,
@@ -65,8 +68,9 @@ pub struct Session {
     pub records: Records,
     pub limits: Limits,
     decide: Arc<dyn Decide>,
-    /// `(host, port)` the hook allowed in this session.
-    allowed: Mutex<HashSet<(Host, u16)>>,
+    /// Per `(host, port)`: set once the hook allowed it in this session. Its first uses wait on
+    /// one ask (concurrent connections to a new destination ask the hook once, not each).
+    allowed: Mutex<HashMap<(Host, u16), Allowed>>,
     slots: Arc<Semaphore>,
 }
 
@@ -125,7 +129,7 @@ impl Session {
             slots: Arc::new(Semaphore::new(limits.max_connections)),
             limits,
             decide,
-            allowed: Mutex::new(HashSet::new()),
+            allowed: Mutex::new(HashMap::new()),
         }
     }
 
@@ -182,26 +186,24 @@ impl Session {
                 "{host}:{port} is not on this session's list"
             )));
         };
-        let key = (host.clone(), port);
-        let cached = self
+        let allowed = self
             .allowed
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .contains(&key);
-        if !cached {
-            let named = host.to_string();
-            match self.decide.decide(&named, port).await {
-                Decision::Allow => {
-                    self.allowed
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(key);
+            .entry((host.clone(), port))
+            .or_default()
+            .clone();
+        // A deny leaves the cell unset: the next use asks again (the gate remembers its deny).
+        allowed
+            .get_or_try_init(|| async {
+                match self.decide.decide(&host.to_string(), port).await {
+                    Decision::Allow => Ok(()),
+                    Decision::Deny(reason) => {
+                        Err(Refusal::refused(format!("{host}:{port} denied: {reason}")))
+                    }
                 }
-                Decision::Deny(reason) => {
-                    return Err(Refusal::refused(format!("{host}:{port} denied: {reason}")));
-                }
-            }
-        }
+            })
+            .await?;
         let addrs = match (&listed, host) {
             (Listed::Ip, Host::Ip(ip)) => vec![*ip],
             (Listed::Name { pin }, Host::Name(name)) => {

@@ -11,6 +11,36 @@ use common::{HttpServer, curl, stdout};
 use warren_netproxy::grant::{GrantRecord, Grants, hand_over};
 use warren_netproxy::{Records, Resolver};
 
+/// Sends a grant frame with no listener as uid 65534 (the socket and its directory opened wide
+/// first, so only the proxy's own peer check stands): `closed` when the proxy hangs up without
+/// reading it, `answer` when it answers (a root peer gets `error: 0 fds …`).
+fn frame_as_nobody(ctl: &std::path::Path) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let wide = |p: &std::path::Path, mode| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    wide(ctl.parent().unwrap(), 0o755);
+    wide(ctl, 0o666);
+    let script = format!(
+        "import socket\ns=socket.socket(socket.AF_UNIX)\ns.connect({:?})\nr=b'{{}}'\n\
+         try:\n  s.sendall(len(r).to_bytes(4,'little')+r)\n  print('answer' if s.recv(100) else 'closed')\n\
+         except (BrokenPipeError, ConnectionResetError):\n  print('closed')\n",
+        ctl.to_str().unwrap()
+    );
+    let out = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args(["/usr/bin/python3", "-c", &script])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        said == "answer" || said == "closed",
+        "{said:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    said
+}
+
 #[test]
 fn a_handed_over_listener_is_served_with_the_records_policy_until_the_grant_closes() {
     assert!(
@@ -39,6 +69,11 @@ fn a_handed_over_listener_is_served_with_the_records_policy_until_the_grant_clos
         warren_daemon::operator::listen(&ctl).unwrap()
     };
     rt.spawn(grants.serve_control(listener));
+    assert_eq!(
+        frame_as_nobody(&ctl),
+        "closed",
+        "a non-root peer's grant was read"
+    );
 
     let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let proxy = tcp.local_addr().unwrap();

@@ -128,3 +128,60 @@ async fn a_connection_without_a_place_for_its_receipt_is_not_served() {
         [warren_netproxy::Outcome::Closed]
     );
 }
+
+/// A hook that counts its asks and answers allow only once the test releases it.
+struct Held {
+    asked: AtomicUsize,
+    release: tokio::sync::Semaphore,
+}
+
+#[async_trait]
+impl Decide for Held {
+    async fn decide(&self, _host: &str, _port: u16) -> Decision {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        let _ = self.release.acquire().await.unwrap();
+        Decision::Allow
+    }
+}
+
+/// Concurrent first connections to a new destination wait on one ask: the gate (and so the
+/// operator) is asked once, not once per connection.
+#[tokio::test]
+async fn concurrent_first_uses_of_a_destination_ask_the_hook_once() {
+    let server = HttpServer::start();
+    let port = server.port();
+    let policy = Policy::parse([format!("api.test:{port}=127.0.0.1").as_str()]).unwrap();
+    let resolver = Resolver::with_hosts("127.0.0.1 api.test\n").unwrap();
+    let hook = Arc::new(Held {
+        asked: AtomicUsize::new(0),
+        release: tokio::sync::Semaphore::new(0),
+    });
+    let session = Arc::new(Session::with_decide(
+        "single-ask",
+        policy,
+        resolver,
+        Records::none(),
+        hook.clone(),
+    ));
+    let head = format!("GET http://api.test:{port}/hello HTTP/1.1\r\nHost: x\r\n\r\n");
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let (session, head) = (session.clone(), head.clone());
+            tokio::spawn(async move { request(&session, head).await })
+        })
+        .collect();
+    // The test's runtime has one thread: yielding lets every client run up to the ask (or to
+    // waiting on it); nothing on that path waits on the outside world.
+    for _ in 0..200 {
+        tokio::task::yield_now().await;
+    }
+    hook.release.add_permits(4);
+    for c in clients {
+        assert!(c.await.unwrap().ends_with(HELLO));
+    }
+    assert_eq!(
+        hook.asked.load(Ordering::SeqCst),
+        1,
+        "one ask per destination"
+    );
+}
