@@ -735,6 +735,14 @@ fn streamable_http_needs_the_listeners_token_and_a_local_origin() {
         401,
         "a wrong token"
     );
+    let one_digit_off: String = std::iter::once(if token.starts_with('0') { '1' } else { '0' })
+        .chain(token.chars().skip(1))
+        .collect();
+    assert_eq!(
+        post_status(&url, &[&format!("Authorization: Bearer {one_digit_off}")]),
+        401,
+        "a wrong token of the right length"
+    );
     assert_eq!(
         post_status(&url, &[&bearer, "Origin: https://evil.example"]),
         403,
