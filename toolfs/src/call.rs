@@ -65,7 +65,8 @@ enum AskState {
     None,
     /// The gate is deciding; whether it makes an ask is not known yet.
     Deciding,
-    /// The call was withdrawn while the gate decided: an ask it makes is withdrawn at once.
+    /// The call was withdrawn while the gate decided: the deciding task withdraws it, naming
+    /// the ask the gate made (if any), once the gate has answered.
     Abandoned,
     /// Ask `id` is open and the call waits for it.
     Pending(i64),
@@ -92,9 +93,10 @@ impl Drop for Withdrawal {
             match *ask {
                 AskState::Pending(id) => Some(id),
                 AskState::Deciding => {
-                    // The deciding task withdraws the ask the gate makes, once it knows its id.
+                    // The deciding task withdraws the call once the gate has answered, naming
+                    // the ask the gate made (if it made one).
                     *ask = AskState::Abandoned;
-                    None
+                    return;
                 }
                 AskState::None | AskState::Abandoned => None,
             }
@@ -333,6 +335,7 @@ impl CallOpen {
         let deciding = {
             let (dispatcher, ask) = (dispatcher.clone(), withdrawal.ask.clone());
             let (name, args) = (name.to_owned(), prepared.canonical.clone());
+            let args_digest = withdrawal.args_digest.clone();
             let tier = self.tool.def.gate_tier;
             tokio::spawn(async move {
                 let gate = &dispatcher.services().gate;
@@ -357,12 +360,16 @@ impl CallOpen {
                     };
                     abandoned
                 };
-                if abandoned
-                    && answer.decision == Verdict::Ask
-                    && let Some(id) = answer.pending
-                {
-                    tracing::info!(tool = %name, pending = id, "call withdrawn while its ask was made: the ask is withdrawn");
-                    gate.withdraw(id).await;
+                if abandoned {
+                    let pending = answer.pending.filter(|_| answer.decision == Verdict::Ask);
+                    tracing::info!(conn = %dispatcher.grant().label, tool = %name, args = %args_digest, ?pending, "call withdrawn: its read was flushed while the gate decided");
+                    withdraw(
+                        dispatcher.clone(),
+                        name,
+                        args_digest,
+                        pending,
+                        "flushed before it started",
+                    );
                 }
                 answer
             })

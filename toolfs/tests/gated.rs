@@ -257,6 +257,44 @@ async fn a_flushed_wait_withdraws_the_ask() {
     );
 }
 
+/// Tflush of a read while the gate is still making its ask (its id not yet back at toolfs)
+/// withdraws that ask, and the `withdrawn` receipt names it; the tool never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_flushed_while_the_gate_asks_withdraws_that_ask_by_its_id() {
+    let d = Daemon::start_gated(&[]);
+    let (_c, root, path, session) = writable_shell(&d).await;
+    let root = std::sync::Arc::new(root);
+    let gate = d.stack().gate_operator().await;
+    let pending = {
+        let root = root.clone();
+        tokio::spawn(
+            async move { call_envelope(&root, "shell", br#"{"command":"touch ran"}"#).await },
+        )
+    };
+    // Flushed as soon as the gate lists the ask: toolfs may not have its id yet.
+    let id = the_open_ask(&gate).await;
+    pending.abort();
+    for _ in 0..1000 {
+        let receipts = d.stack().receipts(&session).await;
+        let withdrawn: Vec<_> = receipts
+            .iter()
+            .filter(|b| b["kind"] == "withdrawn")
+            .collect();
+        if let [w] = withdrawn[..]
+            && open_asks(&gate).await.is_empty()
+        {
+            assert_eq!(w["subject"]["pending"], id, "{receipts:#?}");
+            assert!(!path.join("ran").exists());
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "the ask was not withdrawn; receipts {:#?}",
+        d.stack().receipts(&session).await
+    );
+}
+
 /// Fail closed: once the gate is gone, every call is denied (never run).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_gate_killed_every_later_call_is_denied() {

@@ -198,6 +198,27 @@ struct Raw {
 }
 
 impl Raw {
+    /// `warren mcp serve ARGS` on piped stdio.
+    fn serve(w: &Warren, args: &[&str]) -> Raw {
+        let mut argv = vec!["mcp", "serve"];
+        argv.extend_from_slice(args);
+        Raw::new(
+            w.cmd(&argv)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        )
+    }
+    /// The MCP handshake as client `name`: `initialize` (id 1), its answer, `initialized`.
+    fn initialize(&mut self, name: &str) {
+        let init = json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{
+            "protocolVersion":"2025-06-18","capabilities":{},
+            "clientInfo":{"name":name,"version":"0"}}});
+        self.send(&init.to_string());
+        assert_eq!(self.answer()["id"], 1, "{name}");
+        self.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    }
     fn new(mut child: Child) -> Raw {
         let stdout = BufReader::new(child.stdout.take().unwrap());
         let (tx, out) = std::sync::mpsc::channel();
@@ -229,13 +250,7 @@ impl Raw {
 fn bad_input_is_a_clear_json_rpc_error_and_the_server_keeps_serving() {
     let w = Warren::up();
     server_built();
-    let child = w
-        .cmd(&["mcp", "serve", "--tool", "echo"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut raw = Raw::new(child);
+    let mut raw = Raw::serve(&w, &["--tool", "echo"]);
     // A call before initialize.
     raw.send(
         r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{}}}"#,
@@ -283,13 +298,7 @@ fn bad_input_is_a_clear_json_rpc_error_and_the_server_keeps_serving() {
 
     // A protocol version the server does not speak: per MCP, it answers with one it does, and
     // the client decides whether to go on.
-    let child = w
-        .cmd(&["mcp", "serve", "--tool", "echo"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut raw = Raw::new(child);
+    let mut raw = Raw::serve(&w, &["--tool", "echo"]);
     raw.send(
         r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"1999-01-01","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#,
     );
@@ -458,11 +467,7 @@ fn a_thousand_clients_that_hang_up_mid_call_leave_no_process_fd_or_ask_behind() 
             .spawn()
             .unwrap();
         let mut raw = Raw::new(child);
-        raw.send(
-            r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"hang-up","version":"0"}}}"#,
-        );
-        assert_eq!(raw.answer()["id"], 1, "client {i}");
-        raw.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+        raw.initialize(&format!("hang-up {i}"));
         raw.send(&call);
         if i % 10 == 0 {
             last_ask = next_ask(&w, last_ask).0;
@@ -510,16 +515,22 @@ fn a_thousand_clients_that_hang_up_mid_call_leave_no_process_fd_or_ask_behind() 
 fn a_cancelled_call_is_withdrawn_and_the_server_keeps_serving() {
     let w = Warren::up();
     let (work, spec, args) = shell_spec(&w);
-    let mut child = client(
-        &w,
-        "cancel",
-        &["--ns", spec.to_str().unwrap()],
-        &[("TOOL", "shell"), ("ARGS", &args), ("GIVE_UP_AFTER", "2")],
-    )
-    .stdin(Stdio::piped())
-    .spawn()
-    .unwrap();
-    let (id, _) = next_ask(&w, 0);
+    cancelled_call_is_withdrawn(&w, &["--ns", spec.to_str().unwrap()], &[], &args);
+    assert!(!work.path().join("log").exists(), "the call ran");
+}
+
+/// Runs the `cancel` client (its flags and environment beside the call's): it calls `shell`,
+/// cancels once the ask is on the gate, and says "still serving" once the server answered a
+/// later request; the ask is then orphaned while the client is still connected, so the
+/// withdrawal came from the cancellation.
+fn cancelled_call_is_withdrawn(w: &Warren, flags: &[&str], env: &[(&str, &str)], args: &str) {
+    let mut env = env.to_vec();
+    env.extend([("TOOL", "shell"), ("ARGS", args), ("GIVE_UP_AFTER", "2")]);
+    let mut child = client(w, "cancel", flags, &env)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (id, _) = next_ask(w, 0);
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     loop {
         let line = lines.next().expect("the client ended early").unwrap();
@@ -527,11 +538,9 @@ fn a_cancelled_call_is_withdrawn_and_the_server_keeps_serving() {
             break;
         }
     }
-    // The client is still connected: the withdrawal came from the cancellation.
-    wait_until("the ask was withdrawn", || ask_state(&w, id) == "orphaned");
+    wait_until("the ask was withdrawn", || ask_state(w, id) == "orphaned");
     drop(child.stdin.take());
     assert!(child.wait().unwrap().success());
-    assert!(!work.path().join("log").exists(), "the call ran");
 }
 
 /// An operator's MCP server mounted with `--mcp`: its accepted, granted tools are served as
@@ -735,6 +744,14 @@ fn streamable_http_needs_the_listeners_token_and_a_local_origin() {
         401,
         "a wrong token"
     );
+    let one_digit_off: String = std::iter::once(if token.starts_with('0') { '1' } else { '0' })
+        .chain(token.chars().skip(1))
+        .collect();
+    assert_eq!(
+        post_status(&url, &[&format!("Authorization: Bearer {one_digit_off}")]),
+        401,
+        "a wrong token of the right length"
+    );
     assert_eq!(
         post_status(&url, &[&bearer, "Origin: https://evil.example"]),
         403,
@@ -881,11 +898,7 @@ fn client_configurations_parse_and_serve() {
         .spawn()
         .unwrap();
     let mut raw = Raw::new(child);
-    raw.send(
-        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"docs","version":"0"}}}"#,
-    );
-    assert_eq!(raw.answer()["id"], 1);
-    raw.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    raw.initialize("docs");
     raw.send(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#);
     let listed = raw.answer();
     let names: Vec<&str> = listed["result"]["tools"]
@@ -905,32 +918,7 @@ fn a_cancelled_call_over_http_is_withdrawn() {
     let w = Warren::up();
     let (work, spec, args) = shell_spec(&w);
     let (mut serve, url, token) = listen(&w, &["--ns", spec.to_str().unwrap()]);
-    let mut child = client(
-        &w,
-        "cancel",
-        &[],
-        &[
-            ("MCP_URL", &url),
-            ("MCP_TOKEN", &token),
-            ("TOOL", "shell"),
-            ("ARGS", &args),
-            ("GIVE_UP_AFTER", "2"),
-        ],
-    )
-    .stdin(Stdio::piped())
-    .spawn()
-    .unwrap();
-    let (id, _) = next_ask(&w, 0);
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    loop {
-        let line = lines.next().expect("the client ended early").unwrap();
-        if line.contains("still serving") {
-            break;
-        }
-    }
-    wait_until("the ask was withdrawn", || ask_state(&w, id) == "orphaned");
-    drop(child.stdin.take());
-    assert!(child.wait().unwrap().success());
+    cancelled_call_is_withdrawn(&w, &[], &[("MCP_URL", &url), ("MCP_TOKEN", &token)], &args);
     serve.kill().unwrap();
     serve.wait().unwrap();
     assert!(!work.path().join("log").exists(), "the call ran");
@@ -1362,18 +1350,8 @@ fn a_client_without_elicitation_gets_no_elicitation_request() {
     let w = Warren::up();
     server_built();
     let (work, spec, args) = fs_write_spec(&w);
-    let child = w
-        .cmd(&["mcp", "serve", "--ns", spec.to_str().unwrap(), "--elicit"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut raw = Raw::new(child);
-    raw.send(
-        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"no-elicitation","version":"0"}}}"#,
-    );
-    assert_eq!(raw.answer()["id"], 1);
-    raw.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    let mut raw = Raw::serve(&w, &["--ns", spec.to_str().unwrap(), "--elicit"]);
+    raw.initialize("no-elicitation");
     let call = json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{
         "name":"fs_write","arguments":serde_json::from_str::<Value>(&args).unwrap(),
         "_meta":{"progressToken":"p"}}});
@@ -1427,18 +1405,8 @@ fn a_program_attached_to_the_serving_namespace_cannot_answer_on_the_channel() {
     let w = Warren::up();
     server_built();
     let (work, spec, args) = fs_write_spec(&w);
-    let child = w
-        .cmd(&["mcp", "serve", "--ns", spec.to_str().unwrap(), "--elicit"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut raw = Raw::new(child);
-    raw.send(
-        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"attach","version":"0"}}}"#,
-    );
-    assert_eq!(raw.answer()["id"], 1);
-    raw.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+    let mut raw = Raw::serve(&w, &["--ns", spec.to_str().unwrap(), "--elicit"]);
+    raw.initialize("attach");
     let call = json!({"jsonrpc":"2.0","id":2,"method":"tools/call","params":{
         "name":"fs_write","arguments":serde_json::from_str::<Value>(&args).unwrap()}});
     raw.send(&call.to_string());

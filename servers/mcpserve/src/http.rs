@@ -58,7 +58,7 @@ fn authorized(request: &Request<Incoming>, token: &[u8]) -> bool {
     let Some(given) = value.as_bytes().strip_prefix(b"Bearer ") else {
         return false;
     };
-    given.len() == token.len() && given.iter().zip(token).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0
+    bool::from(subtle::ConstantTimeEq::ct_eq(given, token))
 }
 
 fn unauthorized() -> Response<BoxBody<Bytes, Infallible>> {
