@@ -493,9 +493,10 @@ fn a_thousand_clients_that_hang_up_mid_call_leave_no_process_fd_or_ask_behind() 
         now.iter().zip(&fds).all(|((_, n), (_, b))| n <= b),
         "daemons' fds before: {fds:?}, after: {now:?}"
     );
-    // No ask stays open (an ask whose caller is gone is closed once the gate's orphan grace,
-    // 30 s, has passed with nobody waiting on it), and each one seen on the gate was closed
-    // for its gone caller.
+    // No ask stays open: toolfs withdraws the ask of each call whose read went with its client
+    // (also one the gate was still making), and each one seen on the gate was closed for its
+    // gone caller. The gate's orphan grace does not apply here (toolfs's own connection to the
+    // gate lives on), so an ask toolfs lost would stay open until its expiry and fail this.
     let open_asks = || {
         let out = w.run_ok(&["ls", "/gate/pending"]);
         String::from_utf8_lossy(&out.stdout).trim().to_string()
