@@ -179,7 +179,7 @@ impl OpenFile {
         let digest = sha2::Digest::finalize(seen.args.clone());
         Some(crate::CallReport {
             tool: seen.tool.clone(),
-            args_sha256: digest.iter().map(|b| format!("{b:02x}")).collect(),
+            args_sha256: hex::encode(digest),
             args_len: seen.args_len,
             result: seen.result.clone(),
             result_len: seen.result_len,

@@ -113,19 +113,26 @@ fn concurrent_transactions_never_see_each_others_results() {
     m.unmount().unwrap();
 }
 
-#[test]
-fn a_read_blocked_in_the_server_blocks_neither_cat_nor_a_hundred_calls() {
-    let m = Mounted::start();
-    let mut blocked = Command::new("cat")
+/// A `cat` of `slow`, once its read is the `nth` to have reached the server (where it blocks).
+fn cat_blocked_in_slow(m: &Mounted, nth: usize) -> std::process::Child {
+    let cat = Command::new("cat")
         .arg(m.path("slow"))
         .stdout(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     assert!(wait_until(Duration::from_secs(10), || m
         .stats
         .slow_reads_started
         .load(Ordering::SeqCst)
-        == 1));
+        == nth));
+    cat
+}
+
+#[test]
+fn a_read_blocked_in_the_server_blocks_neither_cat_nor_a_hundred_calls() {
+    let m = Mounted::start();
+    let mut blocked = cat_blocked_in_slow(&m, 1);
 
     let out = run(Command::new("cat").arg(m.path("static")));
     assert_eq!(out.stdout, common::STATIC_TEXT);
@@ -150,16 +157,7 @@ fn a_read_blocked_in_the_server_blocks_neither_cat_nor_a_hundred_calls() {
 #[test]
 fn a_sigkilled_reader_blocked_in_the_server_is_reaped_and_its_read_flushed() {
     let m = Mounted::start();
-    let mut reader = Command::new("cat")
-        .arg(m.path("slow"))
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    assert!(wait_until(Duration::from_secs(10), || m
-        .stats
-        .slow_reads_started
-        .load(Ordering::SeqCst)
-        == 1));
+    let mut reader = cat_blocked_in_slow(&m, 1);
     reader.kill().unwrap(); // SIGKILL
     let status = wait_bounded(&mut reader, Duration::from_secs(5))
         .expect("the killed reader was not reaped within 5 s");
@@ -173,16 +171,7 @@ fn a_sigkilled_reader_blocked_in_the_server_is_reaped_and_its_read_flushed() {
         "the server never saw the read flushed"
     );
     // A second interrupt on the same connection works too (the first did not turn them off).
-    let mut second = Command::new("cat")
-        .arg(m.path("slow"))
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    assert!(wait_until(Duration::from_secs(10), || m
-        .stats
-        .slow_reads_started
-        .load(Ordering::SeqCst)
-        == 2));
+    let mut second = cat_blocked_in_slow(&m, 2);
     second.kill().unwrap();
     assert!(wait_bounded(&mut second, Duration::from_secs(5)).is_some());
     assert!(wait_until(Duration::from_secs(5), || m
@@ -286,17 +275,7 @@ fn unmount_makes_serve_return() {
 #[test]
 fn a_server_gone_for_good_gives_enotconn_never_a_hang() {
     let m = Mounted::start();
-    let mut blocked = Command::new("cat")
-        .arg(m.path("slow"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    assert!(wait_until(Duration::from_secs(10), || m
-        .stats
-        .slow_reads_started
-        .load(Ordering::SeqCst)
-        == 1));
+    let mut blocked = cat_blocked_in_slow(&m, 1);
     m.server.kill();
     let status = wait_bounded(&mut blocked, Duration::from_secs(10))
         .expect("the blocked reader hung after the server died");
@@ -357,17 +336,7 @@ fn a_server_not_back_yet_gives_eio_and_a_later_request_reattaches() {
         reconnect: true,
         ..Default::default()
     });
-    let mut blocked = Command::new("cat")
-        .arg(m.path("slow"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    assert!(wait_until(Duration::from_secs(10), || m
-        .stats
-        .slow_reads_started
-        .load(Ordering::SeqCst)
-        == 1));
+    let mut blocked = cat_blocked_in_slow(&m, 1);
     m.server.refusing.store(true, Ordering::SeqCst);
     m.server.kill();
     let status = wait_bounded(&mut blocked, Duration::from_secs(10))

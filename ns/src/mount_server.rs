@@ -143,7 +143,7 @@ fn truncate_word(w: &str) -> String {
 pub fn new_session_id() -> io::Result<String> {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).map_err(|e| io::Error::other(e.to_string()))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(hex::encode(bytes))
 }
 
 /// Makes a connection to one namespace's own view of nsd's `/ns` tree (its descendants only;
@@ -805,9 +805,8 @@ impl Import {
         });
         let mut digests = serde_json::json!({"args": format!("sha256:{args}")});
         if result.len() as u64 == result_len {
-            let d = sha2::Digest::finalize(<sha2::Sha256 as sha2::Digest>::new_with_prefix(result));
-            let hex: String = d.iter().map(|b| format!("{b:02x}")).collect();
-            digests["result"] = serde_json::json!(format!("sha256:{hex}"));
+            let d = <sha2::Sha256 as sha2::Digest>::digest(result);
+            digests["result"] = serde_json::json!(format!("sha256:{}", hex::encode(d)));
         }
         // The peer's envelope: its status and the receipt it names, as the peer wrote them.
         if let Ok(envelope) = serde_json::from_slice::<serde_json::Value>(result) {

@@ -169,13 +169,19 @@ impl Hosts {
     }
 }
 
-#[test]
-fn a_peer_sees_exactly_its_grant_and_b_decides_and_receipts_its_calls() {
+/// A directory under /tmp that B's `shell` and `fs_write` workers may write (a root grant).
+fn shell_work_dir() -> tempfile::TempDir {
     let work = tempfile::Builder::new()
         .prefix("wexpw")
         .tempdir_in("/tmp")
         .unwrap();
     common::open_to_shell_workers(work.path());
+    work
+}
+
+#[test]
+fn a_peer_sees_exactly_its_grant_and_b_decides_and_receipts_its_calls() {
+    let work = shell_work_dir();
     let dir = work.path().to_str().unwrap();
     let h = hosts(&format!("tool:echo,shell root:shell:{dir}"));
     let spec = h.spec("");
@@ -312,11 +318,7 @@ fn a_tool_the_entry_does_not_grant_is_absent_and_a_tree_it_does_not_grant_is_ref
 /// also with `asks:remote`, neither sees nor answers it.
 #[test]
 fn with_asks_remote_a_answers_its_write_tier_ask_but_an_exec_tier_one_stays_with_b() {
-    let work = tempfile::Builder::new()
-        .prefix("wexpw")
-        .tempdir_in("/tmp")
-        .unwrap();
-    common::open_to_shell_workers(work.path());
+    let work = shell_work_dir();
     let dir = work.path().to_str().unwrap();
     let h = hosts(&format!(
         "tool:fs_write,shell root:fs_write:{dir} root:shell:{dir} asks:remote"
@@ -474,11 +476,7 @@ fn a_server_with_another_key_is_refused_naming_both_fingerprints() {
 
 #[test]
 fn a_dropped_link_fails_the_call_in_flight_instead_of_hanging() {
-    let work = tempfile::Builder::new()
-        .prefix("wexpw")
-        .tempdir_in("/tmp")
-        .unwrap();
-    common::open_to_shell_workers(work.path());
+    let work = shell_work_dir();
     let dir = work.path().to_str().unwrap();
     let mut h = hosts(&format!("tool:shell root:shell:{dir}"));
     let spec = h.spec("");
@@ -520,11 +518,7 @@ fn next_line(lines: &std::sync::mpsc::Receiver<String>, what: &str) -> String {
 /// entry names another key, the re-dial is refused).
 #[test]
 fn pulling_the_cable_mid_call_gives_eio_and_the_mount_works_again_once_it_is_back() {
-    let work = tempfile::Builder::new()
-        .prefix("wexpw")
-        .tempdir_in("/tmp")
-        .unwrap();
-    common::open_to_shell_workers(work.path());
+    let work = shell_work_dir();
     let dir = work.path().to_str().unwrap();
     let h = hosts(&format!("tool:echo,shell root:shell:{dir}"));
     let spec = h.spec("");

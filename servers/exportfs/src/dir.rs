@@ -134,7 +134,13 @@ impl FileTree for ReadOnlyDir {
             let fd = self.resolve(&fid.rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
             fid.entries = Some(list(fd)?);
         } else {
-            fid.file = Some(File::from(self.resolve(&fid.rel, OFlag::O_RDONLY)?));
+            // Non-blocking, and checked on the handle opened: a FIFO or device put under the
+            // directory (or swapped in after the stat above) is refused, never waited on.
+            let file = File::from(self.resolve(&fid.rel, OFlag::O_RDONLY | OFlag::O_NONBLOCK)?);
+            if !file.metadata()?.is_file() {
+                return Err(Errno::EACCES);
+            }
+            fid.file = Some(file);
         }
         Ok((qid, 0))
     }

@@ -94,7 +94,9 @@ impl HostKey {
         Ok(HostKey(SigningKey::from_bytes(&seed)))
     }
 
-    /// Loads the key at `path`: 32 bytes, a regular file readable by its owner only.
+    /// Loads the key at `path`: 32 bytes, a regular file of the caller's (root's) readable by its
+    /// owner only. The secrets dir belongs to receiptd, which could put a file of its own there:
+    /// a key the caller does not own is refused, not adopted as this host's identity.
     pub fn load(path: &Path) -> io::Result<HostKey> {
         let mut file = OpenOptions::new()
             .read(true)
@@ -110,12 +112,15 @@ impl HostKey {
                 )
             })?;
         let meta = file.metadata()?;
-        if !meta.is_file() || meta.mode() & 0o077 != 0 {
+        let me = nix::unistd::geteuid().as_raw();
+        if !meta.is_file() || meta.mode() & 0o077 != 0 || meta.uid() != me {
             return Err(io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 format!(
-                    "{}: the host key must be a regular file only its owner can read (mode {:o})",
+                    "{}: the host key must be a regular file of uid {me} only its owner can read \
+                     (owner uid {}, mode {:o})",
                     path.display(),
+                    meta.uid(),
                     meta.mode() & 0o7777
                 ),
             ));
@@ -173,6 +178,18 @@ mod tests {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         let e = HostKey::load(&path).err().expect("refused");
         assert!(e.to_string().contains("only its owner can read"), "{e}");
+    }
+
+    /// The secrets dir is receiptd's: a key file another uid put there is not this host's key.
+    #[test]
+    fn a_key_another_uid_owns_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("host.key");
+        HostKey::create(&path).unwrap();
+        let other = nix::unistd::geteuid().as_raw() + 1;
+        std::os::unix::fs::chown(&path, Some(other), None).unwrap();
+        let e = HostKey::load(&path).err().expect("refused");
+        assert!(e.to_string().contains(&format!("owner uid {other}")), "{e}");
     }
 
     #[test]

@@ -131,11 +131,13 @@ fn valid_tool(name: &str) -> bool {
 
 impl Peers {
     /// Reads the peers file: it must belong to root (or to whoever runs this) and be writable
-    /// by its owner only, since it says who may call this host's tools.
+    /// by its owner only, since it says who may call this host's tools. The text is read from
+    /// the handle whose owner and mode were checked, never from the path a second time.
     pub fn load(path: &Path) -> io::Result<Peers> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| io::Error::new(e.kind(), format!("read {}: {e}", path.display())))?;
-        let meta = std::fs::metadata(path)?;
+        let named =
+            |e: io::Error| io::Error::new(e.kind(), format!("read {}: {e}", path.display()));
+        let mut file = std::fs::File::open(path).map_err(named)?;
+        let meta = file.metadata().map_err(named)?;
         let me = nix::unistd::geteuid().as_raw();
         if (meta.uid() != 0 && meta.uid() != me) || meta.mode() & 0o022 != 0 {
             return Err(io::Error::new(
@@ -149,6 +151,8 @@ impl Peers {
                 ),
             ));
         }
+        let mut text = String::new();
+        io::Read::read_to_string(&mut file, &mut text).map_err(named)?;
         Peers::parse(&text).map_err(|e| {
             io::Error::new(
                 io::ErrorKind::InvalidData,

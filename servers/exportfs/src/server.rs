@@ -187,8 +187,8 @@ fn authenticate(
     result
 }
 
-/// Cuts `link` when its peer's entry stops granting it: checked every [`Config::recheck`] until
-/// the returned sender is dropped (the link ended).
+/// Cuts `link` when its peer's entry stops granting it or changes at all: checked every
+/// [`Config::recheck`] until the returned sender is dropped (the link ended).
 fn watch_revocation(
     config: &Config,
     link: &wire::Link,
@@ -202,12 +202,20 @@ fn watch_revocation(
         .name("exportfs-recheck".into())
         .spawn(move || {
             while let Err(mpsc::RecvTimeoutError::Timeout) = watch.recv_timeout(every) {
+                // The live link's backend holds the grant made from `peer` (a toolfs grant of
+                // its tools, a directory's handle): any change to the entry, a narrowed grant
+                // included, cuts it, and the peer's next link is made from the entry as it is.
                 let still = Peers::load(&peers)
                     .map_err(|e| e.to_string())
                     .and_then(|p| {
-                        p.by_key(&peer.key)
-                            .ok_or_else(|| "its key is no longer in the peers file".to_owned())
-                            .and_then(|now| now.grants(&tree))
+                        let now = p
+                            .by_key(&peer.key)
+                            .ok_or_else(|| "its key is no longer in the peers file".to_owned())?;
+                        now.grants(&tree)?;
+                        if *now != peer {
+                            return Err("its entry changed".to_owned());
+                        }
+                        Ok(())
                     });
                 if let Err(why) = still {
                     tracing::warn!(peer = %peer.name, "link cut: {why}");

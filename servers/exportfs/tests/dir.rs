@@ -73,3 +73,26 @@ async fn a_directory_is_listed_and_read_and_never_left_or_written() {
         "hello from b\n"
     );
 }
+
+/// A FIFO under a granted directory (anyone on the host may make one where they can write) is
+/// refused at open: never a read that waits for a writer and holds one of exportfs's threads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_under_the_directory_is_refused_not_waited_on() {
+    let (shared, _outside) = tree();
+    nix::unistd::mkfifo(
+        &shared.path().join("pipe"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    let c = client(shared.path()).await;
+    let root = c.attach("peer", "docs").await.unwrap();
+    let pipe = root.walk(&["pipe"]).await.unwrap();
+    // Bounded so that an open left waiting on the FIFO fails here instead of hanging the test.
+    let opened = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        pipe.open(oflags::RDONLY),
+    )
+    .await
+    .expect("the open waited on the FIFO");
+    assert_eq!(opened.err(), Some(Errno::EACCES));
+}
