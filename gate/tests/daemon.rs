@@ -620,9 +620,18 @@ async fn a_namespace_sees_and_answers_only_strict_descendants_with_once_or_deny(
     assert!(env.handed(&selfish).await.is_err());
 }
 
-/// A capped channel (a remote peer's operator): sees its sessions' asks only, answers `allow
-/// once`/`deny` only, allows a write-tier call but never an exec-tier one (that ask stays open
-/// for this host's operator), and the receipt names the channel as who answered.
+/// A remote peer's answer channel over session S1's asks, capped at the write tier.
+fn peer_channel() -> ControlRecord {
+    ControlRecord {
+        version: 1,
+        kind: RecordKind::Channel,
+        name: Some("peer:SHA256:test".into()),
+        sessions: vec![S1.into()],
+        cap: Some(Tier::Write),
+        ..Default::default()
+    }
+}
+
 /// A channel allows only what asks because of its tier: an ask the operator's own `ask` rule
 /// raised, or one an untrusted context raised, was raised for a person to look at, and stays the
 /// operator's (a planted violation, a channel taking any `default:` or raised basis, fails here).
@@ -648,15 +657,7 @@ async fn a_capped_channel_never_allows_what_a_rule_or_an_untrusted_context_raise
         (by_context.decision, by_context.basis.as_str()),
         (Verdict::Ask, "context:untrusted_context")
     );
-    let record = ControlRecord {
-        version: 1,
-        kind: RecordKind::Channel,
-        name: Some("peer:SHA256:test".into()),
-        sessions: vec![S1.into()],
-        cap: Some(Tier::Write),
-        ..Default::default()
-    };
-    let ch = env.handed(&record).await.unwrap();
+    let ch = env.handed(&peer_channel()).await.unwrap();
     for asked in [&by_rule, &by_context] {
         let id = asked.pending.unwrap();
         let request = read(&ch, &format!("pending/{id}/request")).await.unwrap();
@@ -683,6 +684,9 @@ async fn a_capped_channel_never_allows_what_a_rule_or_an_untrusted_context_raise
     assert_eq!(wait(&op, id).await.decision, Verdict::Deny);
 }
 
+/// A capped channel (a remote peer's operator): sees its sessions' asks only, answers `allow
+/// once`/`deny` only, allows a write-tier call but never an exec-tier one (that ask stays open
+/// for this host's operator), and the receipt names the channel as who answered.
 #[tokio::test]
 async fn a_capped_channel_allows_once_up_to_its_tier_and_the_rest_stays_the_operators() {
     let env = Env::up(&[]);
@@ -701,15 +705,7 @@ async fn a_capped_channel_allows_once_up_to_its_tier_and_the_rest_stays_the_oper
         .await
         .pending
         .unwrap();
-    let record = ControlRecord {
-        version: 1,
-        kind: RecordKind::Channel,
-        name: Some("peer:SHA256:test".into()),
-        sessions: vec![S1.into()],
-        cap: Some(Tier::Write),
-        ..Default::default()
-    };
-    let ch = env.handed(&record).await.unwrap();
+    let ch = env.handed(&peer_channel()).await.unwrap();
     assert_eq!(listed(&ch).await, vec![w, x]);
     assert_eq!(
         ch.walk(&["pending", &stranger.to_string()]).await.err(),
@@ -774,23 +770,23 @@ async fn a_capped_channel_allows_once_up_to_its_tier_and_the_rest_stays_the_oper
     for bad in [
         ControlRecord {
             cap: Some(Tier::Exec),
-            ..record.clone()
+            ..peer_channel()
         },
         ControlRecord {
             cap: None,
-            ..record.clone()
+            ..peer_channel()
         },
         ControlRecord {
             sessions: Vec::new(),
-            ..record.clone()
+            ..peer_channel()
         },
         ControlRecord {
             name: Some("operator: x".into()),
-            ..record.clone()
+            ..peer_channel()
         },
         ControlRecord {
             name: None,
-            ..record.clone()
+            ..peer_channel()
         },
     ] {
         assert!(env.handed(&bad).await.is_err(), "{bad:?}");

@@ -12,6 +12,32 @@ use common::{Warren, approve_every_ask, wait_until};
 use serde_json::{Value, json};
 use warren_daemon::identity::Role;
 
+/// `warren agent` with the operator answering its asks, in the namespace `spec` builds, then
+/// `rest` (options, the task).
+fn agent_args<'a>(spec: &'a Path, rest: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "agent",
+        "--asks",
+        "operator",
+        "--ns",
+        spec.to_str().unwrap(),
+    ];
+    args.extend_from_slice(rest);
+    args
+}
+
+/// The run stopped (status 1) because its `which` budget (turns, tokens, time) was spent; its
+/// stderr.
+fn budget_spent(run: &std::process::Output, which: &str) -> String {
+    let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("the {which} budget is spent")),
+        "{stderr}"
+    );
+    stderr
+}
+
 /// A small repository to summarise, readable by the tools' workers, and an output directory
 /// owned by the worker uid (fs_write writes as its root's owner, never root).
 fn repo(base: &Path) -> (String, String) {
@@ -96,16 +122,14 @@ fn an_agent_summarises_a_repository_and_every_call_is_receipted() {
     )
     .unwrap();
     let transcript = base.path().join("transcript.jsonl");
-    let run = w.run(&[
-        "agent",
-        "--asks",
-        "operator",
-        "--ns",
-        spec.to_str().unwrap(),
-        "--transcript",
-        transcript.to_str().unwrap(),
-        "Summarise the repository into SUMMARY.md",
-    ]);
+    let run = w.run(&agent_args(
+        &spec,
+        &[
+            "--transcript",
+            transcript.to_str().unwrap(),
+            "Summarise the repository into SUMMARY.md",
+        ],
+    ));
     let (stdout, stderr) = (
         String::from_utf8_lossy(&run.stdout),
         String::from_utf8_lossy(&run.stderr),
@@ -286,19 +310,8 @@ fn the_budget_stops_a_model_that_never_finishes() {
         format!("mount tool /tool fs_read\ntool fs_read -r {repo}\n"),
     )
     .unwrap();
-    let run = w.run(&[
-        "agent",
-        "--asks",
-        "operator",
-        "--ns",
-        spec.to_str().unwrap(),
-        "--max-turns",
-        "3",
-        "read forever",
-    ]);
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert_eq!(run.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("the turns budget is spent"), "{stderr}");
+    let run = w.run(&agent_args(&spec, &["--max-turns", "3", "read forever"]));
+    budget_spent(&run, "turns");
     let requests = script.requests();
     assert_eq!(requests.len(), 3, "the fourth turn was never asked");
     let answers: Vec<&Value> = requests[1]["body"]["messages"]
@@ -316,48 +329,20 @@ fn the_budget_stops_a_model_that_never_finishes() {
     );
 
     // The fourth scripted turn is skipped: the next run starts at `heavy`.
-    let _ = w.run(&[
-        "agent",
-        "--asks",
-        "operator",
-        "--ns",
-        spec.to_str().unwrap(),
-        "--max-turns",
-        "1",
-        "skip a turn",
-    ]);
-    let run = w.run(&[
-        "agent",
-        "--asks",
-        "operator",
-        "--ns",
-        spec.to_str().unwrap(),
-        "--max-tokens",
-        "1000",
-        "spend tokens",
-    ]);
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert_eq!(run.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("the tokens budget is spent"), "{stderr}");
+    let _ = w.run(&agent_args(&spec, &["--max-turns", "1", "skip a turn"]));
+    let run = w.run(&agent_args(
+        &spec,
+        &["--max-tokens", "1000", "spend tokens"],
+    ));
+    budget_spent(&run, "tokens");
     assert_eq!(
         script.requests().len(),
         5,
         "no ask after the token budget was spent"
     );
 
-    let run = w.run(&[
-        "agent",
-        "--asks",
-        "operator",
-        "--ns",
-        spec.to_str().unwrap(),
-        "--max-seconds",
-        "1",
-        "answer slowly",
-    ]);
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert_eq!(run.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("the time budget is spent"), "{stderr}");
+    let run = w.run(&agent_args(&spec, &["--max-seconds", "1", "answer slowly"]));
+    budget_spent(&run, "time");
 }
 
 /// The tool calls of one reply run concurrently: the agent's `fs_read` runs (its receipt lands)
@@ -390,14 +375,7 @@ fn the_calls_of_one_turn_run_concurrently() {
     )
     .unwrap();
     let agent = w
-        .cmd(&[
-            "agent",
-            "--asks",
-            "operator",
-            "--ns",
-            spec.to_str().unwrap(),
-            "write and read",
-        ])
+        .cmd(&agent_args(&spec, &["write and read"]))
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -451,16 +429,10 @@ fn model_calls_are_decided_by_the_gate_and_charged_to_the_budgets() {
     let spec = base.path().join("agent.ns");
     let agent = |spec_text: &str| {
         std::fs::write(&spec, spec_text).unwrap();
-        let run = w.run(&[
-            "agent",
-            "--asks",
-            "operator",
-            "--ns",
-            spec.to_str().unwrap(),
-            "--max-turns",
-            "30",
-            "call nope forever",
-        ]);
+        let run = w.run(&agent_args(
+            &spec,
+            &["--max-turns", "30", "call nope forever"],
+        ));
         let stderr = String::from_utf8_lossy(&run.stderr).into_owned();
         (run.status.code(), stderr)
     };
@@ -518,19 +490,8 @@ fn model_calls_are_decided_by_the_gate_and_charged_to_the_budgets() {
     w.run_ok(&["write", "/gate/rules", &format!("delete {deny}\nask llm")]);
     let _approver = approve_every_ask(&w);
     std::fs::write(&spec, &grant).unwrap();
-    let run = w.run(&[
-        "agent",
-        "--asks",
-        "operator",
-        "--ns",
-        spec.to_str().unwrap(),
-        "--max-turns",
-        "2",
-        "call nope twice",
-    ]);
-    let stderr = String::from_utf8_lossy(&run.stderr);
-    assert_eq!(run.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("the turns budget is spent"), "{stderr}");
+    let run = w.run(&agent_args(&spec, &["--max-turns", "2", "call nope twice"]));
+    let stderr = budget_spent(&run, "turns");
     assert_eq!(script.requests().len(), asked + 2);
     let session = session_of(&stderr);
     let answered = w

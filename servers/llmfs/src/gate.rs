@@ -53,18 +53,18 @@ impl ModelGate {
         Some(self.budgets.clone())
     }
 
-    /// Decides the call of `model` with request `body` in the namespace's session `scope`; an
-    /// ask waits for its answer until `deadline` (the ask's timeout), then is withdrawn.
+    /// Decides the call of `model` with the request digested as `request_digest` (`sha256:HEX`)
+    /// in the namespace's session `scope`; an ask waits for its answer until `deadline` (the
+    /// ask's timeout), then is withdrawn.
     /// Err: why the call must not be made, for the reply's error line.
     pub async fn admit(
         &self,
         scope: &str,
         model: &str,
-        body: &Value,
+        request_digest: &str,
         deadline: Instant,
     ) -> Result<Admitted, String> {
-        let sent = serde_json::to_vec(body).map_err(|e| e.to_string())?;
-        let args = json!({"model": model, "request": crate::session::sha256(&sent)});
+        let args = json!({"model": model, "request": request_digest});
         let canonical = warren_jcs::value_to_vec(&args).map_err(|e| e.to_string())?;
         let answer = self
             .link

@@ -256,12 +256,6 @@ impl Session {
         });
         let prepared = running_share(in_flight).and_then(|share| {
             let (request, body) = prepare(&s, message, &backend)?;
-            check_receipt_size(
-                &self.scope,
-                backend.api().as_str(),
-                &request.model,
-                gate.as_deref(),
-            )?;
             Ok((share, request, body))
         });
         let session = self.clone();
@@ -276,9 +270,11 @@ impl Session {
                 }
             };
             let deadline = tokio::time::Instant::now() + timeout;
+            // Hashed once: the gate decides on it and the receipt carries it.
+            let request_digest = sha256(&serde_json::to_vec(&body).expect("json"));
             let admitted = match &gate {
                 Some(g) => match g
-                    .admit(&session.scope, &request.model, &body, deadline)
+                    .admit(&session.scope, &request.model, &request_digest, deadline)
                     .await
                 {
                     Ok(a) => Some(a),
@@ -308,13 +304,12 @@ impl Session {
                 Ok(Ok(reply)) => {
                     session.answered(turn, &request, &reply);
                     if let Some(slot) = slot {
-                        let sent = serde_json::to_vec(&body).expect("json");
                         let got = serde_json::to_vec(&reply.as_message()).expect("json");
                         slot.send(receipt(
                             &session.scope,
                             backend.api().as_str(),
                             &request.model,
-                            [sha256(&sent), sha256(&got)],
+                            [request_digest, sha256(&got)],
                             reply.usage,
                             admitted.as_ref(),
                         ));
@@ -464,43 +459,6 @@ pub fn check_model(bytes: &[u8]) -> Result<(), String> {
         return Ok(());
     }
     warren_gate::request::check_model_name(name)
-}
-
-/// Refuses, before anything is decided or asked, a call whose `query` receipt could be too big
-/// for receiptd: the receipt with the largest counts and decision it could carry.
-fn check_receipt_size(
-    scope: &str,
-    api: &str,
-    model: &str,
-    gate: Option<&ModelGate>,
-) -> Result<(), String> {
-    let digest = sha256(b"");
-    let largest = receipt(
-        scope,
-        api,
-        model,
-        [digest.clone(), digest.clone()],
-        Usage {
-            prompt_tokens: u64::MAX,
-            completion_tokens: u64::MAX,
-        },
-        gate.map(|g| Admitted {
-            decision: Some(warren_gate::receipts::Ack {
-                seq: u64::MAX,
-                hash: digest.clone(),
-            }),
-            budgets: g.budgets(),
-        })
-        .as_ref(),
-    );
-    let size = serde_json::to_vec(&largest).expect("json").len();
-    if size > warren_receiptd::receipt::MAX_REQUEST_BYTES {
-        return Err(format!(
-            "this call's receipt would be {size} bytes, over receiptd's limit of {}: the call is refused",
-            warren_receiptd::receipt::MAX_REQUEST_BYTES
-        ));
-    }
-    Ok(())
 }
 
 /// Messages one ask may carry at most (a JSON array of them).
@@ -698,6 +656,52 @@ mod tests {
         assert_eq!(s.read_setting(Setting::Model), b"org/model:q4@2024\n");
         // Emptied, the session has no model (the ask says so); that is not a bad name.
         s.write_setting(Setting::Model, 0, b"").unwrap();
+    }
+
+    /// Every `query` receipt fits receiptd's request limit, so no ask is refused (or checked,
+    /// per ask) for its receipt's size: the largest one — the longest model name, the deepest
+    /// lineage with every budget set, the largest counts and decision — is far below it.
+    #[test]
+    fn the_largest_query_receipt_fits_receiptd() {
+        use warren_gate::lineage::{Budget, Lineage, MAX_DEPTH, Member};
+        let lineage = Lineage(
+            (0..MAX_DEPTH)
+                .map(|i| Member {
+                    session: format!("{i:032x}"),
+                    namespace: i.to_string(),
+                    budget: Budget {
+                        receipts: Some(u64::MAX),
+                        receipt_bytes: Some(u64::MAX),
+                        asks: Some(u64::MAX),
+                    },
+                    ..Member::default()
+                })
+                .collect(),
+        );
+        lineage.check(&format!("{:032x}", 0), "0").unwrap();
+        let digest = sha256(b"");
+        let largest = receipt(
+            &"f".repeat(32),
+            "anthropic",
+            &"m".repeat(MAX_MODEL_BYTES),
+            [digest.clone(), digest.clone()],
+            Usage {
+                prompt_tokens: u64::MAX,
+                completion_tokens: u64::MAX,
+            },
+            Some(&Admitted {
+                decision: Some(warren_gate::receipts::Ack {
+                    seq: u64::MAX,
+                    hash: digest,
+                }),
+                budgets: Some(serde_json::to_value(lineage.budget_keys()).unwrap()),
+            }),
+        );
+        let size = serde_json::to_vec(&largest).unwrap().len();
+        assert!(
+            size * 4 < warren_receiptd::receipt::MAX_REQUEST_BYTES,
+            "{size} bytes"
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::time::Duration;
 
 use base64::Engine;
@@ -49,7 +50,7 @@ async fn receipts(socket: &std::path::Path, scope: &str, n: usize) -> Vec<Value>
 
 /// receiptd on `<base>/run/receipts.sock`, in a thread of the test (it runs until the test
 /// process ends); returns its socket once it accepts.
-fn start_receiptd(base: &std::path::Path) -> std::path::PathBuf {
+fn start_receiptd(base: &Path) -> std::path::PathBuf {
     let run = base.join("run");
     std::fs::create_dir_all(&run).unwrap();
     let receipts_socket = run.join("receipts.sock");
@@ -72,22 +73,34 @@ fn start_receiptd(base: &std::path::Path) -> std::path::PathBuf {
     receipts_socket
 }
 
+/// The scripted backend with `turns`, and llmfs in front of it (model `gpt-test`) receipting in
+/// the receiptd on `receipts_socket`; `gated`: as it runs by default, else `--no-gate`.
+fn receipted_llmfs(
+    dir: &Path,
+    receipts_socket: &Path,
+    turns: Value,
+    gated: bool,
+) -> (Script, Llmfs) {
+    let script = Script::start(dir, "openai", turns);
+    let socket = receipts_socket.to_str().unwrap();
+    let mut args = vec!["--model", "gpt-test", "--receipts", socket];
+    if !gated {
+        args.push("--no-gate");
+    }
+    let fs = Llmfs::start_with(dir, script.port, "openai", &args);
+    (script, fs)
+}
+
 #[tokio::test]
 async fn a_model_call_is_receipted_with_digests_not_text() {
     let dir = tmp();
     let receipts_socket = start_receiptd(dir.path());
-    let script = Script::start(
+    let (script, fs) = receipted_llmfs(
         dir.path(),
-        "openai",
+        &receipts_socket,
         json!([{"chunks": ["The secret ", "is safe."],
                 "usage": {"prompt_tokens": 21, "completion_tokens": 6}}]),
-    );
-    let socket = receipts_socket.to_str().unwrap();
-    let fs = Llmfs::start_with(
-        dir.path(),
-        script.port,
-        "openai",
-        &["--model", "gpt-test", "--receipts", socket],
+        true,
     );
     let conn = fs.connect().await;
     let token = conn.new_session().await;
@@ -124,17 +137,11 @@ async fn a_model_call_is_receipted_with_digests_not_text() {
 async fn a_namespace_connection_is_receipted_in_its_session() {
     let dir = tmp();
     let receipts_socket = start_receiptd(dir.path());
-    let script = Script::start(
+    let (_script, fs) = receipted_llmfs(
         dir.path(),
-        "openai",
+        &receipts_socket,
         json!([{"text": "hello", "usage": {"prompt_tokens": 2, "completion_tokens": 1}}]),
-    );
-    let socket = receipts_socket.to_str().unwrap();
-    let fs = Llmfs::start_with(
-        dir.path(),
-        script.port,
-        "openai",
-        &["--model", "gpt-test", "--receipts", socket, "--no-gate"],
+        false,
     );
     let session = "5e55105e55105e55105e55105e55105e";
     let conn = fs.hand_over(session).await;
@@ -162,17 +169,11 @@ async fn a_namespace_connection_is_receipted_in_its_session() {
 async fn a_model_name_is_bounded_when_written_and_other_namespaces_go_on_being_answered() {
     let dir = tmp();
     let receipts_socket = start_receiptd(dir.path());
-    let script = Script::start(
+    let (_script, fs) = receipted_llmfs(
         dir.path(),
-        "openai",
+        &receipts_socket,
         json!([{"text": "one"}, {"text": "two"}, {"text": "three"}]),
-    );
-    let socket = receipts_socket.to_str().unwrap();
-    let fs = Llmfs::start_with(
-        dir.path(),
-        script.port,
-        "openai",
-        &["--model", "gpt-test", "--receipts", socket, "--no-gate"],
+        false,
     );
     let attacker = fs.hand_over("a77ac0e5a77ac0e5a77ac0e5a77ac0e5").await;
     let token = attacker.new_session().await;
@@ -240,14 +241,7 @@ async fn one_subtrees_asks_in_flight_are_capped_and_leave_other_namespaces_answe
         .map(|_| json!({"text": "slow", "delay_ms": 60_000}))
         .collect();
     turns.push(json!({"text": "victim"}));
-    let script = Script::start(dir.path(), "openai", Value::Array(turns));
-    let socket = receipts_socket.to_str().unwrap();
-    let fs = Llmfs::start_with(
-        dir.path(),
-        script.port,
-        "openai",
-        &["--model", "gpt-test", "--receipts", socket, "--no-gate"],
-    );
+    let (script, fs) = receipted_llmfs(dir.path(), &receipts_socket, Value::Array(turns), false);
     let mut conns = Vec::new();
     for i in 0..4 {
         let conn = fs
