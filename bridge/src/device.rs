@@ -60,12 +60,7 @@ impl Device {
         let flags = OFlag::from_bits_truncate(fcntl(fd.as_fd(), FcntlArg::F_GETFL)?);
         fcntl(fd.as_fd(), FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
         // ERROR interest too: a dead connection polls as EPOLLERR only, never readable.
-        // SAFETY: an `OwnedFd` owns one open fd, its `as_raw_fd` always returns that fd, and
-        // the `AsyncFd` owns the `OwnedFd` until it is dropped, so the fd stays open and refers
-        // to the same file description for the registration's whole lifetime.
-        let fd =
-            unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE | Interest::ERROR) }
-                .map_err(io::Error::from)?;
+        let fd = warren_jail::reactor::register(fd, Interest::READABLE | Interest::ERROR)?;
         Ok(Device { fd })
     }
 

@@ -5,11 +5,11 @@
 //! record and any root directory fds, to the server. Frame: a 4-byte little-endian length, then the
 //! record; the fds ride as SCM_RIGHTS on the first byte.
 
-use std::io::{self, IoSlice, IoSliceMut, Read};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{self, IoSlice, Read};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 
-use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
+use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
 
 /// The largest record accepted.
 pub const MAX_RECORD: usize = 1 << 20;
@@ -54,33 +54,7 @@ pub fn send(sock: &UnixStream, record: &[u8], fds: &[BorrowedFd<'_>]) -> io::Res
 /// fds that arrived with a bad frame are closed.
 pub fn recv(sock: &UnixStream) -> io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     let mut head = [0u8; 4];
-    let mut cmsg_buf = nix::cmsg_space!([RawFd; MAX_FDS]);
-    let mut fds = Vec::new();
-    let got = {
-        let mut iov = [IoSliceMut::new(&mut head)];
-        let msg = recvmsg::<()>(
-            sock.as_raw_fd(),
-            &mut iov,
-            Some(&mut cmsg_buf),
-            MsgFlags::MSG_CMSG_CLOEXEC,
-        )?;
-        for c in msg.cmsgs()? {
-            if let ControlMessageOwned::ScmRights(raw) = c {
-                // SAFETY: SCM_RIGHTS just installed these fds in our table; we are their only owner.
-                fds.extend(
-                    raw.into_iter()
-                        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
-                );
-            }
-        }
-        if msg.flags.contains(MsgFlags::MSG_CTRUNC) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "too many fds in handoff",
-            ));
-        }
-        msg.bytes
-    };
+    let (got, fds) = warren_jail::fd_passing::recv_with_fds::<MAX_FDS>(sock.as_fd(), &mut head)?;
     if got == 0 {
         return Err(io::Error::new(
             io::ErrorKind::UnexpectedEof,

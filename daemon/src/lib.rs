@@ -11,10 +11,9 @@ pub mod handoff;
 pub mod identity;
 pub mod operator;
 pub mod peer;
-pub mod privilege;
 
 pub use dirs::Dirs;
-pub use privilege::harden;
+pub use warren_jail::privilege::harden;
 
 /// Logs to stderr, filtered by `WARREN_LOG` (default `info`), each line tagged with the daemon.
 pub fn init_tracing(name: &'static str) {

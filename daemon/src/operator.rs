@@ -5,7 +5,7 @@
 //! that is neither root, nor this daemon's own uid, nor a member of the operator group.
 
 use std::io;
-use std::os::fd::{AsFd, FromRawFd, RawFd};
+use std::os::fd::{AsFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -26,9 +26,10 @@ pub const LISTEN_FDS_ENV: &str = "WARREN_LISTEN_FDS";
 /// else a fresh bind (removing a stale socket left by a dead daemon), mode 0660.
 pub fn listen(path: &Path) -> io::Result<UnixListener> {
     if let Some(fd) = inherited_listener(path) {
-        // SAFETY: the supervisor passed this fd for exactly this socket; nothing else in this
-        // process owns it (the env entry is consumed once per name by the daemon's startup).
-        let std_listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) };
+        // The supervisor passed this fd for exactly this socket; the env entry is consumed once
+        // per name by the daemon's startup.
+        let std_listener =
+            std::os::unix::net::UnixListener::from(warren_jail::inherited::take(fd)?);
         std_listener.set_nonblocking(true)?;
         return UnixListener::from_std(std_listener);
     }
@@ -55,16 +56,11 @@ fn inherited_listener(path: &Path) -> Option<RawFd> {
         .split(',')
         .find_map(|e| e.strip_prefix(name)?.strip_prefix('=')?.parse().ok())?;
     // Only a listening Unix socket counts; anything else means the env is stale.
-    let is_listener =
-        nix::sys::socket::getsockopt(&unsafe_borrow(fd), nix::sys::socket::sockopt::AcceptConn)
-            .unwrap_or(false);
+    let is_listener = warren_jail::inherited::inspect(fd, |fd| {
+        nix::sys::socket::getsockopt(&fd, nix::sys::socket::sockopt::AcceptConn)
+    })
+    .is_ok_and(|r| r.unwrap_or(false));
     is_listener.then_some(fd)
-}
-
-fn unsafe_borrow(fd: RawFd) -> std::os::fd::BorrowedFd<'static> {
-    // SAFETY: used only for a getsockopt on an fd number named by our own supervisor; if the fd
-    // is not open the call fails with EBADF, which reads as "not a listener".
-    unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
 }
 
 /// Who may attach as the operator.

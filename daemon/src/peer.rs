@@ -7,7 +7,7 @@
 
 use std::fs;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 
 /// The credentials the kernel recorded for a socket's peer when it connected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,26 +27,11 @@ pub fn peer_cred(sock: BorrowedFd<'_>) -> io::Result<PeerCred> {
     })
 }
 
-const SO_PEERPIDFD: libc::c_int = 77;
-
 fn peer_pidfd(sock: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-    let mut fd: libc::c_int = -1;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: getsockopt writes at most `len` bytes into `fd`, a c_int we own.
-    let rc = unsafe {
-        libc::getsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            SO_PEERPIDFD,
-            (&mut fd as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel returned a new pidfd that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    Ok(nix::sys::socket::getsockopt(
+        &sock,
+        nix::sys::socket::sockopt::PeerPidfd,
+    )?)
 }
 
 /// The `NSpid:` line of a `/proc` status-like text: the process's pid in each pid namespace from

@@ -37,7 +37,6 @@ use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -404,18 +403,9 @@ impl ServedMounts {
         }
         let mut keep = vec![fuse.as_raw_fd(), conn.as_raw_fd()];
         keep.extend(reconnect.as_ref().map(|r| r.as_raw_fd()));
-        // SAFETY: between fork and exec the closure only clears FD_CLOEXEC with fcntl.
-        unsafe {
-            cmd.pre_exec(move || {
-                for &fd in &keep {
-                    nix::fcntl::fcntl(
-                        BorrowedFd::borrow_raw(fd),
-                        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
-                    )?;
-                }
-                Ok(())
-            });
-        }
+        warren_jail::child::BeforeExec::new()
+            .keep_fds(keep)
+            .install(&mut cmd);
         let child = cmd.spawn().map_err(|e| {
             io::Error::new(
                 e.kind(),

@@ -36,34 +36,9 @@ impl Credentials {
         })
     }
 
-    /// Takes these credentials for filesystem access, on the calling thread only (raw
-    /// syscalls: glibc's wrappers would apply setgroups to every thread of nsd).
+    /// Takes these credentials for filesystem access, on the calling thread only.
     fn assume(&self) -> io::Result<()> {
-        // SAFETY: setgroups reads `groups.len()` gids from a live slice; it changes only this
-        // thread's credentials.
-        let r =
-            unsafe { libc::syscall(libc::SYS_setgroups, self.groups.len(), self.groups.as_ptr()) };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: setfsgid/setfsuid take an id by value and change only this thread's ids.
-        // They report no error; an id of -1 is refused and only returns the current one,
-        // which is how the change is checked.
-        let (gid, uid) = unsafe {
-            libc::syscall(libc::SYS_setfsgid, self.gid);
-            libc::syscall(libc::SYS_setfsuid, self.uid);
-            (
-                libc::syscall(libc::SYS_setfsgid, u32::MAX),
-                libc::syscall(libc::SYS_setfsuid, u32::MAX),
-            )
-        };
-        if gid != i64::from(self.gid) || uid != i64::from(self.uid) {
-            return Err(io::Error::other(format!(
-                "could not take uid {}'s filesystem credentials",
-                self.uid
-            )));
-        }
-        Ok(())
+        warren_jail::thread_creds::assume_fs_creds(self.uid, self.gid, &self.groups)
     }
 }
 

@@ -37,7 +37,7 @@ use warren_toolfs::worker::protocol::RootConfig;
 use crate::confine::binds::{self, PreparedBind};
 use crate::confine::guard::Guard;
 use crate::confine::sys::{self, Dir};
-use crate::confine::{creds, landlock, mounts, seccomp};
+use crate::confine::{landlock, mounts, seccomp};
 use crate::run::{SETUP_DEADLINE, SetupErrors};
 use crate::spec::{Access, Bind, Limits, Net};
 
@@ -695,7 +695,8 @@ fn confine_worker(plan: &mut Plan) -> Result<std::convert::Infallible, String> {
         .map_err(|e| format!("opening root {}: {e}", r.path))?;
         root_fds.push(fd);
     }
-    creds::drop_to_user(uid, plan.gid)?;
+    warren_jail::privilege::drop_to(&warren_jail::privilege::Identity::new(uid, plan.gid))
+        .map_err(|e| e.to_string())?;
     // The namespace's process count is per uid: its exec worker, and all that runs under it,
     // share its subtree's uid and this limit.
     if let Some(pids) = plan.limits.pids.filter(|_| plan.execs) {

@@ -6,7 +6,7 @@
 //! was the gate's control socket's handover, and the supervisor restarts toolfs after it
 //! restarts the gate.
 
-use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
 use warren_gate::policy::{ContextState, Verdict};
 use warren_gate::{Answer, GateClient};
@@ -36,22 +36,16 @@ pub fn take_inherited_fd() -> std::io::Result<Option<OwnedFd>> {
         .and_then(|v| v.parse().ok())
         .filter(|fd| *fd > 2)
         .ok_or_else(|| std::io::Error::other(format!("{GATE_FD_ENV}={value:?} is not an fd")))?;
-    // SAFETY: only used for fstat; a closed fd number fails with EBADF.
-    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
-    let st = nix::sys::stat::fstat(borrowed)
+    let st = warren_jail::inherited::inspect(fd, |fd| nix::sys::stat::fstat(fd))
+        .and_then(|st| st.map_err(std::io::Error::from))
         .map_err(|e| std::io::Error::other(format!("{GATE_FD_ENV}={fd}: {e}")))?;
     if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
         return Err(std::io::Error::other(format!(
             "{GATE_FD_ENV}={fd} is not a socket"
         )));
     }
-    nix::fcntl::fcntl(
-        borrowed,
-        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-    )?;
-    // SAFETY: the supervisor handed this fd to us alone, it is open (fstat above), and nothing
-    // else in this process owns it.
-    Ok(Some(unsafe { OwnedFd::from_raw_fd(fd) }))
+    // The supervisor handed this fd to us alone (close-on-exec once taken).
+    Ok(Some(warren_jail::inherited::take(fd)?))
 }
 
 impl GateLink {

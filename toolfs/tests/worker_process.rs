@@ -76,6 +76,22 @@ async fn the_worker_runs_as_the_given_uid_holding_only_its_fds() {
     );
 }
 
+/// The drop sets the groups; it does not merely inherit none: a toolfs that holds supplementary
+/// groups (here, this test process) must not pass them to its worker.
+#[tokio::test]
+async fn a_worker_started_by_a_process_with_groups_holds_none() {
+    nix::unistd::setgroups(&[
+        nix::unistd::Gid::from_raw(4),
+        nix::unistd::Gid::from_raw(27),
+    ])
+    .expect("setgroups: the test runs as root");
+    let scratch = Scratch::new();
+    let a = scratch.worker_dir("a");
+    let w = spawn("shell", &[("/a", &a, true)]);
+    assert_eq!(status_field(w.pid(), "Groups"), "");
+    assert_eq!(status_field(w.pid(), "Uid"), "65534 65534 65534 65534");
+}
+
 #[test]
 fn uid_or_gid_zero_is_refused() {
     let scratch = Scratch::new();

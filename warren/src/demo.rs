@@ -101,7 +101,10 @@ pub fn demo() -> Result<ExitCode> {
     }
     for (what, ok) in [
         ("FUSE (/dev/fuse)", Path::new("/dev/fuse").exists()),
-        ("Landlock", crate::doctor::landlock_abi().is_some()),
+        (
+            "Landlock",
+            warren_jail::kernel_features::landlock_abi().is_some(),
+        ),
         (
             "user and mount namespaces",
             Path::new("/proc/self/ns/mnt").exists(),
@@ -167,8 +170,8 @@ fn run_demo(dirs: &Dirs, base: &Path) -> Result<()> {
 
     // The agent learns where the repository is from its environment (the spec's `env REPO`),
     // never from a bind.
-    // SAFETY: set before this process starts any thread (the operator's comes next).
-    unsafe { std::env::set_var("REPO", repo_s) };
+    // Set before this process starts any thread (the operator's comes next).
+    warren_jail::environment::set_var_single_threaded("REPO", repo_s)?;
     let mut spec = spec;
     spec.env.push("REPO".into());
 

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use serde::Serialize;
+use warren_jail::kernel_features::landlock_abi;
 
 /// What the rlimit fallback does not hold, said where cgroup v2 is missing.
 /// What limits hold without cgroup v2 (docs/gaps.md, "Limits without cgroup v2").
@@ -31,21 +32,6 @@ fn read(path: &str) -> Option<String> {
     std::fs::read_to_string(path)
         .ok()
         .map(|s| s.trim().to_string())
-}
-
-/// The Landlock ABI the kernel offers, from `landlock_create_ruleset(NULL, 0, VERSION)`.
-pub fn landlock_abi() -> Option<i64> {
-    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
-    // SAFETY: with a null attr and size 0 and the VERSION flag, the syscall only returns a number.
-    let abi = unsafe {
-        libc::syscall(
-            libc::SYS_landlock_create_ruleset,
-            std::ptr::null::<libc::c_void>(),
-            0usize,
-            LANDLOCK_CREATE_RULESET_VERSION,
-        )
-    };
-    (abi > 0).then_some(abi)
 }
 
 fn filesystems() -> String {

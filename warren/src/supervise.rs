@@ -12,10 +12,9 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufRead, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -24,6 +23,8 @@ use anyhow::{Context, Result, bail};
 use nix::fcntl::{Flock, FlockArg};
 use warren_daemon::Dirs;
 use warren_daemon::identity::Role;
+use warren_jail::child::BeforeExec;
+use warren_jail::privilege::Identity;
 
 use crate::namespaces::NsTree;
 
@@ -39,8 +40,6 @@ struct Daemon {
     /// Socket file names in the runtime dir, with their modes: `*.sock` are the operator's
     /// (0660, the operator group), `*.ctl` are for root peers only (0600).
     sockets: &'static [&'static str],
-    /// Capabilities it keeps as ambient capabilities under its own uid.
-    caps: &'static [caps::Capability],
     /// Gets a connection to the gate made here (`WARREN_GATE_FD`), and so is restarted whenever
     /// the gate is.
     gate_client: bool,
@@ -62,7 +61,6 @@ const DAEMONS: &[Daemon] = &[
         role: Some(Role::Receiptd),
         // receipts.ctl: nsd hands over one-scope views there (a peer's own receipts).
         sockets: &["receipts.sock", "receipts.ctl"],
-        caps: &[],
         gate_client: false,
     },
     Daemon {
@@ -71,7 +69,6 @@ const DAEMONS: &[Daemon] = &[
         name: "gate",
         role: Some(Role::Gate),
         sockets: &["gate.sock", "gate.ctl"],
-        caps: &[],
         gate_client: false,
     },
     Daemon {
@@ -90,7 +87,6 @@ const DAEMONS: &[Daemon] = &[
             "nsd-mcp.ctl",
             "nsd-export.ctl",
         ],
-        caps: &[],
         gate_client: false,
     },
     Daemon {
@@ -100,7 +96,6 @@ const DAEMONS: &[Daemon] = &[
         role: Some(Role::Toolfs),
         sockets: &["tool.sock", "toolfs.ctl"],
         // None: nsd builds every tool worker (on nsd-workers.ctl); toolfs never starts one.
-        caps: &[],
         gate_client: true,
     },
     Daemon {
@@ -110,7 +105,6 @@ const DAEMONS: &[Daemon] = &[
         role: Some(Role::Mcpfs),
         sockets: &["mcpfs.ctl"],
         // None: nsd starts every MCP server (on nsd-mcp.ctl); mcpfs only speaks to them.
-        caps: &[],
         gate_client: true,
     },
     Daemon {
@@ -121,7 +115,6 @@ const DAEMONS: &[Daemon] = &[
         name: "netproxy",
         role: Some(Role::Netproxy),
         sockets: &["netproxy.ctl"],
-        caps: &[],
         gate_client: true,
     },
     Daemon {
@@ -133,7 +126,6 @@ const DAEMONS: &[Daemon] = &[
         // Its backend comes from the environment `warren up` was given (WARREN_LLM_URL,
         // WARREN_LLM_API, WARREN_LLM_MODEL); its key file is opened here ([`llm_key_fd`]).
         sockets: &["llm.sock", "llmfs.ctl"],
-        caps: &[],
         // Each namespace's model call is decided by the gate (as `llm`).
         gate_client: true,
     },
@@ -329,20 +321,11 @@ pub fn bring_up_with_env(dirs: &Dirs, env: &[(&str, &std::ffi::OsStr)]) -> Resul
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);
-    let ready_raw = ready_w.as_raw_fd();
-    // SAFETY: between fork and exec we only make syscalls (setsid, fcntl) that are
-    // async-signal-safe.
-    unsafe {
-        cmd.pre_exec(move || {
-            nix::unistd::setsid()?;
-            // The pipe's write end must survive exec so the supervisor can say "ready".
-            nix::fcntl::fcntl(
-                std::os::fd::BorrowedFd::borrow_raw(ready_raw),
-                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
-            )?;
-            Ok(())
-        });
-    }
+    // Its own session; the pipe's write end survives exec so the supervisor can say "ready".
+    BeforeExec::new()
+        .new_session()
+        .keep_fds([ready_w.as_raw_fd()])
+        .install(&mut cmd);
     let child = cmd.spawn().context("start the supervisor")?;
     drop(ready_w);
     drop(cmd);
@@ -581,7 +564,6 @@ fn spawn_daemon(dirs: &Dirs, d: &Daemon, bound: &[Bound]) -> Result<std::process
         .operator_gid
         .into_iter()
         .collect();
-    let caps_wanted: Vec<caps::Capability> = d.caps.to_vec();
     let mut cmd = std::process::Command::new(&binary);
     cmd.args(d.args)
         .env("WARREN_RUNTIME_DIR", &dirs.runtime)
@@ -600,69 +582,18 @@ fn spawn_daemon(dirs: &Dirs, d: &Daemon, bound: &[Bound]) -> Result<std::process
         let fd = key.as_ref().map(|k| k.as_raw_fd().to_string());
         cmd.env("WARREN_LLM_KEY_FD", fd.unwrap_or_default());
     }
-    // SAFETY: the closure only makes syscalls (sigaction, sigprocmask, fcntl, prctl, setgroups,
-    // setres[ug]id, capset); the caps crate's set operations build small sets, and glibc's fork
-    // handlers leave malloc usable in the child.
-    unsafe {
-        cmd.pre_exec(move || {
-            reset_signals()?;
-            for &fd in &raw {
-                nix::fcntl::fcntl(
-                    std::os::fd::BorrowedFd::borrow_raw(fd),
-                    nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
-                )?;
-            }
-            match uid {
-                Some(uid) => drop_privileges(uid, &groups, &caps_wanted),
-                // nsd: root, but nothing it execs may gain privileges by a setuid binary.
-                None => nix::sys::prctl::set_no_new_privs().map_err(Into::into),
-            }
-        });
+    // Signals at their defaults (the supervisor blocks HUP,
+    // INT and TERM for its signalfd, and a daemon restarted with that mask would never see
+    // `warren down`'s SIGTERM), the listeners and connections kept, then its own uid.
+    let before_exec = BeforeExec::new().default_signals().keep_fds(raw);
+    match uid {
+        Some(uid) => before_exec.drop_to(Identity::new(uid, uid).with_groups(groups)),
+        // nsd: root, but nothing it execs may gain privileges by a setuid binary.
+        None => before_exec.no_new_privs(),
     }
+    .install(&mut cmd);
     cmd.spawn()
         .with_context(|| format!("start {}", binary.display()))
-}
-
-/// In a daemon's child, before exec: every signal at its default disposition and none blocked.
-/// The supervisor blocks HUP, INT and TERM for its signalfd, and a child inherits the mask
-/// across exec: a daemon restarted with it would never see `warren down`'s SIGTERM (no final
-/// checkpoint, no drain of queued receipts) and be SIGKILLed after 5 s.
-fn reset_signals() -> std::io::Result<()> {
-    use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, signal, sigprocmask};
-    for sig in Signal::iterator().filter(|s| !matches!(s, Signal::SIGKILL | Signal::SIGSTOP)) {
-        // SAFETY: SIG_DFL installs no handler; this process execs next.
-        unsafe { signal(sig, SigHandler::SigDfl) }?;
-    }
-    sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
-    Ok(())
-}
-
-/// In the child, before exec: become `uid`, keeping exactly `keep` as ambient capabilities.
-fn drop_privileges(uid: u32, groups: &[u32], keep: &[caps::Capability]) -> std::io::Result<()> {
-    use caps::{CapSet, CapsHashSet};
-    let to_io = |e: caps::errors::CapsError| std::io::Error::other(e.to_string());
-    nix::sys::prctl::set_keepcaps(true)?;
-    let groups: Vec<nix::unistd::Gid> = groups.iter().map(|&g| g.into()).collect();
-    let keep: CapsHashSet = keep.iter().copied().collect();
-    // The bounding set first, while we still hold CAP_SETPCAP: nothing this process execs can
-    // ever get a capability outside `keep`.
-    for c in caps::all() {
-        if !keep.contains(&c) {
-            caps::drop(None, CapSet::Bounding, c).map_err(to_io)?;
-        }
-    }
-    nix::unistd::setgroups(&groups)?;
-    nix::unistd::setresgid(uid.into(), uid.into(), uid.into())?;
-    nix::unistd::setresuid(uid.into(), uid.into(), uid.into())?;
-    caps::set(None, CapSet::Effective, &keep).map_err(to_io)?;
-    caps::set(None, CapSet::Permitted, &keep).map_err(to_io)?;
-    caps::set(None, CapSet::Inheritable, &keep).map_err(to_io)?;
-    for c in &keep {
-        caps::raise(None, CapSet::Ambient, *c).map_err(to_io)?;
-    }
-    // No setuid binary may give it more than this.
-    nix::sys::prctl::set_no_new_privs()?;
-    Ok(())
 }
 
 /// Whether a 9P server answers a handshake on `path` within a second (the supervisor holds the
@@ -677,16 +608,11 @@ async fn answers(path: &Path) -> bool {
 }
 
 pub fn supervise(dirs: &Dirs, ready_fd: Option<i32>) -> Result<ExitCode> {
-    // SAFETY: `up` passed us the write end of its pipe under this number, and nothing else here
-    // uses it.
-    let mut ready = ready_fd.map(|fd| File::from(unsafe { OwnedFd::from_raw_fd(fd) }));
-    if let Some(r) = &ready {
-        // Back to close-on-exec, or every daemon would hold `up`'s pipe open.
-        nix::fcntl::fcntl(
-            r,
-            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-        )?;
-    }
+    // `up` passed us the write end of its pipe under this number; taken, it is close-on-exec
+    // again, or every daemon would hold `up`'s pipe open.
+    let mut ready = ready_fd
+        .map(|fd| warren_jail::inherited::take(fd).map(File::from))
+        .transpose()?;
     let result = supervise_inner(dirs, &mut ready);
     if let (Err(e), Some(r)) = (&result, ready.as_mut()) {
         let _ = writeln!(r, "{e:#}");

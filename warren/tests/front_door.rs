@@ -111,6 +111,11 @@ fn up_serves_tools_under_the_daemons_own_uid_and_down_stops_them() {
         "toolfs runs with uid 0: {uid}"
     );
     assert_eq!(status_field(pid, "NoNewPrivs:"), "1");
+    // Exactly the operator group (to reach the other daemons' sockets), none of the supervisor's.
+    let operators = nix::unistd::Group::from_name("warren")
+        .unwrap()
+        .expect("`up` made the warren group");
+    assert_eq!(status_field(pid, "Groups:"), operators.gid.to_string());
     assert_eq!(
         status_field(pid, "CapBnd:"),
         status_field(pid, "CapPrm:"),

@@ -15,7 +15,7 @@
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
@@ -90,19 +90,8 @@ fn take_inherited(fd: RawFd) -> io::Result<OwnedFd> {
             format!("fd {fd} cannot be served"),
         ));
     }
-    // SAFETY: F_GETFD only reads the descriptor's flags; a closed number fails with EBADF.
-    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the fd is open (checked above) and was handed to this process by its parent for the
-    // bridge alone; it is taken once, at startup, before this process opens any fd of its own,
-    // so no other owner of the number exists.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    nix::fcntl::fcntl(
-        &owned,
-        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-    )?;
-    Ok(owned)
+    // Handed to this process by its parent for the bridge alone, taken once, at startup.
+    warren_jail::inherited::take(fd)
 }
 
 fn main() -> std::process::ExitCode {
@@ -148,7 +137,7 @@ fn run(args: Args) -> io::Result<()> {
         r.set_nonblocking(true)?;
     }
     if let Some((uid, gid)) = args.runas {
-        warren_daemon::privilege::drop_to(uid, gid, &[])?;
+        warren_jail::privilege::drop_to(&warren_jail::privilege::Identity::new(uid, gid))?;
     }
     let p9 = NinePStream::new(p9)?;
     let mut opts = BridgeOptions {

@@ -8,7 +8,6 @@
 //! to the launcher on a close-on-exec pipe: EOF with no bytes means the exec happened.
 
 pub mod binds;
-pub mod creds;
 pub mod fuse;
 pub mod guard;
 pub mod init;
@@ -228,7 +227,8 @@ pub(crate) fn lock_down(
     mount_points: Vec<OwnedFd>,
     weaker_landlock: bool,
 ) -> Result<(), String> {
-    creds::drop_to(uid)?;
+    warren_jail::privilege::drop_to(&warren_jail::privilege::Identity::new(uid, uid))
+        .map_err(|e| e.to_string())?;
     // A credential change clears these; set them again.
     let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
     nix::sys::prctl::set_dumpable(false).map_err(|e| format!("non-dumpable: {e}"))?;

@@ -53,7 +53,9 @@ fn main() -> ExitCode {
     if nix::unistd::geteuid().is_root() {
         let uid = Role::Exportfs.uid();
         let operators = warren_daemon::operator::OperatorPolicy::from_host().operator_gid;
-        if let Err(e) = warren_daemon::privilege::drop_to(uid, uid, &Vec::from_iter(operators)) {
+        if let Err(e) = warren_jail::privilege::drop_to(
+            &warren_jail::privilege::Identity::new(uid, uid).with_groups(operators),
+        ) {
             eprintln!("warren-exportfs: drop to uid {uid}: {e}");
             return ExitCode::from(1);
         }

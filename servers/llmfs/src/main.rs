@@ -21,21 +21,14 @@ const KEY_FD_ENV: &str = "WARREN_LLM_KEY_FD";
 /// The key from an inherited fd (`name` is the file it was opened from, for errors).
 fn read_key_fd(fd: &str, name: &std::path::Path) -> anyhow::Result<Option<String>> {
     use std::io::Read;
-    use std::os::fd::FromRawFd;
     let fd: i32 = fd
         .parse()
         .map_err(|_| anyhow::anyhow!("{KEY_FD_ENV}={fd}: not an fd number"))?;
-    if nix::fcntl::fcntl(
-        // SAFETY: a borrow for one fcntl; an fd that is not open fails with EBADF.
-        unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
-        nix::fcntl::FcntlArg::F_GETFD,
-    )
-    .is_err()
-    {
-        anyhow::bail!("{KEY_FD_ENV}={fd}: not an open fd");
-    }
-    // SAFETY: the supervisor opened this fd for us alone; it is read once, here.
-    let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+    // The supervisor opened this fd for us alone; it is read once, here.
+    let mut file = std::fs::File::from(
+        warren_jail::inherited::take(fd)
+            .map_err(|e| anyhow::anyhow!("{KEY_FD_ENV}={fd}: not an open fd: {e}"))?,
+    );
     let mut key = String::new();
     file.read_to_string(&mut key)
         .map_err(|e| anyhow::anyhow!("cannot read the key file {}: {e}", name.display()))?;

@@ -16,16 +16,18 @@
 use std::collections::VecDeque;
 use std::ffi::CString;
 use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::resource::Resource;
 use nix::sys::signal::{Signal, killpg};
 use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid, waitpid};
 use nix::unistd::{Pid, pipe2};
 use serde::Deserialize;
+use warren_jail::pid1::Pid1Command;
 
 use super::resolve::{Target, describe, open_in_root};
 use super::{CallScope, ToolContext, ToolOutput};
@@ -287,12 +289,9 @@ fn has_exited(pid: Pid) -> std::io::Result<bool> {
 /// workers with a fixed environment, so no confined worker ever sees it.
 pub const PLANT_NO_PID_NAMESPACE: &str = "WARREN_PLANT_SHELL_WITHOUT_PIDNS";
 
-fn pid_namespace_flags() -> libc::c_int {
-    if cfg!(debug_assertions) && std::env::var_os(PLANT_NO_PID_NAMESPACE).is_some() {
-        0
-    } else {
-        libc::CLONE_NEWUSER | libc::CLONE_NEWPID
-    }
+/// False when the plant is set (debug builds only).
+fn new_pid_namespace() -> bool {
+    !(cfg!(debug_assertions) && std::env::var_os(PLANT_NO_PID_NAMESPACE).is_some())
 }
 
 fn cstring(s: &str) -> std::io::Result<CString> {
@@ -334,66 +333,22 @@ fn spawn_shell(
     if std::env::var_os("PATH").is_none() {
         env.push(cstring(&format!("PATH={DEFAULT_PATH}"))?);
     }
-    let argv_ptrs: Vec<*const libc::c_char> = argv
-        .iter()
-        .map(|a| a.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
-    let env_ptrs: Vec<*const libc::c_char> = env
-        .iter()
-        .map(|a| a.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
-    let (null_fd, out_fd, cwd_fd) = (null.as_raw_fd(), writer.as_raw_fd(), cwd.as_raw_fd());
-    let rlimit = |n: u64| libc::rlimit {
-        rlim_cur: n,
-        rlim_max: n,
-    };
-    let rlimits = [
-        (libc::RLIMIT_NPROC, rlimit(limits.processes)),
-        (libc::RLIMIT_AS, rlimit(limits.memory)),
-        (libc::RLIMIT_CPU, rlimit(limits.cpu_s)),
-    ];
-    let flags = (pid_namespace_flags() | libc::SIGCHLD) as libc::c_ulong;
-    // SAFETY: clone without CLONE_VM and with a null stack is fork(): the child gets a copy of
-    // this (single-threaded) worker's memory. The child only makes async-signal-safe syscalls
-    // (setrlimit, dup2, fchdir, setsid, prctl, execve, _exit) on values computed before the clone — the
-    // argv and env pointer arrays stay alive in the parent's copy too — and allocates nothing.
-    let pid = unsafe { libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize) };
-    if pid < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    if pid == 0 {
-        // SAFETY: see above; every call here is a plain syscall wrapper, and the process ends
-        // in execve or _exit.
-        unsafe {
-            for (resource, value) in &rlimits {
-                if libc::setrlimit(*resource, value) != 0 {
-                    libc::_exit(126);
-                }
-            }
-            if libc::dup2(null_fd, 0) < 0
-                || libc::dup2(out_fd, 1) < 0
-                || libc::dup2(out_fd, 2) < 0
-                || libc::fchdir(cwd_fd) != 0
-                || libc::setsid() < 0
-                || libc::prctl(
-                    libc::PR_SET_PDEATHSIG,
-                    libc::SIGKILL as libc::c_ulong,
-                    0,
-                    0,
-                    0,
-                ) != 0
-            {
-                libc::_exit(126);
-            }
-            libc::execve(argv_ptrs[0], argv_ptrs.as_ptr(), env_ptrs.as_ptr());
-            libc::_exit(127);
-        }
-    }
+    let pid = warren_jail::pid1::spawn_pid1(&Pid1Command {
+        argv: &argv,
+        env: &env,
+        stdin: null.as_fd(),
+        output: writer.as_fd(),
+        cwd: cwd.as_fd(),
+        rlimits: &[
+            (Resource::RLIMIT_NPROC, limits.processes),
+            (Resource::RLIMIT_AS, limits.memory),
+            (Resource::RLIMIT_CPU, limits.cpu_s),
+        ],
+        new_pid_namespace: new_pid_namespace(),
+    })?;
     // Our copy of the pipe's write end goes now, so EOF means every writer is gone.
     drop(writer);
-    Ok((Pid::from_raw(pid as i32), reader))
+    Ok((pid, reader))
 }
 
 /// Reaps the command's pid 1; its wait status.

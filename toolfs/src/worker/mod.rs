@@ -20,7 +20,6 @@ use nix::unistd::Pid;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub mod nsd;
-pub mod privilege;
 pub mod protocol;
 pub mod serve;
 mod unconfined;

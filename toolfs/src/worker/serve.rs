@@ -4,7 +4,7 @@
 //! A malformed frame or a failing (even panicking) tool gets an error answer; the worker goes on.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::ExitCode;
@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use nix::sys::stat::{Mode, SFlag, fstat, umask};
 
-use super::privilege::{drop_to, inherited_fd, seal_fds};
 use super::protocol::{
     FromWorker, Incoming, PROTOCOL_VERSION, ToWorker, WorkerArgs, read_frame_blocking,
     write_message_blocking,
@@ -34,8 +33,11 @@ pub fn main() -> ExitCode {
             args.socket_fd
         ));
     }
-    // SAFETY: the fd is the socket toolfs passed us (checked above) and nothing else owns it.
-    let mut socket = unsafe { UnixStream::from_raw_fd(args.socket_fd) };
+    // The socket toolfs passed us (checked above).
+    let mut socket = match warren_jail::inherited::take(args.socket_fd) {
+        Ok(fd) => UnixStream::from(fd),
+        Err(e) => return not_for_people(&format!("fd {}: {e}", args.socket_fd)),
+    };
     let (tool, ctx) = match start(&mut socket, &args) {
         Ok(started) => started,
         Err(e) => {
@@ -66,7 +68,7 @@ fn not_for_people(problem: &str) -> ExitCode {
 }
 
 fn check_is_socket(fd: RawFd) -> io::Result<()> {
-    let st = fstat(inherited_fd(fd)).map_err(io::Error::from)?;
+    let st = warren_jail::inherited::inspect(fd, |fd| fstat(fd))??;
     if st.st_mode & SFlag::S_IFMT.bits() != SFlag::S_IFSOCK.bits() {
         return Err(io::Error::other("not a socket"));
     }
@@ -119,8 +121,9 @@ fn start(socket: &mut UnixStream, args: &WorkerArgs) -> io::Result<(String, Tool
     }
     let root_fds = args.root_fds.clone();
     for &fd in &root_fds {
-        let st =
-            fstat(inherited_fd(fd)).map_err(|e| io::Error::other(format!("root fd {fd}: {e}")))?;
+        let st = warren_jail::inherited::inspect(fd, |fd| fstat(fd))
+            .and_then(|st| st.map_err(io::Error::from))
+            .map_err(|e| io::Error::other(format!("root fd {fd}: {e}")))?;
         if st.st_mode & SFlag::S_IFMT.bits() != SFlag::S_IFDIR.bits() {
             return Err(io::Error::other(format!("root fd {fd} is not a directory")));
         }
@@ -130,18 +133,25 @@ fn start(socket: &mut UnixStream, args: &WorkerArgs) -> io::Result<(String, Tool
     if keep.len() != keep.iter().collect::<std::collections::HashSet<_>>().len() {
         return Err(io::Error::other("argv names an fd twice"));
     }
-    seal_fds(&keep)?;
+    let root_owned = root_fds
+        .iter()
+        .map(|&fd| warren_jail::inherited::take(fd))
+        .collect::<io::Result<Vec<OwnedFd>>>()?;
+    // Only stdio, the socket and the roots stay (each close-on-exec once taken, so a shell
+    // command inherits none of them).
+    keep.extend([0, 1, 2]);
+    warren_jail::inherited::close_all_except(&keep)?;
     umask(Mode::from_bits_truncate(0o022));
     std::env::set_current_dir("/")?;
-    drop_to(uid, gid)?;
+    // No parent-death signal: it fires when the *thread* that spawned us exits, and toolfs
+    // spawns from a blocking pool whose threads come and go. The worker ends on socket EOF.
+    warren_jail::privilege::drop_to(&warren_jail::privilege::Identity::new(uid, gid))?;
     let roots = roots
         .into_iter()
-        .zip(root_fds)
-        // SAFETY: each fd was inherited from toolfs as argv says, checked to be a directory
-        // above, distinct from the others, and is owned by nothing else in this process.
+        .zip(root_owned)
         .map(|(config, fd)| RootDir {
             path: config.path,
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            fd,
             writable: config.writable,
         })
         .collect();
@@ -201,11 +211,17 @@ fn serve(socket: &mut UnixStream, tool: &str, ctx: &ToolContext) -> io::Result<(
             }
         };
         let deadline = Instant::now() + Duration::from_millis(timeout_ms).min(MAX_CALL);
-        let caller = inherited_fd(socket.as_raw_fd());
+        // Shared borrows of the socket: the call polls it for toolfs's hangup while its
+        // Started message is written on it (`&UnixStream` writes).
+        let shared: &UnixStream = socket;
+        let caller = shared.as_fd();
         let mut started_error = None;
         let outcome = {
             let mut on_started = |pgid: i32| {
-                if let Err(e) = write_message_blocking(socket, &FromWorker::Started { id, pgid }) {
+                let mut writer = shared;
+                if let Err(e) =
+                    write_message_blocking(&mut writer, &FromWorker::Started { id, pgid })
+                {
                     started_error = Some(e);
                 }
             };

@@ -69,21 +69,11 @@ impl Worker {
             }
         }
         command.envs(extra_env.iter().copied());
-        // SAFETY: runs in the forked child before exec and only calls fcntl(F_SETFD), which is
-        // async-signal-safe, on fds open in the parent (borrowed for the whole spawn), reading a
-        // vector allocated before the fork. Clearing close-on-exec in the child's own fd table
-        // lets exactly these fds (at the numbers argv names) reach the worker; the parent's
-        // flags are untouched, and no fd is moved, so nothing std holds in the child is clobbered.
-        unsafe {
-            command.pre_exec(move || {
-                for &fd in &sources {
-                    if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
-        }
+        // Exactly these fds (open in the parent for the whole spawn) reach the worker, at the
+        // numbers argv names; no fd is moved, so nothing std holds in the child is clobbered.
+        warren_jail::child::BeforeExec::new()
+            .keep_fds(sources)
+            .install(&mut command);
         let child = command.spawn().map_err(|e| {
             io::Error::new(e.kind(), format!("cannot start {}: {e}", program.display()))
         })?;

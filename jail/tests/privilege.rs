@@ -1,0 +1,64 @@
+//! The one privilege drop, in a real child: started by a root process that holds supplementary
+//! groups and every capability, the child must come out with exactly the target's ids and
+//! groups, no capability in any set, no_new_privs, and no way back.
+
+use std::process::Command;
+
+use nix::unistd::{Gid, setgroups};
+use warren_jail::child::BeforeExec;
+use warren_jail::privilege::{DropStep, Identity, drop_to};
+
+/// `field:` of a `/proc/<pid>/status` text, whitespace-normalised.
+fn field(status: &str, name: &str) -> String {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}:")))
+        .unwrap_or_else(|| panic!("no {name} in {status}"))
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `/proc/self/status` of `cat`, run as `who` from this process.
+fn status_after_drop(who: Identity) -> String {
+    // The parent holds groups the child must not keep (this test process is its own under
+    // nextest; under `cargo test` the other tests only gain groups they never look at).
+    setgroups(&[Gid::from_raw(4), Gid::from_raw(27)]).expect("setgroups: the test runs as root");
+    let mut cmd = Command::new("/bin/cat");
+    cmd.arg("/proc/self/status");
+    BeforeExec::new().drop_to(who).install(&mut cmd);
+    let out = cmd.output().expect("spawn cat with the drop");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn a_dropped_child_holds_exactly_the_targets_ids_and_groups_and_nothing_else() {
+    let status = status_after_drop(Identity::new(65534, 65533));
+    assert_eq!(field(&status, "Uid"), "65534 65534 65534 65534");
+    assert_eq!(field(&status, "Gid"), "65533 65533 65533 65533");
+    assert_eq!(
+        field(&status, "Groups"),
+        "",
+        "supplementary groups survived the drop"
+    );
+    for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert_eq!(field(&status, set), "0000000000000000", "{set}");
+    }
+    assert_eq!(field(&status, "NoNewPrivs"), "1");
+}
+
+#[test]
+fn a_dropped_child_holds_the_groups_it_was_given() {
+    let status = status_after_drop(Identity::new(65534, 65534).with_groups([100, 65533]));
+    assert_eq!(field(&status, "Groups"), "100 65533");
+}
+
+#[test]
+fn uid_or_gid_zero_is_refused_before_anything_changes() {
+    for who in [Identity::new(0, 5), Identity::new(5, 0)] {
+        let e = drop_to(&who).unwrap_err();
+        assert_eq!(e.step, DropStep::Target, "{e}");
+    }
+    assert!(nix::unistd::geteuid().is_root());
+}
