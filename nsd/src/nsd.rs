@@ -418,28 +418,18 @@ impl FileTree for Nsd {
     }
 
     async fn walk(&self, from: &NsFid, names: &[String]) -> Result<(Vec<QId>, Option<NsFid>)> {
-        let mut node = from.node;
-        let mut qids = Vec::new();
-        for name in names {
-            match self.lookup(node, name) {
-                Ok(next) => {
-                    node = next;
-                    qids.push(node.qid());
-                }
-                Err(e) if qids.is_empty() => return Err(e),
-                Err(_) => return Ok((qids, None)),
-            }
-        }
-        Ok((
-            qids,
-            Some(NsFid {
-                node,
-                read_only: false,
-                written: Vec::new(),
-                reply: RpcReply::default(),
-                answer: None,
-            }),
-        ))
+        let (qids, node) = synthetic::walk(from.node, names, |&node, name| {
+            let next = self.lookup(node, name)?;
+            Ok((next, next.qid()))
+        })?;
+        let fid = node.map(|node| NsFid {
+            node,
+            read_only: false,
+            written: Vec::new(),
+            reply: RpcReply::default(),
+            answer: None,
+        });
+        Ok((qids, fid))
     }
 
     async fn getattr(&self, fid: &NsFid, _mask: GetAttrMask) -> Result<(QId, Stat)> {
