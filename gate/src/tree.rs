@@ -10,6 +10,9 @@
 //! tiers                  the code-owned tier table and the defaults
 //! events                 each read blocks until there is a new event past the reader's offset
 //! ```
+//!
+//! Why one file: the nodes and the `FileTree` impl read one connection's view together (≈ 570
+//! lines); the rest is their unit tests.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
