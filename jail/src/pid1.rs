@@ -36,18 +36,7 @@ pub fn spawn_pid1(cmd: &Pid1Command<'_>) -> io::Result<Pid> {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty argv"));
     }
     // Everything the child uses is computed here, before the clone: it allocates nothing.
-    let argv: Vec<*const libc::c_char> = cmd
-        .argv
-        .iter()
-        .map(|a| a.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
-    let env: Vec<*const libc::c_char> = cmd
-        .env
-        .iter()
-        .map(|a| a.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
+    let (argv, env) = (null_terminated(cmd.argv), null_terminated(cmd.env));
     let rlimits: Vec<(libc::__rlimit_resource_t, libc::rlimit)> = cmd
         .rlimits
         .iter()
@@ -110,4 +99,13 @@ pub fn spawn_pid1(cmd: &Pid1Command<'_>) -> io::Result<Pid> {
         }
     }
     Ok(Pid::from_raw(pid as i32))
+}
+
+/// execve's form of a list of strings: their pointers, then a null one.
+fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
+    strings
+        .iter()
+        .map(|s| s.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect()
 }
