@@ -35,6 +35,12 @@ fn the_binary_serves_unprivileged_and_exits_at_unmount() {
         SockFlag::empty(),
     )
     .unwrap();
+    // This process holds supplementary groups the bridge must not keep after its drop.
+    nix::unistd::setgroups(&[
+        nix::unistd::Gid::from_raw(4),
+        nix::unistd::Gid::from_raw(27),
+    ])
+    .expect("setgroups: the test runs as root");
     // The fds go down as stdin (FUSE) and stdout (9P).
     let mut bridge = Command::new(env!("CARGO_BIN_EXE_warren-bridge"))
         .args([
@@ -76,6 +82,16 @@ fn the_binary_serves_unprivileged_and_exits_at_unmount() {
         .skip(1)
         .collect::<Vec<_>>();
     assert_eq!(uids, ["65534"; 4], "the bridge did not drop its uid");
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_else(|| panic!("no {name}"))
+    };
+    assert_eq!(field("Groups:"), "", "the bridge kept its parent's groups");
+    assert_eq!(field("CapBnd:"), "0000000000000000");
+    assert_eq!(field("NoNewPrivs:"), "1");
 
     drop(ctl_child);
 
