@@ -82,7 +82,11 @@ impl BeforeExec {
             clear_cloexec(fd)?;
         }
         if let Some(who) = &self.identity {
-            drop_to(who)?;
+            // Only an errno crosses back to the parent's spawn, so the step's own errno.
+            drop_to(who).map_err(|e| match e.source.raw_os_error() {
+                Some(errno) => io::Error::from_raw_os_error(errno),
+                None => e.into(),
+            })?;
         }
         if self.no_new_privs {
             nix::sys::prctl::set_no_new_privs()?;
