@@ -8,7 +8,6 @@ pub mod control;
 pub mod escape;
 pub mod events;
 pub mod gate;
-pub mod lineage;
 pub mod policy;
 pub mod receipts;
 pub mod request;
@@ -16,6 +15,9 @@ pub mod rpc;
 pub mod scope;
 pub mod store;
 pub mod tree;
+
+/// The namespace chain nsd's records carry (the records live in `warren-proto`).
+pub use warren_proto::lineage;
 
 pub use client::GateClient;
 pub use gate::{Answer, Config, Gate};

@@ -10,21 +10,15 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{Value, json};
 use warren_9p::{Client, Fid, oflags};
+pub use warren_proto::receipts::Ack;
 
 /// How long a connection attempt may take before the decision is denied.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long one append may take before the decision is denied.
 const APPEND_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// receiptd's acknowledgement of an append.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Ack {
-    pub seq: u64,
-    pub hash: String,
-}
 
 /// What one decision receipt says (the subject of the `decision` body).
 #[derive(Clone, Debug, Serialize)]

@@ -103,20 +103,7 @@ fn check_model_call_args(args: &Value) -> Result<(), String> {
     }
 }
 
-/// A session id: nsd's 128-bit id as 32 lowercase hex digits.
-pub fn check_session(session: &str) -> Result<(), String> {
-    if session.len() == 32
-        && session
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    {
-        Ok(())
-    } else {
-        Err(format!(
-            "session {session:?} must be 32 lowercase hex digits"
-        ))
-    }
-}
+pub use warren_proto::gate::check_session;
 
 /// Parses and checks one request. Malformed input is refused, never repaired.
 pub fn parse(bytes: &[u8]) -> Result<DecideRequest, String> {

@@ -683,7 +683,7 @@ impl Nsd {
                 opts.net_proxy = Some(crate::netgrant::NetProxyTarget {
                     session: session.clone(),
                     namespace: id.to_string(),
-                    lineage: warren_gate::lineage::Lineage(chain),
+                    lineage: warren_proto::lineage::Lineage(chain),
                 });
                 let (started, started_rx) = tokio::sync::oneshot::channel();
                 // Built, recorded and waited for on one blocking thread: the holder's
@@ -807,7 +807,7 @@ impl Nsd {
 
     /// The namespaces above a clone, parent first, as its lineage names them (nsd's own
     /// record of who cloned whom; a parent that never ran has no session and ends the chain).
-    pub(crate) fn ancestors(&self, mut parent: Option<u64>) -> Vec<warren_gate::lineage::Member> {
+    pub(crate) fn ancestors(&self, mut parent: Option<u64>) -> Vec<warren_proto::lineage::Member> {
         let spaces = self.shared.spaces.lock().unwrap().clone();
         let mut out = Vec::new();
         while let Some(p) = parent {
@@ -821,7 +821,7 @@ impl Nsd {
                 &space.spec.limits,
             ));
             parent = space.parent;
-            if out.len() >= warren_gate::lineage::MAX_DEPTH - 1 {
+            if out.len() >= warren_proto::lineage::MAX_DEPTH - 1 {
                 break;
             }
         }

@@ -2,5 +2,13 @@
 //! each exchange, so that a reader finds every wire format in one place (the 9P contracts are in
 //! `specs/`). Today: nsd's run and MCP server sockets ([`launch`]), llmfs's control socket ([`llm`]).
 
+pub mod control;
+pub mod gate;
 pub mod launch;
+pub mod lineage;
 pub mod llm;
+pub mod mcp;
+pub mod net;
+pub mod receipts;
+pub mod toolfs;
+pub mod worker;

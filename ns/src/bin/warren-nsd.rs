@@ -107,7 +107,7 @@ fn serve(weaker_landlock: bool) -> ExitCode {
                 tokio::spawn(warren_ns::launch::mcp::accept_loop(
                     l,
                     nsd.for_operator(0),
-                    warren_mcpfs::config::config_dir(),
+                    warren_proto::mcp::config_dir(),
                     dirs.secrets.clone(),
                 ));
             }
