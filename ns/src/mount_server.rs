@@ -718,7 +718,7 @@ impl Import {
     /// entry in the peers file as it is now, the tree asked for; then a relay thread that
     /// encrypts what the returned end (the bridge's) carries.
     fn link(&self, tcp: std::net::TcpStream) -> io::Result<OwnedFd> {
-        use warren_exportfs::{keys, peers, wire};
+        use warren_proto::export::{keys, peers, wire};
         let refused = |kind: io::ErrorKind, why: String| {
             io::Error::new(kind, format!("{}: {why}", self.label))
         };

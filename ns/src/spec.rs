@@ -652,7 +652,7 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                                 );
                             };
                             check_shown(&ctx, k, "PEER")?;
-                            if !warren_exportfs::peers::valid_name(&k.text) {
+                            if !warren_proto::export::peers::valid_name(&k.text) {
                                 return Err(ctx.err(
                                     k,
                                     format!(
@@ -734,7 +734,9 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                         );
                     }
                     if names.len() > 1
-                        || names.iter().any(|t| !warren_exportfs::peers::valid_name(t))
+                        || names
+                            .iter()
+                            .any(|t| !warren_proto::export::peers::valid_name(t))
                     {
                         return Err(ctx.err_at(
                             ctx.end(),
@@ -1564,7 +1566,9 @@ mod tests {
                     // A keyed mount is a peer's tcp! server with at most one tree word.
                     let keyed = matches!(server, Server::Tcp { .. })
                         && spec.len() <= 1
-                        && spec.iter().all(|w| warren_exportfs::peers::valid_name(w));
+                        && spec
+                            .iter()
+                            .all(|w| warren_proto::export::peers::valid_name(w));
                     let plain = key.is_none() && matches!(server, Server::Tcp { .. }) && i % 2 == 0;
                     mounts.push(Mount {
                         key: key.filter(|_| keyed),

@@ -3,6 +3,7 @@
 //! `specs/`). Today: nsd's run and MCP server sockets ([`launch`]), llmfs's control socket ([`llm`]).
 
 pub mod control;
+pub mod export;
 pub mod gate;
 pub mod launch;
 pub mod lineage;

@@ -1,5 +1,5 @@
 //! nsd's export socket, `<runtime>/nsd-export.ctl`: exportfs has an authenticated peer's tree
-//! made here, never choosing what it holds (`warren_exportfs::control`).
+//! made here, never choosing what it holds (`warren_proto::export::control`).
 //!
 //! nsd reads the peers file itself and builds the `/tool` grant from the peer's entry exactly as
 //! for a namespace's `mount tool` (a socketpair handed to toolfs's control socket with the
@@ -24,9 +24,9 @@ use warren_daemon::Dirs;
 use warren_daemon::accept::{into_blocking, next_peer, refusal};
 use warren_daemon::identity::Role;
 use warren_daemon::peer::PeerCred;
-use warren_exportfs::control::{ExportRequest, Made, REQUEST_VERSION, answer};
-use warren_exportfs::keys::PublicKey;
-use warren_exportfs::peers::{ASKS_TREE, Peer, Peers, RECEIPTS_TREE};
+use warren_proto::export::keys::PublicKey;
+use warren_proto::export::peers::{ASKS_TREE, Peer, Peers, RECEIPTS_TREE};
+use warren_proto::export::{ExportRequest, Made, REQUEST_VERSION, answer};
 use warren_proto::gate::{CHANNEL_CAP_MAX, ControlRecord, RECORD_VERSION, RecordKind};
 use warren_proto::lineage::Lineage;
 use warren_proto::toolfs::{GrantRecord, RootGrant, ToolGrant};
@@ -197,7 +197,7 @@ mod tests {
     fn a_peers_asks_channel_sees_its_own_session_only() {
         let dir = tempfile::tempdir().unwrap();
         let key = |n: &str| {
-            warren_exportfs::keys::HostKey::create(&dir.path().join(n))
+            warren_proto::export::keys::HostKey::create(&dir.path().join(n))
                 .unwrap()
                 .public()
         };
