@@ -3,7 +3,6 @@
 //! decision before it answers. See `specs/gate-tree.md` and `docs/gate.md`.
 
 pub mod approvals;
-pub mod client;
 pub mod control;
 pub mod escape;
 pub mod events;
@@ -19,6 +18,5 @@ pub mod tree;
 /// The namespace chain nsd's records carry (the records live in `warren-proto`).
 pub use warren_proto::lineage;
 
-pub use client::GateClient;
 pub use gate::{Answer, Config, Gate};
 pub use policy::{ContextState, Verdict};

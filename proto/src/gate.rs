@@ -2,7 +2,8 @@
 //! of a socketpair with a [`ControlRecord`] saying who is on the other end; the gate answers `ok`
 //! or `error: <why>` (`specs/gate-tree.md` §1). The record is the connection's whole standing.
 //! Which scope a sound record gives is the gate's to decide (`warren_gate::control`); this module
-//! holds the record, the tiers it may name, and the sender ([`hand_over`]).
+//! holds the record, the tiers it may name, and the sender ([`hand_over`]). Also the `decide`
+//! file's request ([`encode_in`]) and [`Answer`], and the one client of the gate ([`client`]).
 
 use std::fmt;
 use std::io;
@@ -11,8 +12,14 @@ use std::path::Path;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 use crate::lineage::Lineage;
+use crate::receipts::Ack;
+
+pub mod client;
+
+pub use client::GateClient;
 
 /// The risk tiers, least to most risky.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -79,6 +86,152 @@ pub fn check_session(session: &str) -> Result<(), String> {
             "session {session:?} must be 32 lowercase hex digits"
         ))
     }
+}
+
+/// The context states a trusted daemon attaches to a decide request (the gate's reading of
+/// each: `warren_gate::policy::context`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContextState {
+    /// toolfs: the session has been handed tainted content (a tool result it marked untrusted).
+    UntrustedContext,
+    /// receiptd: receipts are degraded (a floor, a signer problem).
+    ReceiptsDegraded,
+    /// A budget (calls, tokens, money) is spent.
+    OverBudget,
+    /// Nobody is at the machine to answer an ask.
+    Unattended,
+}
+
+impl ContextState {
+    pub const ALL: [ContextState; 4] = [
+        ContextState::UntrustedContext,
+        ContextState::ReceiptsDegraded,
+        ContextState::OverBudget,
+        ContextState::Unattended,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ContextState::UntrustedContext => "untrusted_context",
+            ContextState::ReceiptsDegraded => "receipts_degraded",
+            ContextState::OverBudget => "over_budget",
+            ContextState::Unattended => "unattended",
+        }
+    }
+}
+
+impl fmt::Display for ContextState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for ContextState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<ContextState, String> {
+        ContextState::ALL
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| format!("unknown context state {s:?}"))
+    }
+}
+
+/// A decision, ordered by strictness: `Allow < Ask < Deny`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Allow,
+    Ask,
+    Deny,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Allow => "allow",
+            Verdict::Ask => "ask",
+            Verdict::Deny => "deny",
+        }
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Verdict {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Verdict, String> {
+        match s {
+            "allow" => Ok(Verdict::Allow),
+            "ask" => Ok(Verdict::Ask),
+            "deny" => Ok(Verdict::Deny),
+            _ => Err(format!("unknown verdict {s:?} (allow, ask or deny)")),
+        }
+    }
+}
+
+/// What `decide` and `wait` answer (JSON, one line).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Answer {
+    pub decision: Verdict,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<i64>,
+    pub basis: String,
+    pub fingerprint: String,
+    /// The class policy used (`read` … `destructive`, `dynamic`, `unmapped`).
+    pub tier: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub risk: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receipt: Option<Ack>,
+}
+
+/// Builds the request text toolfs writes to `decide`. The argument bytes go in verbatim (the
+/// gate refuses them if they are not canonical; nothing here repairs them).
+pub fn encode(
+    session: &str,
+    tool: &str,
+    canonical_args: &[u8],
+    context: &[ContextState],
+) -> Result<Vec<u8>, String> {
+    encode_in(session, tool, canonical_args, context, None, None)
+}
+
+/// [`encode`] with the caller's lineage, serialised once per connection (see [`crate::lineage`]).
+pub fn encode_in(
+    session: &str,
+    tool: &str,
+    canonical_args: &[u8],
+    context: &[ContextState],
+    lineage: Option<&RawValue>,
+    tier: Option<Tier>,
+) -> Result<Vec<u8>, String> {
+    #[derive(serde::Serialize)]
+    struct Out<'a> {
+        session: &'a str,
+        tool: &'a str,
+        args: &'a RawValue,
+        context: &'a [ContextState],
+        #[serde(skip_serializing_if = "Option::is_none")]
+        lineage: Option<&'a RawValue>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        tier: Option<Tier>,
+    }
+    let args = std::str::from_utf8(canonical_args).map_err(|_| "args: not UTF-8".to_string())?;
+    let raw = RawValue::from_string(args.to_owned()).map_err(|e| format!("args: {e}"))?;
+    serde_json::to_vec(&Out {
+        session,
+        tool,
+        args: &raw,
+        context,
+        lineage,
+        tier,
+    })
+    .map_err(|e| e.to_string())
 }
 
 pub const RECORD_VERSION: u32 = 1;

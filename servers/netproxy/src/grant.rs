@@ -15,9 +15,9 @@ use async_trait::async_trait;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use warren_gate::policy::Verdict;
+use warren_proto::gate::GateClient;
 pub use warren_proto::net::{CONTROL, GrantRecord, hand_over};
 use warren_toolfs::effects::{ReceiptSlot, Receipts};
-use warren_toolfs::gate::GateLink;
 
 use crate::{Decide, Decision, Policy, Record, Records, Resolver, Session};
 
@@ -26,8 +26,8 @@ use crate::{Decide, Decision, Policy, Record, Records, Resolver, Session};
 pub struct Grants {
     pub resolver: Resolver,
     /// `None`: every listed destination is allowed (tests). The daemon always has one; a
-    /// daemon given no gate connection has `GateLink::none()`, which denies.
-    pub gate: Option<Arc<GateLink>>,
+    /// daemon given no gate connection has `GateClient::none()`, which denies.
+    pub gate: Option<Arc<GateClient>>,
     pub receipts: Option<Arc<Receipts>>,
     pub records: Records,
 }
@@ -194,7 +194,7 @@ fn receipt(slot: ReceiptSlot, scope: &str, record: &Record) {
 /// The gate behind [`Decide`]: `net:<host>:<port>` at the network tier, in the namespace's
 /// session; an ask is waited for.
 pub struct GateDecide {
-    pub gate: Arc<GateLink>,
+    pub gate: Arc<GateClient>,
     pub session: String,
     pub lineage: Option<Box<serde_json::value::RawValue>>,
 }
