@@ -10,7 +10,6 @@ pub mod gate;
 pub mod policy;
 pub mod receipts;
 pub mod request;
-pub mod rpc;
 pub mod scope;
 pub mod store;
 pub mod tree;
