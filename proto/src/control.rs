@@ -3,7 +3,7 @@
 //! first), and the daemon answers with one line, `ok` or `error: <why>`. The records themselves
 //! are in each daemon's module.
 
-use std::io;
+use std::io::{self, BufRead, BufReader};
 use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -32,22 +32,52 @@ pub fn read_reply(line: &str, daemon: &str, refused: &str) -> io::Result<()> {
     }
 }
 
-/// Sends one record with `fds` on a control socket and reads the framed one-line answer
-/// ([`reply_line`]), bounded so a daemon that accepts and never answers does not hold its caller.
+/// How a daemon sends its [`reply_line`] back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplyForm {
+    /// As one `warren_daemon::handoff` frame (the gate, receiptd).
+    Framed,
+    /// As the bare line (toolfs, mcpfs, netproxy, llmfs).
+    Line,
+}
+
+/// Reads one bare [`reply_line`] from `replies`; a closed connection is an error of its own.
+pub fn read_line_reply(replies: &mut impl BufRead, daemon: &str, refused: &str) -> io::Result<()> {
+    let mut line = String::new();
+    if replies.read_line(&mut line)? == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("{daemon} closed the control connection"),
+        ));
+    }
+    read_reply(&line, daemon, refused)
+}
+
+/// Connects to a control socket, sends one record with `fds` (the connection first) and reads
+/// the answer; returns the control connection once the daemon said `ok`. Bounded, so a daemon
+/// that accepts and never answers does not hold its caller. `daemon` names the server in errors,
+/// `refused` what it refused.
 pub fn hand_over(
     ctl_path: &Path,
     record: &impl Serialize,
     fds: &[BorrowedFd<'_>],
+    form: ReplyForm,
     daemon: &str,
     refused: &str,
-) -> io::Result<()> {
+) -> io::Result<UnixStream> {
     let sock = UnixStream::connect(ctl_path)?;
     sock.set_read_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
     sock.set_write_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
     let bytes = serde_json::to_vec(record).map_err(io::Error::other)?;
     warren_daemon::handoff::send(&sock, &bytes, fds)?;
-    let (reply, _) = warren_daemon::handoff::recv(&sock)?;
-    read_reply(&String::from_utf8_lossy(&reply), daemon, refused)
+    match form {
+        ReplyForm::Framed => {
+            let (reply, _) = warren_daemon::handoff::recv(&sock)?;
+            read_reply(&String::from_utf8_lossy(&reply), daemon, refused)?;
+        }
+        ReplyForm::Line => read_line_reply(&mut BufReader::new(&sock), daemon, refused)?,
+    }
+    Ok(sock)
 }
 
 #[cfg(test)]

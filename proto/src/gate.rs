@@ -14,6 +14,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use crate::control::ReplyForm;
 use crate::lineage::Lineage;
 use crate::receipts::Ack;
 
@@ -277,7 +278,15 @@ pub struct ControlRecord {
 /// The trusted side: hands `conn` to the gate with `record`, and returns once the gate serves it
 /// (or with the gate's refusal).
 pub fn hand_over(ctl_path: &Path, record: &ControlRecord, conn: impl AsFd) -> io::Result<()> {
-    crate::control::hand_over(ctl_path, record, &[conn.as_fd()], "gate", "the connection")
+    crate::control::hand_over(
+        ctl_path,
+        record,
+        &[conn.as_fd()],
+        ReplyForm::Framed,
+        "gate",
+        "the connection",
+    )
+    .map(drop)
 }
 
 #[cfg(test)]

@@ -8,14 +8,13 @@
 //! may follow one another on one control connection. The operator socket `llm.sock` is the
 //! operator's own way in and is not this.
 
-use std::io::{self, BufRead, BufReader};
+use std::io;
 use std::os::fd::BorrowedFd;
-use std::os::unix::net::UnixStream;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::control::read_reply;
+use crate::control::ReplyForm;
 
 /// The control socket's stem in the runtime dir (`Dirs::control("llmfs")`).
 pub const CONTROL_NAME: &str = "llmfs";
@@ -67,20 +66,15 @@ impl LlmGrant {
 /// Hands `conn` (the server end of a socketpair) to llmfs with `grant`; returns once llmfs serves
 /// it, or with llmfs's refusal as the error.
 pub fn hand_over(ctl_path: &Path, grant: &LlmGrant, conn: BorrowedFd<'_>) -> io::Result<()> {
-    let sock = UnixStream::connect(ctl_path)?;
-    // Bounded: an llmfs that accepts and never answers must not hold its caller (nsd).
-    sock.set_read_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
-    sock.set_write_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
-    let bytes = serde_json::to_vec(grant).map_err(io::Error::other)?;
-    warren_daemon::handoff::send(&sock, &bytes, &[conn])?;
-    let mut line = String::new();
-    if BufReader::new(&sock).read_line(&mut line)? == 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "llmfs closed the control connection",
-        ));
-    }
-    read_reply(&line, "llmfs", "the connection")
+    crate::control::hand_over(
+        ctl_path,
+        grant,
+        &[conn],
+        ReplyForm::Line,
+        "llmfs",
+        "the connection",
+    )
+    .map(drop)
 }
 
 /// The one-line answer to a handed-over grant (llmfs's side).

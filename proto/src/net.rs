@@ -5,13 +5,13 @@
 //! namespace runs. The destinations a record lists are [`policy`]'s patterns, which nsd checks a
 //! spec's by (and a clone's against its parent's) and netproxy enforces.
 
-use std::io::{self, BufRead, BufReader};
+use std::io;
 use std::os::fd::BorrowedFd;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::control::read_reply;
+use crate::control::ReplyForm;
 use crate::lineage::Lineage;
 
 pub mod policy;
@@ -46,18 +46,12 @@ pub fn hand_over(
     record: &GrantRecord,
     listener: BorrowedFd<'_>,
 ) -> io::Result<std::os::unix::net::UnixStream> {
-    let sock = std::os::unix::net::UnixStream::connect(ctl_path)?;
-    // Bounded: a proxy that accepts and never answers must not hold nsd.
-    sock.set_read_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
-    sock.set_write_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
-    let bytes = serde_json::to_vec(record).map_err(io::Error::other)?;
-    warren_daemon::handoff::send(&sock, &bytes, &[listener])?;
-    let mut line = String::new();
-    if BufReader::new(&sock).read_line(&mut line)? == 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "netproxy closed the control connection",
-        ));
-    }
-    read_reply(&line, "netproxy", "the grant").map(|()| sock)
+    crate::control::hand_over(
+        ctl_path,
+        record,
+        &[listener],
+        ReplyForm::Line,
+        "netproxy",
+        "the grant",
+    )
 }

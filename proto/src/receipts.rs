@@ -15,6 +15,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use warren_9p::{Client, Errno, Fid, oflags};
 
+use crate::control::ReplyForm;
+
 pub const VIEW_VERSION: u32 = 1;
 
 /// What a handed-over connection may read: one scope.
@@ -32,7 +34,15 @@ pub fn hand_over(ctl_path: &Path, scope: &str, conn: impl AsFd) -> io::Result<()
         version: VIEW_VERSION,
         scope: scope.to_owned(),
     };
-    crate::control::hand_over(ctl_path, &record, &[conn.as_fd()], "receiptd", "the view")
+    crate::control::hand_over(
+        ctl_path,
+        &record,
+        &[conn.as_fd()],
+        ReplyForm::Framed,
+        "receiptd",
+        "the view",
+    )
+    .map(drop)
 }
 
 /// receiptd's acknowledgement of an append (`{"seq":…,"hash":…}`, `specs/receipts.md`): the

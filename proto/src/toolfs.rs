@@ -5,14 +5,14 @@
 //! ([`crate::control`]). What a sound record grants is the server's to check
 //! (`warren_toolfs::grant`). The contract is `specs/tool-tree.md` §1.
 
-use std::io::{self, BufRead, BufReader};
+use std::io::{self, BufReader};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::control::read_reply;
+use crate::control::read_line_reply;
 use crate::lineage::Lineage;
 
 /// The only record version toolfs and mcpfs understand.
@@ -103,14 +103,7 @@ impl ControlClient {
         fds.push(conn);
         fds.extend_from_slice(root_fds);
         warren_daemon::handoff::send(&self.sock, &bytes, &fds)?;
-        let mut line = String::new();
-        if self.replies.read_line(&mut line)? == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!("{} closed the control connection", self.daemon),
-            ));
-        }
-        read_reply(&line, &self.daemon, "the grant")
+        read_line_reply(&mut self.replies, &self.daemon, "the grant")
     }
 }
 

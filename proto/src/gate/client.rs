@@ -145,19 +145,20 @@ impl GateClient {
         let Some(a) = &self.attached else {
             return deny(NO_GATE.into());
         };
+        let body = match encode_in(session, tool, canonical_args, context, lineage, tier) {
+            Ok(b) => b,
+            Err(e) => return unavailable(e),
+        };
         // A gate that stops answering is a gate that is not there. (An ask is answered at once
         // with its pending id; only `wait` blocks for a person.)
-        tokio::time::timeout(
-            DECIDE_TIMEOUT,
-            a.decide(session, tool, canonical_args, context, lineage, tier),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            unavailable(format!(
-                "no answer to decide within {} s",
-                DECIDE_TIMEOUT.as_secs()
-            ))
-        })
+        tokio::time::timeout(DECIDE_TIMEOUT, a.decide(&body))
+            .await
+            .unwrap_or_else(|_| {
+                unavailable(format!(
+                    "no answer to decide within {} s",
+                    DECIDE_TIMEOUT.as_secs()
+                ))
+            })
     }
 
     /// Waits for ask `pending_id` to be closed; the outcome is `allow` or `deny` (anything else
@@ -228,24 +229,13 @@ impl Attached {
         Ok(fid)
     }
 
-    async fn decide(
-        &self,
-        session: &str,
-        tool: &str,
-        canonical_args: &[u8],
-        context: &[ContextState],
-        lineage: Option<&RawValue>,
-        tier: Option<Tier>,
-    ) -> Answer {
-        let body = match encode_in(session, tool, canonical_args, context, lineage, tier) {
-            Ok(b) => b,
-            Err(e) => return unavailable(e),
-        };
+    /// One decide request (`body`, [`encode_in`]'s) on a pooled `decide` fid.
+    async fn decide(&self, body: &[u8]) -> Answer {
         let fid = match self.decide_fid().await {
             Ok(f) => f,
             Err(e) => return unavailable(format!("open decide: {e}")),
         };
-        let result = match fid.call(&body).await {
+        let result = match fid.call(body).await {
             Ok(reply) => serde_json::from_slice::<Answer>(&reply)
                 .map_err(|e| format!("decide reply does not parse: {e}")),
             Err((Errno::EINVAL, said)) => Err(format!(
