@@ -8,6 +8,9 @@
 //!   be one of these, and these (being named literally) may be private or loopback.
 //!
 //! Matching is on the lowercase ASCII name without a trailing dot.
+//!
+//! One file over 600 lines: the patterns, what they match and whether one list covers another
+//! are one grammar, read together; a third of it is tests.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
