@@ -8,7 +8,6 @@ pub mod cli;
 pub mod confine;
 pub mod covers;
 pub mod handles;
-pub mod inode;
 pub mod launch;
 pub mod mount_server;
 pub mod narrow;
