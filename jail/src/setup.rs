@@ -746,3 +746,27 @@ fn joins_a_user_namespace(holder: &OwnedFd) -> Result<bool, String> {
         .map_err(|e| format!("stat /proc/self/ns/user: {e}"))?;
     Ok((theirs.dev(), theirs.ino()) != (ours.dev(), ours.ino()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the launcher shows for a failed setup names the step first, then the step's own
+    /// words.
+    #[test]
+    fn a_setup_error_names_its_step() {
+        let e = Err::<(), _>("target /usr/x: Read-only file system")
+            .at(Step::Binds)
+            .unwrap_err();
+        assert_eq!(e.step, Step::Binds);
+        assert_eq!(e.to_string(), "binds: target /usr/x: Read-only file system");
+        let e = resolve_command(Some(&CString::new("nope").unwrap()), "/nonexistent")
+            .at(Step::Command)
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("command: nope: command not found in the namespace"),
+            "{e}"
+        );
+    }
+}
