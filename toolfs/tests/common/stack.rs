@@ -54,7 +54,7 @@ fn sibling_bins() -> (PathBuf, PathBuf, PathBuf) {
                     "--bin",
                     "warren-receiptd",
                     "-p",
-                    "warren-ns",
+                    "warren-nsd",
                     "--bin",
                     "warren-nsd",
                 ];

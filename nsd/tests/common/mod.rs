@@ -13,7 +13,20 @@ use std::time::Duration;
 use warren_daemon::Dirs;
 
 pub const NSD: &str = env!("CARGO_BIN_EXE_warren-nsd");
-pub const PROBE: &str = env!("CARGO_BIN_EXE_warren-probe");
+/// The hostile probe (`warren-probe`, a binary of warren-ns): built next to `warren-nsd` by
+/// `cargo build --workspace --bins`, which `scripts/test` runs before the suite.
+pub fn probe_path() -> &'static str {
+    static PROBE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        let path = Path::new(NSD).with_file_name("warren-probe");
+        assert!(
+            path.exists(),
+            "{} is not built: run `cargo build --workspace --bins` first (scripts/test does)",
+            path.display()
+        );
+        path.to_string_lossy().into_owned()
+    });
+    &PROBE
+}
 pub const NOBODY: u32 = 65534;
 
 /// These tests build real namespaces; they need root, and fail saying so without it.
@@ -95,13 +108,16 @@ pub enum Control {
 
 pub fn control_output(control: Control, probe_args: &[&str]) -> Output {
     match control {
-        Control::Root => Command::new(PROBE).args(probe_args).output().unwrap(),
-        Control::RootPrivateMounts => Command::new("unshare")
-            .args(["-m", "--propagation", "private", PROBE])
+        Control::Root => Command::new(probe_path())
             .args(probe_args)
             .output()
             .unwrap(),
-        Control::Nobody => Command::new(PROBE)
+        Control::RootPrivateMounts => Command::new("unshare")
+            .args(["-m", "--propagation", "private", probe_path()])
+            .args(probe_args)
+            .output()
+            .unwrap(),
+        Control::Nobody => Command::new(probe_path())
             .args(probe_args)
             .uid(NOBODY)
             .gid(NOBODY)

@@ -39,11 +39,11 @@ use warren_jail::process as sys;
 use warren_jail::seccomp::Relaxed;
 use warren_jail::setup::{self as jail, Command, Identity, LockDown, Pid1, Plan, Tree, Wait};
 
-use crate::confine::binds::{self, PreparedBind};
-use crate::confine::guard::Guard;
-use crate::confine::{NAMES, creds};
-use crate::run::{SETUP_DEADLINE, SetupErrors};
-use crate::spec::{Access, Bind, Limits};
+use warren_ns::confine::binds::{self, PreparedBind};
+use warren_ns::confine::guard::Guard;
+use warren_ns::confine::{NAMES, creds};
+use warren_ns::run::{SETUP_DEADLINE, SetupErrors};
+use warren_ns::spec::{Access, Bind, Limits};
 
 /// Where the worker binary is bound (read-only) in every worker's root.
 pub const WORKER_PATH: &str = "/warren-tool-worker";
@@ -88,7 +88,7 @@ pub struct WorkerScope {
 /// (session, lineage) and for the tool's destinations (within the namespace's).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerNet {
-    pub target: crate::netgrant::NetProxyTarget,
+    pub target: warren_ns::netgrant::NetProxyTarget,
     pub patterns: Vec<warren_netproxy::Pattern>,
 }
 
@@ -210,7 +210,7 @@ impl WorkerFactory {
                 ));
             }
             (true, Some(net)) => Some(
-                crate::netgrant::grant(&net.patterns, &net.target, &self.protected)
+                warren_ns::netgrant::grant(&net.patterns, &net.target, &self.protected)
                     .map_err(|e| format!("the worker's network: {e}"))?,
             ),
         };
@@ -520,7 +520,7 @@ fn check_request(request: &BuildRequest, fds: usize) -> Result<(), String> {
             request.roots.len()
         ));
     }
-    if request.network && !crate::spec::NETWORK_TOOLS.contains(&request.tool.as_str()) {
+    if request.network && !warren_ns::spec::NETWORK_TOOLS.contains(&request.tool.as_str()) {
         return Err(format!(
             "{}: no network for a tool that runs no programs",
             request.tool
@@ -577,9 +577,9 @@ impl WorkerPlan<'_> {
     /// and the roots crosses the exec (the error pipe closes at it).
     fn plan(self) -> Result<Plan, String> {
         let cstr = |s: &str| CString::new(s).map_err(|_| "NUL in an argument".to_string());
-        let home = if self.execs { crate::HOME } else { "/" };
+        let home = if self.execs { warren_ns::HOME } else { "/" };
         let mut env = vec![
-            format!("PATH={}", crate::PAYLOAD_PATH),
+            format!("PATH={}", warren_ns::PAYLOAD_PATH),
             format!("HOME={home}"),
             "LANG=C.UTF-8".into(),
             "TMPDIR=/tmp".into(),
@@ -601,7 +601,7 @@ impl WorkerPlan<'_> {
         if self.network {
             // The worker's own proxy listener, as a `net proxy` payload finds it: `shell`
             // passes these on to its commands.
-            env.extend(crate::netgrant::proxy_env());
+            env.extend(warren_ns::netgrant::proxy_env());
         }
         let mut write: Vec<String> = self
             .roots
@@ -610,7 +610,7 @@ impl WorkerPlan<'_> {
             .map(|r| r.path.clone())
             .collect();
         if self.execs {
-            write.extend(["/tmp".into(), crate::HOME.into(), "/dev/shm".into()]);
+            write.extend(["/tmp".into(), warren_ns::HOME.into(), "/dev/shm".into()]);
         }
         Ok(Plan {
             err_pipe: Some(self.err_write),
@@ -622,7 +622,7 @@ impl WorkerPlan<'_> {
             // With the network: TCP connect to the proxy's port only and no bind, as its
             // namespace.
             network: if self.network {
-                crate::confine::network(crate::spec::Net::Proxy)
+                warren_ns::confine::network(warren_ns::spec::Net::Proxy)
             } else {
                 Network::Loopback
             },
@@ -637,7 +637,7 @@ impl WorkerPlan<'_> {
             pty_sock: None,
             pty_slave: None,
             pty_winsize: [0; 4],
-            send_fd: crate::confine::fuse::send_fd,
+            send_fd: warren_ns::confine::fuse::send_fd,
             names: NAMES,
             identity: Identity::Fixed {
                 uid: self.uid,
@@ -707,7 +707,7 @@ mod tests {
             match namespace {
                 "7" => Ok(Some(WorkerScope {
                     uid: EXEC_WORKER_UID_BASE + 42,
-                    limits: crate::spec::parse("<t>", "limit pids=16 mem=64M")
+                    limits: warren_ns::spec::parse("<t>", "limit pids=16 mem=64M")
                         .unwrap()
                         .limits,
                     writer: Writer {
