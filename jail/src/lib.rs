@@ -13,9 +13,11 @@ pub mod loopback;
 pub mod mount_api;
 pub mod mounts;
 pub mod openat2;
+pub mod plan;
 pub mod process;
 pub mod seccomp;
 pub mod setup;
+pub mod step;
 mod syscall_ret;
 pub mod tty;
 
