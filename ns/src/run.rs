@@ -5,7 +5,7 @@
 
 use std::ffi::CString;
 use std::io::{self, Read};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
@@ -64,6 +64,15 @@ pub struct PayloadStdio {
 }
 
 impl PayloadStdio {
+    /// Their numbers, for the plan: the holder (or attacher) puts them on 0, 1, 2.
+    pub(crate) fn raw_fds(&self) -> [RawFd; 3] {
+        [
+            self.stdin.as_raw_fd(),
+            self.stdout.as_raw_fd(),
+            self.stderr.as_raw_fd(),
+        ]
+    }
+
     /// All three on /dev/null (a daemon-started namespace has no terminal).
     pub fn null() -> io::Result<PayloadStdio> {
         let open = |write: bool| -> io::Result<OwnedFd> {
@@ -457,13 +466,7 @@ pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Runn
             },
             weaker_landlock: opts.weaker_landlock,
             err_pipe: err_write,
-            stdio: opts.stdio.as_ref().map(|s| {
-                [
-                    s.stdin.as_raw_fd(),
-                    s.stdout.as_raw_fd(),
-                    s.stderr.as_raw_fd(),
-                ]
-            }),
+            stdio: opts.stdio.as_ref().map(|s| s.raw_fds()),
             fuse_sock: fuse_child,
             pty_sock: pty_child,
             pty_winsize: if opts.pty {

@@ -12,7 +12,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::Instant;
 
@@ -109,13 +109,7 @@ pub fn attach(running: &Running, spec: &Spec, plan: AttachPlan<'_>) -> io::Resul
             },
             weaker_landlock: conf.weaker_landlock,
             err_pipe: err_write,
-            stdio: plan.stdio.as_ref().map(|s| {
-                [
-                    s.stdin.as_raw_fd(),
-                    s.stdout.as_raw_fd(),
-                    s.stderr.as_raw_fd(),
-                ]
-            }),
+            stdio: plan.stdio.as_ref().map(|s| s.raw_fds()),
             fuse_sock: None,
             pty_sock: pty_child,
             pty_winsize: plan.pty.unwrap_or_default(),
