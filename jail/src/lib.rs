@@ -3,12 +3,32 @@
 //! beneath a directory, and builds on the file descriptors it returns. The setup steps and their
 //! reasons are `docs/confinement.md`.
 
+pub mod binds;
 pub mod child;
 pub mod environment;
 pub mod fd_passing;
+pub mod fds;
+pub mod fuse;
 pub mod inherited;
+pub mod init;
+pub mod inode;
 pub mod kernel_features;
+pub mod landlock;
+pub mod loopback;
+pub mod mount_api;
+pub mod mounts;
+pub mod openat2;
 pub mod pid1;
+pub mod plan;
 pub mod privilege;
+pub mod process;
 pub mod reactor;
+pub mod seccomp;
+pub mod setup;
+pub mod step;
+mod syscall_ret;
 pub mod thread_creds;
+pub mod tty;
+
+pub use openat2::{Dir, openat2};
+pub use setup::{SetupError, Step};
