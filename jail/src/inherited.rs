@@ -45,26 +45,3 @@ pub fn take(fd: RawFd) -> io::Result<OwnedFd> {
     )?;
     Ok(owned)
 }
-
-/// Closes every descriptor of this process except those in `keep` (stdio too, unless kept):
-/// what a process that was handed fds keeps of its parent's table.
-pub fn close_all_except(keep: &[RawFd]) -> io::Result<()> {
-    let mut keep: Vec<u32> = keep
-        .iter()
-        .filter_map(|&fd| u32::try_from(fd).ok())
-        .collect();
-    keep.sort_unstable();
-    keep.dedup();
-    let mut first = 0u32;
-    for fd in keep.into_iter().chain(std::iter::once(u32::MAX)) {
-        if fd > first {
-            // SAFETY: close_range takes plain integers; nothing in [first, fd - 1] is kept, and
-            // the caller owns nothing there it still uses.
-            if unsafe { libc::close_range(first, fd - 1, 0) } < 0 {
-                return Err(io::Error::last_os_error());
-            }
-        }
-        first = fd.saturating_add(1);
-    }
-    Ok(())
-}

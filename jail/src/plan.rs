@@ -66,9 +66,6 @@ pub struct LockDown {
     pub write: Vec<String>,
     pub weaker_landlock: bool,
     pub seccomp: Relaxed,
-    /// The credential change (capabilities cleared, `uid`/`gid`, no groups). The launcher's
-    /// privilege-drop function.
-    pub drop_privileges: fn(u32, u32) -> Result<(), String>,
 }
 
 /// How the holder waits.

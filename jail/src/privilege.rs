@@ -134,12 +134,6 @@ pub fn drop_to(who: &Identity) -> Result<(), DropError> {
     verify(who, groups_set, bounding_cleared).map_err(fail(DropStep::Verify))
 }
 
-/// [`drop_to`] to `uid`/`gid` with no supplementary group, its error as text: the confinement
-/// sequence's drop (`setup::LockDown::drop_privileges`).
-pub fn drop_to_user(uid: u32, gid: u32) -> Result<(), String> {
-    drop_to(&Identity::new(uid, gid)).map_err(|e| e.to_string())
-}
-
 fn refuse_root(who: &Identity) -> io::Result<()> {
     if who.uid == 0 || who.gid == 0 {
         return Err(io::Error::new(

@@ -28,6 +28,7 @@ use nix::unistd::{ForkResult, Pid};
 use crate::fuse::{self, SendFd};
 use crate::landlock::{self, Network};
 use crate::openat2::{Dir, openat2};
+use crate::privilege;
 use crate::{fds, init, loopback, mounts, process, seccomp, tty};
 
 pub use crate::plan::{Command, Identity, Limits, LockDown, Names, Pid1, Plan, Tree, Wait};
@@ -294,7 +295,7 @@ fn open_handles(command: &mut Command) -> Result<(), SetupError> {
 
 /// The lock-down of the calling process, the same for every profile, in this order:
 /// capabilities and the bounding set dropped, `uid`/`gid` with no supplementary groups
-/// ([`LockDown::drop_privileges`]); PDEATHSIG again and non-dumpable (a credential change
+/// ([`privilege::drop_to`]); PDEATHSIG again and non-dumpable (a credential change
 /// clears both); no_new_privs; the Landlock ruleset (`mount_points`: O_PATH fds of the 9P
 /// mounts' roots); the seccomp filters, last.
 pub fn lock_down(
@@ -304,7 +305,7 @@ pub fn lock_down(
     mount_points: Vec<OwnedFd>,
     network: Network,
 ) -> Result<(), SetupError> {
-    (conf.drop_privileges)(uid, gid).at(Step::DropPrivileges)?;
+    privilege::drop_to(&privilege::Identity::new(uid, gid)).at(Step::DropPrivileges)?;
     let _ = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL);
     nix::sys::prctl::set_dumpable(false).at(Step::Dumpable)?;
     nix::sys::prctl::set_no_new_privs().at(Step::NoNewPrivs)?;

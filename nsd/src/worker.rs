@@ -651,7 +651,6 @@ impl WorkerPlan<'_> {
                     // The worker resolves every tool path beneath its roots with openat2.
                     openat2: true,
                 },
-                drop_privileges: warren_jail::privilege::drop_to_user,
             },
             // The namespace's process count is per uid: its exec worker, and all that runs
             // under it, share its subtree's uid and this limit.

@@ -95,7 +95,6 @@ pub(crate) fn plan(spec: &Spec, launch: Launch) -> Plan {
             write: writable(spec),
             weaker_landlock: launch.weaker_landlock,
             seccomp: Default::default(),
-            drop_privileges: warren_jail::privilege::drop_to_user,
         },
         limits: setup::Limits {
             pids: limits.pids.filter(|_| launch.rlimit_pids_mem),

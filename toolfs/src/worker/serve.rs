@@ -140,7 +140,7 @@ fn start(socket: &mut UnixStream, args: &WorkerArgs) -> io::Result<(String, Tool
     // Only stdio, the socket and the roots stay (each close-on-exec once taken, so a shell
     // command inherits none of them).
     keep.extend([0, 1, 2]);
-    warren_jail::inherited::close_all_except(&keep)?;
+    warren_jail::fds::close_all_but(&keep)?;
     umask(Mode::from_bits_truncate(0o022));
     std::env::set_current_dir("/")?;
     // No parent-death signal: it fires when the *thread* that spawned us exits, and toolfs
