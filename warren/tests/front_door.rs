@@ -15,13 +15,7 @@ impl Warren {
             nix::unistd::geteuid().is_root(),
             "warren up needs root (it starts daemons under their own uids): scripts/test runs as root"
         );
-        let bin = PathBuf::from(env!("CARGO_BIN_EXE_warren"));
-        let toolfs = bin.with_file_name("warren-toolfs");
-        assert!(
-            toolfs.exists(),
-            "{} is missing: build the workspace (cargo build --workspace) before these tests",
-            toolfs.display()
-        );
+        warren_test_support::bins::bin("warren-toolfs");
         let base = tempfile::Builder::new()
             .prefix("wfd")
             .tempdir_in("/tmp")

@@ -70,23 +70,21 @@ pub struct Daemon {
 }
 
 pub fn daemon_cmd(base: &Path, extra: &[&str]) -> std::process::Command {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_warren-receiptd"));
-    cmd.arg("--runtime-dir")
-        .arg(base.join("run"))
-        .arg("--data-dir")
-        .arg(base.join("data"))
-        .arg("--secrets-dir")
-        .arg(base.join("secrets"))
-        .args([
-            "--min-free-mb",
-            "0",
-            "--rate",
-            "1000000",
-            "--burst",
-            "1000000",
-        ])
-        .args(extra)
-        .env("WARREN_LOG", "warn");
+    let mut cmd = warren_test_support::daemons::receiptd(
+        &base.join("run"),
+        &base.join("data"),
+        &base.join("secrets"),
+    );
+    cmd.args([
+        "--min-free-mb",
+        "0",
+        "--rate",
+        "1000000",
+        "--burst",
+        "1000000",
+    ])
+    .args(extra)
+    .env("WARREN_LOG", "warn");
     cmd
 }
 

@@ -10,7 +10,7 @@ pub use stack::Stack;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -86,15 +86,11 @@ impl Daemon {
     /// Starts the real binary with `extra` flags; returns once both sockets answer.
     fn spawn(dir: tempfile::TempDir, extra: &[&str], gate_fd: Option<&str>) -> Daemon {
         let log = std::fs::File::create(dir.path().join("toolfs.log")).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_warren-toolfs"));
-        cmd.arg("--runtime-dir")
-            .arg(dir.path().join("run"))
-            .arg("--echo-journal")
+        let mut cmd = warren_test_support::daemons::toolfs(&dir.path().join("run"));
+        cmd.arg("--echo-journal")
             .arg(dir.path().join("echo.journal"))
             .args(extra)
             .env("WARREN_LOG", "info")
-            .env_remove("WARREN_GATE_FD")
-            .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
         if let Some(fd) = gate_fd {
@@ -369,35 +365,4 @@ pub fn digest(bytes: &[u8]) -> String {
 
 pub fn path_str(p: &Path) -> &str {
     p.to_str().unwrap()
-}
-
-/// Sends one length-prefixed `frame` to the unix socket at `socket` as uid 65534 (a peer no
-/// control socket accepts) and says what came back: "answer", or "closed" when the server hung
-/// up without one. Python, so the peer really is another process with other credentials.
-pub fn frame_as_nobody(socket: &Path, frame: &str) -> String {
-    let script = format!(
-        "import socket\ns=socket.socket(socket.AF_UNIX)\ns.connect({:?})\nr={:?}.encode()\n\
-         try:\n  s.sendall(len(r).to_bytes(4,'little')+r)\n  print('answer' if s.recv(100) else 'closed')\n\
-         except (BrokenPipeError, ConnectionResetError):\n  print('closed')\n",
-        path_str(socket),
-        frame
-    );
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "/usr/bin/python3",
-            "-c",
-            &script,
-        ])
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(
-        said == "answer" || said == "closed",
-        "{said:?}, stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    said
 }

@@ -5,12 +5,12 @@
 
 #[path = "../../../toolfs/tests/common/approver.rs"]
 pub mod approver;
-pub mod llm;
 pub mod netns;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
+use warren_test_support::{bins, kernel};
 
 pub struct Warren {
     pub base: tempfile::TempDir,
@@ -25,20 +25,10 @@ impl Warren {
 
     /// As `up`, with `env` set for `warren up` (the supervisor and its daemons inherit it).
     pub fn up_with(env: &[(&str, &str)]) -> Warren {
-        assert!(
-            nix::unistd::geteuid().is_root(),
-            "warren run needs root (namespaces, FUSE mounts, uid changes): scripts/test runs as root"
-        );
-        assert!(
-            Path::new("/dev/fuse").exists(),
-            "this kernel has no FUSE (/dev/fuse is missing): scripts/test skips this test on such a host"
-        );
-        let bin = PathBuf::from(env!("CARGO_BIN_EXE_warren"));
+        kernel::require_root();
+        kernel::require_fuse();
         for b in ["warren-toolfs", "warren-bridge", "warren-tool-worker"] {
-            assert!(
-                bin.with_file_name(b).exists(),
-                "{b} missing: build the workspace first"
-            );
+            bins::bin(b);
         }
         let base = tempfile::Builder::new()
             .prefix("wrun")

@@ -1,0 +1,15 @@
+//! What the workspace's integration tests share (a dev-dependency only).
+//!
+//! - [`bins`]: the workspace's built binaries, found one way ([`bins::bin`]).
+//! - [`daemons`]: each daemon as a real process ([`daemons::Process`]), started from its
+//!   binary with the arguments every test gives it, ready once its sockets accept.
+//! - [`kernel`]: the kernel features a test needs, failing by name where one is missing
+//!   (`scripts/test` leaves such tests out, counted as skipped, on a host without it).
+//! - [`llm_script`]: the scripted model backend, a real HTTP server.
+//! - [`wire`]: a frame sent by an unprivileged peer.
+
+pub mod bins;
+pub mod daemons;
+pub mod kernel;
+pub mod llm_script;
+pub mod wire;
