@@ -25,8 +25,6 @@ use nix::fcntl::{Flock, FlockArg};
 use warren_daemon::Dirs;
 use warren_daemon::identity::Role;
 
-use crate::namespaces::NsTree;
-
 /// One daemon the supervisor runs.
 struct Daemon {
     /// Its binary, next to `warren`, and the arguments it starts with.
@@ -364,13 +362,18 @@ pub fn bring_up_with_env(dirs: &Dirs, env: &[(&str, &std::ffi::OsStr)]) -> Resul
 /// Stops the daemons. Namespaces still running would be stranded (their mounts served by
 /// daemons about to go), so they are listed and the stop refused, unless `force`, which kills
 /// each through nsd and waits until it has ended, before the daemons stop.
-pub fn down_with(dirs: &Dirs, force: bool) -> Result<ExitCode> {
+/// `settle(dirs, force)` is the caller's check of the namespaces: whether `down` may go on.
+pub fn down_with(
+    dirs: &Dirs,
+    force: bool,
+    settle: impl FnOnce(&Dirs, bool) -> Result<bool>,
+) -> Result<ExitCode> {
     if try_lock(dirs).ok().flatten().is_some() {
         println!("warren is not up");
         return Ok(ExitCode::SUCCESS);
     }
     let pid = running_pid(dirs).context("the lock is held but there is no pid file")?;
-    if !settle_namespaces(dirs, force)? {
+    if !settle(dirs, force)? {
         return Ok(ExitCode::from(1));
     }
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGTERM)
@@ -384,63 +387,6 @@ pub fn down_with(dirs: &Dirs, force: bool) -> Result<ExitCode> {
         std::thread::sleep(Duration::from_millis(20));
     }
     bail!("supervisor {pid} did not stop within 15 s")
-}
-
-/// Whether `down` may go on: no live namespace, or (`force`) every live one killed and ended.
-fn settle_namespaces(dirs: &Dirs, force: bool) -> Result<bool> {
-    crate::namespaces::block_on(async {
-        let (tree, live) = match NsTree::connect(dirs).await {
-            Ok(tree) => {
-                let live: Vec<_> = tree
-                    .list()
-                    .await?
-                    .into_iter()
-                    .filter(|n| n.is_running())
-                    .collect();
-                (tree, live)
-            }
-            Err(e) if force => {
-                eprintln!("warren down: {e:#}; --force: stopping without asking nsd");
-                return Ok(true);
-            }
-            Err(e) => {
-                eprintln!(
-                    "warren down: refused: cannot tell whether namespaces are live ({e:#}); \
-                     `warren down --force` stops the daemons anyway"
-                );
-                return Ok(false);
-            }
-        };
-        // An MCP server's namespace is mcpfs's: it ends when mcpfs stops, so it strands nothing.
-        let mut others = Vec::new();
-        for n in live {
-            let info = tree.read(n.id, "info").await.unwrap_or_default();
-            if !info.lines().any(|l| l == "origin mcp") {
-                others.push(n);
-            }
-        }
-        let live = others;
-        if live.is_empty() {
-            return Ok(true);
-        }
-        if !force {
-            eprintln!(
-                "warren down: refused: {} namespace(s) still running; their mounts would be \
-                 stranded:",
-                live.len()
-            );
-            for n in &live {
-                eprintln!("  namespace {}  {}", n.id, n.status);
-            }
-            eprintln!("end them, or `warren down --force` kills them first");
-            return Ok(false);
-        }
-        for n in &live {
-            let ended = tree.kill(n.id).await?;
-            println!("killed namespace {} ({ended})", n.id);
-        }
-        Ok(true)
-    })
 }
 
 pub fn status(dirs: &Dirs, json: bool) -> Result<ExitCode> {
