@@ -197,13 +197,6 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run the daemons in the foreground and restart any that dies (what `up` starts).
-    #[command(hide = true)]
-    Supervise {
-        /// The fd on which to say "ready" (or why not) once the daemons answer.
-        #[arg(long)]
-        ready_fd: Option<i32>,
-    },
 }
 
 #[derive(Subcommand)]
@@ -309,7 +302,6 @@ fn main() -> ExitCode {
         Command::Sh { spec } => sh::sh(&dirs, spec.as_deref()),
         Command::Completions { shell } => completions::completions(Cli::command(), shell),
         Command::Man { dir } => completions::man(Cli::command(), dir.as_deref()),
-        Command::Supervise { ready_fd } => warren_supervisor::supervise(&dirs, ready_fd),
         Command::Ls { path } => files::run(files::ls(&dirs, &path)),
         Command::Cat { path } => files::run(files::cat(&dirs, &path)),
         Command::Write { path, data } => files::run(files::write(&dirs, &path, data)),

@@ -509,15 +509,16 @@ fn approvals_with_no_terminal_lists_the_open_asks_and_says_why_it_stops() {
 fn up_fails_cleanly_when_a_daemon_cannot_start() {
     let w = Warren::new();
     let libexec = tempfile::tempdir().unwrap();
-    let real = PathBuf::from(env!("CARGO_BIN_EXE_warren"));
     for b in [
+        "warren-supervisor",
         "warren-gate",
         "warren-toolfs",
         "warren-nsd",
         "warren-bridge",
         "warren-tool-worker",
     ] {
-        std::os::unix::fs::symlink(real.with_file_name(b), libexec.path().join(b)).unwrap();
+        std::os::unix::fs::symlink(warren_test_support::bins::bin(b), libexec.path().join(b))
+            .unwrap();
     }
     let broken = libexec.path().join("warren-receiptd");
     std::fs::write(&broken, "#!/bin/sh\necho 'cannot start' >&2\nexit 3\n").unwrap();

@@ -53,9 +53,20 @@ impl Warren {
     }
 
     pub fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_warren"));
-        c.args(args)
-            .env("WARREN_RUNTIME_DIR", self.runtime())
+        let mut c = self.program(Path::new(env!("CARGO_BIN_EXE_warren")));
+        c.args(args);
+        c
+    }
+
+    /// `warren-supervisor` on this warren's directories, as systemd starts it.
+    pub fn supervisor(&self) -> Command {
+        self.program(&bins::bin("warren-supervisor"))
+    }
+
+    /// `program` with this warren's directories in its environment and stdin closed.
+    fn program(&self, program: &Path) -> Command {
+        let mut c = Command::new(program);
+        c.env("WARREN_RUNTIME_DIR", self.runtime())
             .env("WARREN_DATA_DIR", self.base.path().join("data"))
             .env("WARREN_SECRETS_DIR", self.base.path().join("secrets"))
             .stdin(std::process::Stdio::null());
