@@ -107,6 +107,7 @@ fn escape_probes_rerun_from_an_attached_process_are_refused() {
         "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n\
          bind -r {PROBE} {PROBE}\nbind -w {rw} {rw}\nbind -r {suid_dir} {suid_dir}\n\
          {pids}",
+        PROBE = probe_bin(),
         pids = escape::PIDS_LIMIT,
         rw = s("rw"),
         suid_dir = s("suid"),
@@ -217,7 +218,7 @@ fn escape_probes_rerun_from_an_attached_process_are_refused() {
     let inside = attached(
         &nsd,
         id,
-        &words(&[PROBE, "read", &run_socket]),
+        &words(&[probe_bin(), "read", &run_socket]),
         scratch.path(),
     );
     if verdict(&inside) != "blocked" || !text(&inside.stderr).contains("No such file or directory")

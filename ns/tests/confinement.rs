@@ -310,7 +310,8 @@ fn bind_recursion_and_read_only_submounts() {
         {PROBE} write {d}/data/sub/control
         mount -t proc proc {d}/data/kproc
         {NSD} run --ns {d}/deep-rw.ns -- /bin/true || echo refused-rc=$?
-        "#
+        "#,
+        PROBE = probe_bin()
     );
     let out = Command::new("unshare")
         .args(["-m", "--propagation", "private", "/bin/sh", "-c", &script])
@@ -338,13 +339,13 @@ fn bind_recursion_and_read_only_submounts() {
 #[test]
 fn net_loopback_and_none() {
     need_root();
-    let script = format!("{PROBE} tcp-bind");
+    let script = format!("{PROBE} tcp-bind", PROBE = probe_bin());
     let out = nsd_run(
-        &["--net", "loopback", "--ro", PROBE],
+        &["--net", "loopback", "--ro", probe_bin()],
         &["/bin/sh", "-c", &script],
     );
     assert_eq!(verdict(&out), "allowed", "{}", text(&out.stderr));
-    let out = nsd_run(&["--ro", PROBE], &["/bin/sh", "-c", &script]);
+    let out = nsd_run(&["--ro", probe_bin()], &["/bin/sh", "-c", &script]);
     assert_eq!(verdict(&out), "blocked", "{}", text(&out.stderr));
 }
 
@@ -366,7 +367,7 @@ fn only_unix_and_inet_sockets_inside() {
         ("socket-family", "xdp"),
         ("socketpair-family", "netlink"),
     ] {
-        let out = nsd_run(&["--ro", PROBE], &[PROBE, probe, family]);
+        let out = nsd_run(&["--ro", probe_bin()], &[probe_bin(), probe, family]);
         let err = text(&out.stderr);
         assert_eq!(verdict(&out), "blocked", "{probe} {family}: {err}");
         // Every socket type tried answered EAFNOSUPPORT, none anything else.
@@ -381,7 +382,7 @@ fn only_unix_and_inet_sockets_inside() {
         ("socket-family", "inet"),
         ("socketpair-family", "unix"),
     ] {
-        let out = nsd_run(&["--ro", PROBE], &[PROBE, probe, family]);
+        let out = nsd_run(&["--ro", probe_bin()], &[probe_bin(), probe, family]);
         assert_eq!(
             verdict(&out),
             "allowed",
@@ -400,7 +401,7 @@ fn escape_suite() {
     let probes = escape::escape_probes(&targets);
     let mut findings = escape::Findings::default();
     for p in &probes {
-        let mut flags: Vec<&str> = vec!["--ro", PROBE];
+        let mut flags: Vec<&str> = vec!["--ro", probe_bin()];
         flags.extend(p.flags.iter().map(String::as_str));
         let argv = escape::inside_argv(p, &targets);
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();

@@ -13,7 +13,17 @@ use std::time::Duration;
 use warren_daemon::Dirs;
 
 pub const NSD: &str = env!("CARGO_BIN_EXE_warren-nsd");
-pub const PROBE: &str = env!("CARGO_BIN_EXE_warren-probe");
+
+/// The escape suite's probe (`tests/probe`), found as every test finds the workspace's binaries.
+pub fn probe_bin() -> &'static str {
+    static PROBE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PROBE.get_or_init(|| {
+        warren_test_support::bins::bin("warren-probe")
+            .into_os_string()
+            .into_string()
+            .expect("a UTF-8 path")
+    })
+}
 pub const NOBODY: u32 = 65534;
 
 /// These tests build real namespaces; they need root, and fail saying so without it.
@@ -95,13 +105,13 @@ pub enum Control {
 
 pub fn control_output(control: Control, probe_args: &[&str]) -> Output {
     match control {
-        Control::Root => Command::new(PROBE).args(probe_args).output().unwrap(),
+        Control::Root => Command::new(probe_bin()).args(probe_args).output().unwrap(),
         Control::RootPrivateMounts => Command::new("unshare")
-            .args(["-m", "--propagation", "private", PROBE])
+            .args(["-m", "--propagation", "private", probe_bin()])
             .args(probe_args)
             .output()
             .unwrap(),
-        Control::Nobody => Command::new(PROBE)
+        Control::Nobody => Command::new(probe_bin())
             .args(probe_args)
             .uid(NOBODY)
             .gid(NOBODY)
