@@ -11,6 +11,7 @@ use warren_9p::{Client, Errno, Fid, oflags};
 use warren_gate::control::{ControlRecord, hand_over};
 use warren_gate::gate::Answer;
 use warren_test_support::daemons::{self, Process};
+use warren_test_support::receipts;
 
 pub const S1: &str = "11111111111111111111111111111111";
 pub const S2: &str = "22222222222222222222222222222222";
@@ -131,32 +132,12 @@ impl Env {
 
     /// The receipt bodies (each DSSE envelope's payload) in receiptd's log for `scope`.
     pub async fn receipt_bodies(&self, scope: &str) -> Vec<Value> {
-        use base64::Engine as _;
-        self.receipts_log(scope)
-            .await
-            .split(|b| *b == b'\n')
-            .filter(|l| !l.is_empty())
-            .map(|line| {
-                let envelope: Value = serde_json::from_slice(line).unwrap();
-                let payload = base64::engine::general_purpose::STANDARD
-                    .decode(envelope["payload"].as_str().unwrap())
-                    .unwrap();
-                serde_json::from_slice(&payload).unwrap()
-            })
-            .collect()
+        receipts::bodies(&self.runtime.join("receipts.sock"), scope).await
     }
 
     /// receiptd's log for `scope` (empty while it has none).
     pub async fn receipts_log(&self, scope: &str) -> Vec<u8> {
-        let c = Client::connect_unix(self.runtime.join("receipts.sock"))
-            .await
-            .expect("connect receipts.sock");
-        let root = c.attach("test", "").await.unwrap();
-        let Ok(log) = root.walk(&[scope, "log"]).await else {
-            return Vec::new();
-        };
-        log.open(oflags::RDONLY).await.unwrap();
-        log.read_to_end(0).await.unwrap()
+        receipts::log(&self.runtime.join("receipts.sock"), scope).await
     }
 }
 

@@ -6,10 +6,12 @@
 //! - [`kernel`]: the kernel features a test needs, failing by name where one is missing
 //!   (`scripts/test` leaves such tests out, counted as skipped, on a host without it).
 //! - [`llm_script`]: the scripted model backend, a real HTTP server.
+//! - [`receipts`]: receiptd's logs read over its socket, envelopes and bodies.
 //! - [`wire`]: a frame sent by an unprivileged peer.
 
 pub mod bins;
 pub mod daemons;
 pub mod kernel;
 pub mod llm_script;
+pub mod receipts;
 pub mod wire;

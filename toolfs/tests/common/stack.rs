@@ -9,11 +9,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
-use base64::Engine;
 use serde_json::Value;
 use warren_9p::{Client, Errno, Fid, oflags};
 use warren_gate::control::{ControlRecord, RecordKind, hand_over};
 use warren_test_support::daemons::{self, Process};
+use warren_test_support::receipts;
 
 /// The gate's uid in these tests (warren's own gate uid: no passwd entry needed).
 pub fn gate_uid() -> u32 {
@@ -218,33 +218,12 @@ impl Stack {
 
     /// The bodies of the receipts in `scope`, in log order.
     pub async fn receipts(&self, scope: &str) -> Vec<Value> {
-        self.envelopes(scope)
-            .await
-            .iter()
-            .map(|entry| {
-                let payload = base64::engine::general_purpose::STANDARD
-                    .decode(entry["payload"].as_str().expect("a DSSE payload"))
-                    .unwrap();
-                serde_json::from_slice(&payload).unwrap()
-            })
-            .collect()
+        receipts::bodies(&self.runtime.join("receipts.sock"), scope).await
     }
 
     /// The DSSE envelopes of `scope`'s log, in order (none for an unknown scope).
     pub async fn envelopes(&self, scope: &str) -> Vec<Value> {
-        let c = Client::connect_unix(self.runtime.join("receipts.sock"))
-            .await
-            .expect("connect receipts.sock");
-        let root = c.attach("test", "").await.unwrap();
-        let Ok(log) = root.walk(&[scope, "log"]).await else {
-            return Vec::new();
-        };
-        log.open(oflags::RDONLY).await.unwrap();
-        let text = log.read_to_end(0).await.unwrap();
-        text.split(|b| *b == b'\n')
-            .filter(|l| !l.is_empty())
-            .map(|line| serde_json::from_slice(line).unwrap())
-            .collect()
+        receipts::envelopes(&self.runtime.join("receipts.sock"), scope).await
     }
 }
 
