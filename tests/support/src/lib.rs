@@ -7,11 +7,17 @@
 //!   (`scripts/test` leaves such tests out, counted as skipped, on a host without it).
 //! - [`llm_script`]: the scripted model backend, a real HTTP server.
 //! - [`receipts`]: receiptd's logs read over its socket, envelopes and bodies.
+//! - [`approver`]: an operator allowing every ask the gate shows.
+//! - [`race`]: the symlink-swap race's fixtures (toolfs's and warren's race tests).
+//! - [`tls`]: a TLS server with a test CA (netproxy's and warren's network tests).
 //! - [`wire`]: a frame sent by an unprivileged peer.
 
+pub mod approver;
 pub mod bins;
 pub mod daemons;
 pub mod kernel;
 pub mod llm_script;
+pub mod race;
 pub mod receipts;
+pub mod tls;
 pub mod wire;

@@ -2,7 +2,6 @@
 //! connections to it (operator socket, or handed over with a grant on the control socket).
 #![allow(dead_code)]
 
-pub mod approver;
 pub mod stack;
 
 pub use stack::Stack;

@@ -209,7 +209,10 @@ impl Stack {
                 .enable_all()
                 .build()
                 .unwrap();
-            rt.block_on(super::approver::allow_every_ask(sock, Some(ready)));
+            rt.block_on(warren_test_support::approver::allow_every_ask(
+                sock,
+                Some(ready),
+            ));
         });
         watching
             .recv_timeout(std::time::Duration::from_secs(60))

@@ -3,8 +3,6 @@
 //! Needs root, /dev/fuse and the workspace's binaries.
 #![allow(dead_code)]
 
-#[path = "../../../toolfs/tests/common/approver.rs"]
-pub mod approver;
 pub mod netns;
 
 use std::path::{Path, PathBuf};
@@ -210,7 +208,10 @@ pub fn approve_every_ask(w: &Warren) -> tokio::runtime::Runtime {
         .build()
         .unwrap();
     let (ready, watching) = std::sync::mpsc::channel();
-    rt.spawn(approver::allow_every_ask(sock, Some(ready)));
+    rt.spawn(warren_test_support::approver::allow_every_ask(
+        sock,
+        Some(ready),
+    ));
     watching
         .recv_timeout(Duration::from_secs(60))
         .expect("the approver never started watching the gate's events");

@@ -3,8 +3,6 @@
 
 #![allow(dead_code)]
 
-pub mod tls;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
