@@ -10,11 +10,14 @@
 //! tiers                  the code-owned tier table and the defaults
 //! events                 each read blocks until there is a new event past the reader's offset
 //! ```
+//!
+//! Why one file: the nodes and the `FileTree` impl read one connection's view together (≈ 570
+//! lines); the rest is their unit tests.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
-use warren_9p::synthetic::{RpcReply, dir_entries, stat};
+use warren_9p::synthetic::{RpcReply, dir_entries, stat, walk};
 use warren_9p::{DirEntry, Errno, FileTree, GetAttrMask, QId, QIdType, Result, Stat, Time, oflags};
 
 use crate::escape::escape;
@@ -418,19 +421,12 @@ impl FileTree for GateTree {
     }
 
     async fn walk(&self, from: &GateFid, names: &[String]) -> Result<(Vec<QId>, Option<GateFid>)> {
-        let mut node = from.node.clone();
-        let mut qids = Vec::with_capacity(names.len());
-        for (i, name) in names.iter().enumerate() {
-            match self.child(&node, name) {
-                Ok(next) => {
-                    qids.push(next.qid());
-                    node = next;
-                }
-                Err(e) if i == 0 => return Err(e),
-                Err(_) => return Ok((qids, None)),
-            }
-        }
-        Ok((qids, Some(GateFid::at(node))))
+        let (qids, node) = walk(from.node.clone(), names, |node, name| {
+            let next = self.child(node, name)?;
+            let qid = next.qid();
+            Ok((next, qid))
+        })?;
+        Ok((qids, node.map(GateFid::at)))
     }
 
     async fn getattr(&self, fid: &GateFid, _mask: GetAttrMask) -> Result<(QId, Stat)> {

@@ -5,6 +5,9 @@
 //! walk, and the mount id where a non-recursive bind must not cross into a submount — never by
 //! their strings. A clone made from inside (`narrow`) names paths in the parent's view, resolved
 //! from the parent's bind fds with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`.
+//!
+//! Why one file: the narrowing rules are ≈ 340 lines; the rest are their tests, one per rule, kept
+//! beside the rule they check.
 
 use std::fmt;
 use std::os::fd::AsFd;

@@ -212,7 +212,7 @@ pub fn open_spec(spec: &Spec, guard: &Guard) -> Result<Built, OpenError> {
 }
 
 /// A tool root, by the operator's name: a directory, held as an O_PATH handle.
-pub(crate) fn open_dir(path: &str) -> io::Result<OwnedFd> {
+pub fn open_dir(path: &str) -> io::Result<OwnedFd> {
     open_named(path, libc::O_DIRECTORY)
 }
 

@@ -1,8 +1,8 @@
-//! warren-ns: the namespace spec language, narrowing (`covers`), confinement, and nsd — its `/ns`
-//! tree, the run socket `warren run`, `attach` and `sh` launch through, and the tool workers it
-//! builds for toolfs. The contracts are `specs/namespace.md` (the spec language),
-//! `specs/ns-tree.md` (`/ns` and the run socket) and `specs/worker-protocol.md` §1 (worker
-//! builds); the steps and their reasons are `docs/confinement.md`.
+//! warren-ns: the namespace spec language (`spec`, `specs/namespace.md`), narrowing (`covers`,
+//! `narrow`), building a namespace from a spec in this process (`run::spawn`: the handles it is
+//! built from, the confinement steps in order, the payload's pty) and the launcher's side of
+//! nsd's run socket (`launch`, `cli`: `warren run`, `attach`, `sh`). The daemon that builds
+//! namespaces for others is `warren-nsd`; the steps and their reasons are `docs/confinement.md`.
 
 pub mod cli;
 pub mod confine;
@@ -10,22 +10,17 @@ pub mod covers;
 pub mod handles;
 pub mod inode;
 pub mod launch;
-pub mod mount_server;
 pub mod narrow;
 pub mod netgrant;
-pub mod nsd;
 pub mod pty;
-pub mod reach;
 pub mod run;
 pub mod spec;
 #[cfg(test)]
 mod testutil;
-pub mod worker;
 
 pub use confine::fuse::MountServer;
 pub use confine::guard::ProtectedDirs;
 pub use covers::{Widened, Widening, covers};
-pub use mount_server::{ServedMounts, new_session_id};
 pub use run::{CliGrants, PayloadStdio, RunOptions, Running, run, spawn, spec_from_cli};
 pub use spec::{Spec, SpecError, parse};
 

@@ -43,7 +43,7 @@ pub struct NetProxyTarget {
 /// write end of the pipe its keeper watches: dropped with the grant, it ends the keeper, which
 /// closes the control connection and so the proxy's session.
 #[derive(Debug)]
-pub(crate) struct NetGrant {
+pub struct NetGrant {
     pub netns: OwnedFd,
     /// Whom the grant is for: a tool worker's grant of the same namespace is made in its name.
     pub target: NetProxyTarget,
@@ -72,7 +72,7 @@ pub fn proxy_env() -> Vec<String> {
 /// Makes a network namespace with a listener of its own and hands the listener with `patterns`
 /// to the proxy, in `target`'s session: the namespace's own, or one of its tool workers' (its
 /// `tool NAME net proxy` list; the same session, so the same gate decisions and receipts).
-pub(crate) fn grant(
+pub fn grant(
     patterns: &[Pattern],
     target: &NetProxyTarget,
     dirs: &ProtectedDirs,

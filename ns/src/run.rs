@@ -1,6 +1,6 @@
 //! Build a namespace from a spec and run a command in it ([`spawn`]). Called by nsd alone in a
-//! running system: for `warren run` and `warren sh` on its run socket (`launch::server`) and for
-//! namespaces cloned through `/ns` (`nsd`); `warren-nsd run` calls it in-process for ns's own
+//! running system: for `warren run` and `warren sh` on its run socket (`warren_nsd::run_socket`) and for
+//! namespaces cloned through `/ns` (`warren_nsd::nsd`); `warren-nsd run` calls it in-process for ns's own
 //! tests and benchmarks. The steps are `docs/confinement.md`'s; the spec is `specs/namespace.md`.
 
 use std::ffi::CString;
@@ -313,7 +313,7 @@ pub(crate) struct Confinement {
 impl Running {
     /// Whom its `net proxy` grant is for (none without one): a tool worker the namespace's
     /// spec gives the network gets a grant of its own in the same name.
-    pub(crate) fn net_target(&self) -> Option<&crate::netgrant::NetProxyTarget> {
+    pub fn net_target(&self) -> Option<&crate::netgrant::NetProxyTarget> {
         self.net_grant.as_ref().map(|g| &g.target)
     }
 
@@ -514,7 +514,7 @@ pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Runn
 
 /// How long a namespace's setup may take, from the fork until its command has exec'd: past it
 /// the setup is killed and refused, so no launch waits forever on a child that never answers.
-pub(crate) const SETUP_DEADLINE: Duration = Duration::from_secs(30);
+pub const SETUP_DEADLINE: Duration = Duration::from_secs(30);
 
 /// The most of a setup error kept (the rest is read and dropped, so the child never blocks).
 const MAX_SETUP_ERROR: u64 = 1 << 20;
@@ -522,12 +522,12 @@ const MAX_SETUP_ERROR: u64 = 1 << 20;
 /// A child's setup-error pipe, read to EOF on a thread of its own from the fork on: the child
 /// never blocks writing its error (a pipe holds 64 KiB) while the parent waits on something
 /// else, such as the FUSE or pty handoff.
-pub(crate) struct SetupErrors {
+pub struct SetupErrors {
     read: mpsc::Receiver<io::Result<String>>,
 }
 
 impl SetupErrors {
-    pub(crate) fn drain(err_read: OwnedFd) -> SetupErrors {
+    pub fn drain(err_read: OwnedFd) -> SetupErrors {
         let (tx, read) = mpsc::sync_channel(1);
         let reader = move || {
             let mut pipe = std::fs::File::from(err_read);
@@ -557,7 +557,7 @@ impl SetupErrors {
 
     /// What the child wrote before it exec'd or ended (empty: it exec'd), waited for until
     /// `deadline`.
-    pub(crate) fn wait(&self, deadline: Instant) -> io::Result<String> {
+    pub fn wait(&self, deadline: Instant) -> io::Result<String> {
         match self
             .read
             .recv_timeout(deadline.saturating_duration_since(Instant::now()))

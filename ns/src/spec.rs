@@ -412,7 +412,7 @@ fn check_abs_path(ctx: &LineCtx<'_>, w: &Word, what: &str) -> Result<String, Spe
     Ok(p.clone())
 }
 
-pub(crate) fn is_tool_name(s: &str) -> bool {
+pub fn is_tool_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 128
         && s.chars()

@@ -76,19 +76,10 @@ impl FileTree for DemoTree {
     }
 
     async fn walk(&self, from: &Node, names: &[String]) -> Result<(Vec<QId>, Option<Node>)> {
-        let mut node = *from;
-        let mut qids = Vec::new();
-        for name in names {
-            match node.lookup(name) {
-                Ok(next) => {
-                    node = next;
-                    qids.push(node.qid());
-                }
-                Err(e) if qids.is_empty() => return Err(e),
-                Err(_) => return Ok((qids, None)),
-            }
-        }
-        Ok((qids, Some(node)))
+        crate::synthetic::walk(*from, names, |node, name| {
+            let next = node.lookup(name)?;
+            Ok((next, next.qid()))
+        })
     }
 
     async fn getattr(&self, fid: &Node, _mask: GetAttrMask) -> Result<(QId, Stat)> {

@@ -1,7 +1,10 @@
-//! Pieces every synthetic tree (toolfs, gate, receiptd, nsd) needs alike: the attributes of a
-//! file that has no inode behind it, a directory listing from names, and the reply of an rpc file.
+//! Pieces every synthetic tree (toolfs, gate, receiptd, nsd, the servers) needs alike: the
+//! attributes of a file that has no inode behind it, a walk one name at a time, a directory
+//! listing from names, and the reply of an rpc file.
 
 use rs9p::{DirEntry, QId, QIdType, Stat, Time};
+
+use crate::Result;
 
 /// The attributes of a synthetic file or directory: owned by root, `nlink` 2 for a directory and
 /// 1 otherwise, every time stamp `time`.
@@ -24,6 +27,29 @@ pub fn stat(mode: u32, size: u64, time: Time) -> Stat {
 
 /// The epoch, for trees whose files have no meaningful time.
 pub const EPOCH: Time = Time { sec: 0, nsec: 0 };
+
+/// Twalk over a tree of nodes: `step` goes from a node through one name to the next node and its
+/// qid. The first name's error is the walk's; a later one ends it with the qids walked so far
+/// and no node, as 9P's partial walk answers. Zero names return `start` (a clone).
+pub fn walk<N>(
+    start: N,
+    names: &[String],
+    mut step: impl FnMut(&N, &str) -> Result<(N, QId)>,
+) -> Result<(Vec<QId>, Option<N>)> {
+    let mut node = start;
+    let mut qids = Vec::with_capacity(names.len());
+    for name in names {
+        match step(&node, name) {
+            Ok((next, qid)) => {
+                qids.push(qid);
+                node = next;
+            }
+            Err(e) if qids.is_empty() => return Err(e),
+            Err(_) => return Ok((qids, None)),
+        }
+    }
+    Ok((qids, Some(node)))
+}
 
 /// A directory's entries from `offset` on (entry `i` has cookie `i + 1`), typed by each qid.
 pub fn dir_entries(entries: impl IntoIterator<Item = (String, QId)>, offset: u64) -> Vec<DirEntry> {

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::json;
-use warren_9p::synthetic::RpcReply;
+use warren_9p::synthetic::{RpcReply, walk};
 use warren_9p::{DirEntry, Errno, FileTree, GetAttrMask, QId, QIdType, Result, Stat, Time};
 
 use crate::access::{AppendError, Role};
@@ -320,27 +320,18 @@ impl FileTree for ReceiptsTree {
         from: &FidState,
         names: &[String],
     ) -> Result<(Vec<QId>, Option<FidState>)> {
-        let mut node = from.node.clone();
-        let mut qids = Vec::with_capacity(names.len());
-        for (i, name) in names.iter().enumerate() {
-            match self.child(&node, name) {
-                Ok(next) => {
-                    qids.push(next.qid());
-                    node = next;
-                }
-                Err(e) if i == 0 => return Err(e),
-                Err(_) => return Ok((qids, None)),
-            }
-        }
-        Ok((
-            qids,
-            Some(FidState {
-                node,
-                content: None,
-                held: None,
-                reply: RpcReply::default(),
-            }),
-        ))
+        let (qids, node) = walk(from.node.clone(), names, |node, name| {
+            let next = self.child(node, name)?;
+            let qid = next.qid();
+            Ok((next, qid))
+        })?;
+        let fid = node.map(|node| FidState {
+            node,
+            content: None,
+            held: None,
+            reply: RpcReply::default(),
+        });
+        Ok((qids, fid))
     }
 
     async fn getattr(&self, fid: &FidState, _mask: GetAttrMask) -> Result<(QId, Stat)> {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use warren_9p::synthetic::walk;
 use warren_9p::{DirEntry, Errno, FileTree, GetAttrMask, QId, QIdType, Result, Stat, Time, oflags};
 
 use crate::call::{CallOpen, ResultForm};
@@ -337,27 +338,19 @@ impl FileTree for ToolTree {
     }
 
     async fn walk(&self, from: &ToolFid, names: &[String]) -> Result<(Vec<QId>, Option<ToolFid>)> {
-        let mut node = from.node;
-        let mut qids = Vec::with_capacity(names.len());
-        for name in names {
-            match self.child(node, name) {
-                Some(next) => {
-                    node = next;
-                    qids.push(self.qid(node));
-                }
-                None if qids.is_empty() => {
-                    return Err(
-                        if matches!(node, Node::Root | Node::Dir(_) | Node::Resources(_)) {
-                            Errno::ENOENT
-                        } else {
-                            Errno::ENOTDIR
-                        },
-                    );
-                }
-                None => return Ok((qids, None)),
-            }
-        }
-        Ok((qids, Some(ToolFid { node, open: None })))
+        let (qids, node) = walk(from.node, names, |&node, name| {
+            let Some(next) = self.child(node, name) else {
+                return Err(
+                    if matches!(node, Node::Root | Node::Dir(_) | Node::Resources(_)) {
+                        Errno::ENOENT
+                    } else {
+                        Errno::ENOTDIR
+                    },
+                );
+            };
+            Ok((next, self.qid(next)))
+        })?;
+        Ok((qids, node.map(|node| ToolFid { node, open: None })))
     }
 
     async fn getattr(&self, fid: &ToolFid, _mask: GetAttrMask) -> Result<(QId, Stat)> {

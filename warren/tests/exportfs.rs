@@ -4,6 +4,9 @@
 //! tcp!IP!PORT /n/b/tool` shows exactly what B's peers entry grants A, B's gate decides every
 //! call (an exec-tier call waits for B's operator) and B's receiptd keeps the receipts, under
 //! the session A's key names.
+//!
+//! Why one file: one test binary around one two-host setup (veth pair, two runtimes); its ten tests
+//! share it.
 
 mod common;
 

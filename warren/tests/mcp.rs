@@ -2,6 +2,9 @@
 //! of their own, built by nsd from the definition's spec), their tools listed with tier and
 //! digest, and pinned. Against the reference `server-everything` (npm) and a server written with
 //! the Python SDK (PyPI) whose description changes between starts.
+//!
+//! Why one file: one test binary, so the real stack and the npm and Python servers are built and
+//! found once for its nine tests.
 
 mod common;
 

@@ -1,6 +1,9 @@
 //! `warren mcp serve`: a namespace's grant served to an MCP client, by `warren-mcp-server`
 //! running inside the namespace. Driven by a client written with the Python MCP SDK
 //! (`mcp_serve/client.py`) and, for malformed input, by raw JSON-RPC lines.
+//!
+//! Why one file: one test binary, so the Python SDK client and the raw JSON-RPC driver are shared
+//! by its twenty tests (stdio and HTTP alike).
 
 mod common;
 

@@ -4,6 +4,9 @@
 //! `api.test` and `other.test` are names only the proxy knows (`WARREN_NETPROXY_HOSTS`).
 //! Needs root, /dev/fuse, curl, openssl, the workspace's binaries and (for the MCP server's
 //! test) the Python peers (`scripts/install-test-deps`).
+//!
+//! Why one file: one test binary, so the hosts file, the test CA and "the world" server are set up
+//! one way for its six tests.
 
 mod common;
 

@@ -147,7 +147,7 @@ fn enter_namespaces(plan: &Plan) -> Result<(), String> {
 
 /// Unshares [`NAMESPACES`], but joins `net_ns` (a `net proxy` grant's network namespace, with
 /// its proxy listener) instead of a fresh network namespace when given one.
-pub(crate) fn unshare_namespaces(net_ns: Option<&OwnedFd>) -> Result<(), String> {
+pub fn unshare_namespaces(net_ns: Option<&OwnedFd>) -> Result<(), String> {
     let Some(fd) = net_ns else {
         return nix::sched::unshare(NAMESPACES).map_err(|e| format!("unshare namespaces: {e}"));
     };

@@ -241,7 +241,7 @@ pub fn install() -> Result<(), String> {
     install_relaxed(Relaxed::default())
 }
 
-/// What a tool worker needs beyond a namespace's payload (see ns/src/worker.rs).
+/// What a tool worker needs beyond a namespace's payload (see nsd/src/worker.rs).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Relaxed {
     /// CLONE_NEW* flags `clone` may use (the shell's worker: CLONE_NEWUSER | CLONE_NEWPID, a pid

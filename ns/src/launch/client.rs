@@ -10,10 +10,10 @@ use std::path::Path;
 use warren_daemon::Dirs;
 
 pub use super::Launched;
+use super::launcher_connects;
 use super::{AttachRequest, Request, VERSION, open_at, socket_path};
 use crate::confine::guard::Guard;
 use crate::inode::open_path;
-use crate::mount_server::ServedMounts;
 use crate::spec::{Mount, Server, Spec};
 
 /// How to launch (the request's fields other than the spec and the command).
@@ -107,7 +107,7 @@ pub fn launch(
     let mut connections = Vec::new();
     let mut conn_fds = Vec::new();
     for m in &spec.mounts {
-        if ServedMounts::launcher_connects(m, opts.operator) {
+        if launcher_connects(m, opts.operator) {
             let guard = match &guard {
                 Some(g) => g,
                 None => guard.insert(Guard::new(dirs)?),

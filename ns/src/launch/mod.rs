@@ -21,17 +21,27 @@
 
 pub mod attach;
 pub mod client;
-pub mod export;
-pub mod mcp;
-pub mod server;
 
 use std::path::PathBuf;
 
 use warren_daemon::Dirs;
+
+use crate::spec::{LocalServer, Mount, Server};
 
 pub use warren_proto::launch::*;
 
 /// `<runtime>/ns.run`.
 pub fn socket_path(dirs: &Dirs) -> PathBuf {
     dirs.runtime.join(SOCKET_NAME)
+}
+
+/// Whether the launcher makes this mount's connection and hands it over with the request (a
+/// peer's socket it can reach, or an operator's own gate, receipts or `/ns`); nsd makes the rest.
+pub fn launcher_connects(mount: &Mount, operator: bool) -> bool {
+    match mount.server {
+        Server::Unix(_) | Server::Tcp { .. } => true,
+        Server::Local(LocalServer::Tool | LocalServer::Llm) | Server::Mcp(_) => false,
+        Server::Local(LocalServer::Gate) => operator,
+        Server::Local(LocalServer::Receipts | LocalServer::Ns) => operator,
+    }
 }

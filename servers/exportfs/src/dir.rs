@@ -12,6 +12,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
+use warren_9p::synthetic::walk;
 use warren_9p::{DirEntry, Errno, FileTree, QId, QIdType, Result, SetAttr, SetAttrMask, Stat};
 
 pub struct ReadOnlyDir {
@@ -92,28 +93,22 @@ impl FileTree for ReadOnlyDir {
     }
 
     async fn walk(&self, from: &Node, names: &[String]) -> Result<(Vec<QId>, Option<Node>)> {
-        let mut rel = from.rel.clone();
-        let mut qids = Vec::new();
-        for name in names {
+        let (qids, rel) = walk(from.rel.clone(), names, |rel, name| {
+            let mut next = rel.clone();
             if name == ".." {
-                rel.pop();
+                next.pop();
             } else if name != "." {
-                rel.push(name.clone());
+                next.push(name.to_string());
             }
-            match self.stat_of(&rel) {
-                Ok((qid, _)) => qids.push(qid),
-                Err(e) if qids.is_empty() => return Err(e),
-                Err(_) => return Ok((qids, None)),
-            }
-        }
-        Ok((
-            qids,
-            Some(Node {
-                rel,
-                file: None,
-                entries: None,
-            }),
-        ))
+            let (qid, _) = self.stat_of(&next)?;
+            Ok((next, qid))
+        })?;
+        let fid = rel.map(|rel| Node {
+            rel,
+            file: None,
+            entries: None,
+        });
+        Ok((qids, fid))
     }
 
     async fn getattr(&self, fid: &Node, _mask: warren_9p::GetAttrMask) -> Result<(QId, Stat)> {

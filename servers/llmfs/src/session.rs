@@ -4,6 +4,9 @@
 //! An ask runs in a task of its own, so it goes on whatever happens to the read that started it
 //! (a flushed or clunked fid); it ends with one `{"done":..}` or one `{"error":..}` line, and
 //! always within the session's timeout. One ask at a time per session.
+//!
+//! Why one file: a session's files, conversation and reply are ≈ 560 lines that share one lock; the
+//! rest are their tests.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;

@@ -8,6 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::Semaphore;
 
+use warren_9p::synthetic::walk;
 use warren_9p::{DirEntry, Errno, FileTree, GetAttrMask, QId, QIdType, Result, Stat, Time, oflags};
 
 use crate::backend::Backend;
@@ -297,25 +298,18 @@ impl FileTree for LlmTree {
     }
 
     async fn walk(&self, from: &LlmFid, names: &[String]) -> Result<(Vec<QId>, Option<LlmFid>)> {
-        let mut node = from.node.clone();
-        let mut qids = Vec::with_capacity(names.len());
-        for name in names {
-            match self.child(&node, name) {
-                Some(next) => {
-                    qids.push(Self::qid(&next));
-                    node = next;
-                }
-                None if qids.is_empty() => {
-                    return Err(if matches!(node, Node::Root | Node::Dir(_)) {
-                        Errno::ENOENT
-                    } else {
-                        Errno::ENOTDIR
-                    });
-                }
-                None => return Ok((qids, None)),
-            }
-        }
-        Ok((qids, Some(LlmFid { node, open: None })))
+        let (qids, node) = walk(from.node.clone(), names, |node, name| {
+            let Some(next) = self.child(node, name) else {
+                return Err(if matches!(node, Node::Root | Node::Dir(_)) {
+                    Errno::ENOENT
+                } else {
+                    Errno::ENOTDIR
+                });
+            };
+            let qid = Self::qid(&next);
+            Ok((next, qid))
+        })?;
+        Ok((qids, node.map(|node| LlmFid { node, open: None })))
     }
 
     async fn getattr(&self, fid: &LlmFid, _mask: GetAttrMask) -> Result<(QId, Stat)> {

@@ -2,6 +2,10 @@
 //! definition names, and each granted connection's catalog: the server's tools the operator
 //! accepted, called through the session, behind toolfs's call files (the same parse, gate,
 //! receipts and envelope as a built-in tool's: `warren_toolfs::call`).
+//!
+//! Why one file: the servers' lifetimes (start on first use, restarts, stderr) and the catalog a
+//! connection sees of them share one `Served` per server; split, each half would reach into the
+//! other's state.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};

@@ -5,6 +5,9 @@
 //! (a tunnel) or a request with an absolute `http://` URI (forwarded as one request on a
 //! connection of its own, `Connection: close`). The stream may be anything that reads and
 //! writes: a TCP or Unix connection, or one half of a socketpair handed over by nsd.
+//!
+//! Why one file: the two client protocols (SOCKS5, HTTP) share one decision path (`Session`), one
+//! refusal type and one byte-counting tunnel; each protocol is one function here.
 
 use std::collections::{HashMap, HashSet};
 use std::io;

@@ -301,17 +301,17 @@ fn bind_recursion_and_read_only_submounts() {
         format!("bind -w -R {d}/data /data\n"),
     )
     .unwrap();
+    let probe_bin = probe_path();
     let script = format!(
         r#"set -e
         mount -t tmpfs none {d}/data/sub
         echo seen > {d}/data/sub/marker
-        {NSD} run --ro {PROBE} --ns {d}/flat.ns -- /bin/sh -c 'ls /data/sub; echo flat-listed' || true
-        {NSD} run --ro {PROBE} --ns {d}/deep.ns -- /bin/sh -c 'cat /data/sub/marker; {PROBE} write /data/sub/new; {PROBE} write /data/new'
-        {PROBE} write {d}/data/sub/control
+        {NSD} run --ro {probe_bin} --ns {d}/flat.ns -- /bin/sh -c 'ls /data/sub; echo flat-listed' || true
+        {NSD} run --ro {probe_bin} --ns {d}/deep.ns -- /bin/sh -c 'cat /data/sub/marker; {probe_bin} write /data/sub/new; {probe_bin} write /data/new'
+        {probe_bin} write {d}/data/sub/control
         mount -t proc proc {d}/data/kproc
         {NSD} run --ns {d}/deep-rw.ns -- /bin/true || echo refused-rc=$?
-        "#,
-        PROBE = probe_bin()
+        "#
     );
     let out = Command::new("unshare")
         .args(["-m", "--propagation", "private", "/bin/sh", "-c", &script])
@@ -339,13 +339,14 @@ fn bind_recursion_and_read_only_submounts() {
 #[test]
 fn net_loopback_and_none() {
     need_root();
-    let script = format!("{PROBE} tcp-bind", PROBE = probe_bin());
+    let probe_bin = probe_path();
+    let script = format!("{probe_bin} tcp-bind");
     let out = nsd_run(
-        &["--net", "loopback", "--ro", probe_bin()],
+        &["--net", "loopback", "--ro", probe_path()],
         &["/bin/sh", "-c", &script],
     );
     assert_eq!(verdict(&out), "allowed", "{}", text(&out.stderr));
-    let out = nsd_run(&["--ro", probe_bin()], &["/bin/sh", "-c", &script]);
+    let out = nsd_run(&["--ro", probe_path()], &["/bin/sh", "-c", &script]);
     assert_eq!(verdict(&out), "blocked", "{}", text(&out.stderr));
 }
 
@@ -367,7 +368,7 @@ fn only_unix_and_inet_sockets_inside() {
         ("socket-family", "xdp"),
         ("socketpair-family", "netlink"),
     ] {
-        let out = nsd_run(&["--ro", probe_bin()], &[probe_bin(), probe, family]);
+        let out = nsd_run(&["--ro", probe_path()], &[probe_path(), probe, family]);
         let err = text(&out.stderr);
         assert_eq!(verdict(&out), "blocked", "{probe} {family}: {err}");
         // Every socket type tried answered EAFNOSUPPORT, none anything else.
@@ -382,7 +383,7 @@ fn only_unix_and_inet_sockets_inside() {
         ("socket-family", "inet"),
         ("socketpair-family", "unix"),
     ] {
-        let out = nsd_run(&["--ro", probe_bin()], &[probe_bin(), probe, family]);
+        let out = nsd_run(&["--ro", probe_path()], &[probe_path(), probe, family]);
         assert_eq!(
             verdict(&out),
             "allowed",
@@ -401,7 +402,7 @@ fn escape_suite() {
     let probes = escape::escape_probes(&targets);
     let mut findings = escape::Findings::default();
     for p in &probes {
-        let mut flags: Vec<&str> = vec!["--ro", probe_bin()];
+        let mut flags: Vec<&str> = vec!["--ro", probe_path()];
         flags.extend(p.flags.iter().map(String::as_str));
         let argv = escape::inside_argv(p, &targets);
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();

@@ -34,12 +34,12 @@ use warren_daemon::peer::PeerCred;
 use warren_toolfs::worker::nsd::{BUILD_VERSION, BuildReply, BuildRequest};
 use warren_toolfs::worker::protocol::RootConfig;
 
-use crate::confine::binds::{self, PreparedBind};
-use crate::confine::guard::Guard;
-use crate::confine::sys::{self, Dir};
-use crate::confine::{creds, landlock, mounts, seccomp};
-use crate::run::{SETUP_DEADLINE, SetupErrors};
-use crate::spec::{Access, Bind, Limits, Net};
+use warren_ns::confine::binds::{self, PreparedBind};
+use warren_ns::confine::guard::Guard;
+use warren_ns::confine::sys::{self, Dir};
+use warren_ns::confine::{creds, landlock, mounts, seccomp};
+use warren_ns::run::{SETUP_DEADLINE, SetupErrors};
+use warren_ns::spec::{Access, Bind, Limits, Net};
 
 /// Where the worker binary is bound (read-only) in every worker's root.
 pub const WORKER_PATH: &str = "/warren-tool-worker";
@@ -84,7 +84,7 @@ pub struct WorkerScope {
 /// (session, lineage) and for the tool's destinations (within the namespace's).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerNet {
-    pub target: crate::netgrant::NetProxyTarget,
+    pub target: warren_ns::netgrant::NetProxyTarget,
     pub patterns: Vec<warren_netproxy::Pattern>,
 }
 
@@ -227,7 +227,7 @@ impl WorkerFactory {
                 ));
             }
             (true, Some(net)) => Some(
-                crate::netgrant::grant(&net.patterns, &net.target, &self.protected)
+                warren_ns::netgrant::grant(&net.patterns, &net.target, &self.protected)
                     .map_err(|e| format!("the worker's network: {e}"))?,
             ),
         };
@@ -534,7 +534,7 @@ fn check_request(request: &BuildRequest, fds: usize) -> Result<(), String> {
             request.roots.len()
         ));
     }
-    if request.network && !crate::spec::NETWORK_TOOLS.contains(&request.tool.as_str()) {
+    if request.network && !warren_ns::spec::NETWORK_TOOLS.contains(&request.tool.as_str()) {
         return Err(format!(
             "{}: no network for a tool that runs no programs",
             request.tool
@@ -566,7 +566,7 @@ fn check_request(request: &BuildRequest, fds: usize) -> Result<(), String> {
 
 fn fail(err_write: &OwnedFd, message: &str) -> ! {
     let _ = nix::unistd::write(err_write, message.as_bytes());
-    sys::exit_now(crate::confine::SETUP_FAILED)
+    sys::exit_now(warren_ns::confine::SETUP_FAILED)
 }
 
 /// The holder: drops every fd but the plan's, unshares, forks the worker and waits for it or for
@@ -577,7 +577,7 @@ fn holder(mut plan: Plan) -> ! {
     if let Err(m) = close_all_but(&plan) {
         fail(&plan.err_write, &m);
     }
-    if let Err(m) = crate::confine::unshare_namespaces(plan.net_ns.as_ref()) {
+    if let Err(m) = warren_ns::confine::unshare_namespaces(plan.net_ns.as_ref()) {
         fail(&plan.err_write, &m);
     }
     if let Err(m) = mounts::make_root_private() {
@@ -680,7 +680,7 @@ fn confine_worker(plan: &mut Plan) -> Result<std::convert::Infallible, String> {
     plan.binds.clear();
     plan.net_ns = None;
     sys::interface_up(c"lo").map_err(|e| format!("bringing lo up: {e}"))?;
-    nix::unistd::sethostname(crate::HOSTNAME).map_err(|e| format!("sethostname: {e}"))?;
+    nix::unistd::sethostname(warren_ns::HOSTNAME).map_err(|e| format!("sethostname: {e}"))?;
     // Each root, opened at the mount nsd just made from toolfs's fd: the worker resolves every
     // tool path beneath these.
     let mut root_fds = Vec::with_capacity(plan.roots.len());
@@ -727,9 +727,9 @@ fn confine_worker(plan: &mut Plan) -> Result<std::convert::Infallible, String> {
     for fd in passed {
         argv.push(cstr(fd.to_string())?);
     }
-    let home = if plan.execs { crate::HOME } else { "/" };
+    let home = if plan.execs { warren_ns::HOME } else { "/" };
     let mut env = vec![
-        format!("PATH={}", crate::PAYLOAD_PATH),
+        format!("PATH={}", warren_ns::PAYLOAD_PATH),
         format!("HOME={home}"),
         "LANG=C.UTF-8".into(),
         "TMPDIR=/tmp".into(),
@@ -751,7 +751,7 @@ fn confine_worker(plan: &mut Plan) -> Result<std::convert::Infallible, String> {
     if plan.network {
         // The worker's own proxy listener, as a `net proxy` payload finds it: `shell` passes
         // these on to its commands.
-        env.extend(crate::netgrant::proxy_env());
+        env.extend(warren_ns::netgrant::proxy_env());
     }
     let env = env.into_iter().map(cstr).collect::<Result<Vec<_>, _>>()?;
     let path = cstr(WORKER_PATH.into())?;
@@ -766,7 +766,7 @@ fn landlock_view(plan: &Plan) -> landlock::View {
         .map(|r| r.path.clone())
         .collect();
     if plan.execs {
-        write.extend(["/tmp".into(), crate::HOME.into(), "/dev/shm".into()]);
+        write.extend(["/tmp".into(), warren_ns::HOME.into(), "/dev/shm".into()]);
     }
     landlock::View {
         read: vec!["/".into()],
@@ -815,7 +815,7 @@ mod tests {
             match namespace {
                 "7" => Ok(Some(WorkerScope {
                     uid: EXEC_WORKER_UID_BASE + 42,
-                    limits: crate::spec::parse("<t>", "limit pids=16 mem=64M")
+                    limits: warren_ns::spec::parse("<t>", "limit pids=16 mem=64M")
                         .unwrap()
                         .limits,
                     writer: Writer {

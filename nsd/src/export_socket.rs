@@ -32,9 +32,9 @@ use warren_gate::lineage::Lineage;
 use warren_gate::scope::CHANNEL_CAP_MAX;
 use warren_toolfs::{GrantRecord, RootGrant, ToolGrant};
 
-use crate::confine::guard::Guard;
 use crate::mount_server::{member, tool_connection};
-use crate::spec::Limits;
+use warren_ns::confine::guard::Guard;
+use warren_ns::spec::Limits;
 
 /// Who may ask: exportfs's uid or root.
 fn exportfs_or_root(cred: &PeerCred) -> Option<String> {
@@ -101,7 +101,7 @@ fn serve(sock: &UnixStream, dirs: &Dirs, peers: &std::path::Path) -> Result<Made
     if let Some(path) = peer.dir(&req.tree) {
         // A directory tree: its handle, opened and checked here; exportfs serves it read-only.
         let what = format!("peer {} tree {}", peer.name, req.tree);
-        let dir = crate::handles::open_dir(path).map_err(|e| format!("{what} {path}: {e}"))?;
+        let dir = warren_ns::handles::open_dir(path).map_err(|e| format!("{what} {path}: {e}"))?;
         guard
             .check_as(&what, dir.as_fd(), path)
             .map_err(|e| e.to_string())?;
@@ -114,7 +114,8 @@ fn serve(sock: &UnixStream, dirs: &Dirs, peers: &std::path::Path) -> Result<Made
         let mut granted = Vec::new();
         for (_, path) in peer.roots.iter().filter(|(t, _)| t == name) {
             let what = format!("peer {} tool {name} root", peer.name);
-            let dir = crate::handles::open_dir(path).map_err(|e| format!("{what} {path}: {e}"))?;
+            let dir =
+                warren_ns::handles::open_dir(path).map_err(|e| format!("{what} {path}: {e}"))?;
             guard
                 .check_as(&what, dir.as_fd(), path)
                 .map_err(|e| e.to_string())?;

@@ -4,16 +4,16 @@
 //! the `warren` group see a file under a directory they cannot search (`/root/x`, another
 //! user's 0700 home). Instead nsd opens every bind source with the operator's filesystem
 //! credentials — fsuid, fsgid and supplementary groups, set on a thread of its own, as Linux
-//! keeps them per thread — and builds from those handles (`crate::handles`), never from the
+//! keeps them per thread — and builds from those handles (`warren_ns::handles`), never from the
 //! names again: bind sources and tool roots alike. A keyed mount's `-k` names a peer in the
 //! operator's peers file, not a path, so there is nothing of it to open here.
 
 use std::ffi::CString;
 use std::io;
 
-use crate::confine::guard::Guard;
-use crate::handles::{Built, OpenError, open_spec};
-use crate::spec::Spec;
+use warren_ns::confine::guard::Guard;
+use warren_ns::handles::{Built, OpenError, open_spec};
+use warren_ns::spec::Spec;
 
 /// The credentials the host gives `uid`: its passwd group and every group it is a member of.
 struct Credentials {
@@ -82,7 +82,7 @@ pub fn as_operator<T: Send>(uid: u32, f: impl FnOnce() -> T + Send) -> io::Resul
 }
 
 /// `spec` made buildable for operator `uid`: every bind source and tool root opened once, as
-/// they would open it, and held (`crate::handles`). Refused, naming the path, when they cannot.
+/// they would open it, and held (`warren_ns::handles`). Refused, naming the path, when they cannot.
 pub fn open_as(spec: &Spec, uid: u32, guard: &Guard) -> io::Result<Built> {
     as_operator(uid, || {
         open_spec(spec, guard).map_err(|e| match e {
@@ -131,7 +131,7 @@ mod tests {
     use super::*;
 
     fn nowhere() -> Guard {
-        Guard::new(&crate::ProtectedDirs {
+        Guard::new(&warren_ns::ProtectedDirs {
             runtime: "/nonexistent/warren/run".into(),
             data: "/nonexistent/warren/data".into(),
             secrets: "/nonexistent/warren/secrets".into(),
@@ -151,16 +151,19 @@ mod tests {
         let f = Fixture::new();
         let (open_dir, inner) = (f.path("open"), f.path("private/inner"));
         let text = format!("bind -r {open_dir} /o\nbind -r {inner} /p\n");
-        let spec = crate::spec::parse("<t>", &text).unwrap();
+        let spec = warren_ns::spec::parse("<t>", &text).unwrap();
         let e = open_as(&spec, 65534, &nowhere()).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
         assert!(e.to_string().contains(&format!("bind `{inner}`")), "{e}");
         // Root (the caller) still searches it: only the check's thread changed credentials.
         assert!(std::fs::metadata(&inner).is_ok());
 
-        let reachable = crate::spec::parse("<t>", &format!("bind -r {open_dir} /o\n")).unwrap();
+        let reachable = warren_ns::spec::parse("<t>", &format!("bind -r {open_dir} /o\n")).unwrap();
         let built = open_as(&reachable, 65534, &nowhere()).unwrap();
         let held = built.handles.bind(0).unwrap();
-        assert_eq!(built.build.binds[0].host, crate::handles::handle_name(held));
+        assert_eq!(
+            built.build.binds[0].host,
+            warren_ns::handles::handle_name(held)
+        );
     }
 }

@@ -103,11 +103,11 @@ fn escape_probes_rerun_from_an_attached_process_are_refused() {
     let s = |rel: &str| targets.path(rel);
     // One namespace with every grant the suite's probes need (its `--rw`, `--ro` of the suid
     // dir, `limit pids=64`): the attached process gets all of them.
+    let probe_bin = probe_path();
     let spec = format!(
         "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n\
-         bind -r {PROBE} {PROBE}\nbind -w {rw} {rw}\nbind -r {suid_dir} {suid_dir}\n\
+         bind -r {probe_bin} {probe_bin}\nbind -w {rw} {rw}\nbind -r {suid_dir} {suid_dir}\n\
          {pids}",
-        PROBE = probe_bin(),
         pids = escape::PIDS_LIMIT,
         rw = s("rw"),
         suid_dir = s("suid"),
@@ -218,7 +218,7 @@ fn escape_probes_rerun_from_an_attached_process_are_refused() {
     let inside = attached(
         &nsd,
         id,
-        &words(&[probe_bin(), "read", &run_socket]),
+        &words(&[probe_path(), "read", &run_socket]),
         scratch.path(),
     );
     if verdict(&inside) != "blocked" || !text(&inside.stderr).contains("No such file or directory")

@@ -14,13 +14,16 @@ use warren_daemon::peer::{PeerCred, peer_cred};
 
 use nix::sys::signal::Signal;
 
-use super::attach::{AttachPlan, Attached, attach};
-use super::{AttachRequest, Control, FORWARDED, Opening, Reply, Request, VERSION, recv, send};
-use crate::confine::guard::Guard;
 use crate::mount_server::{ServedMounts, new_session_id};
 use crate::nsd::{Info, Nsd, Status, now_secs};
-use crate::run::{PayloadStdio, Running, spawn};
-use crate::spec::{self, Server, Spec};
+use warren_ns::confine::guard::Guard;
+use warren_ns::launch::attach::{AttachPlan, Attached, attach};
+use warren_ns::launch::{
+    AttachRequest, Control, FORWARDED, Opening, Reply, Request, VERSION, launcher_connects, recv,
+    send,
+};
+use warren_ns::run::{PayloadStdio, Running, spawn};
+use warren_ns::spec::{self, Server, Spec};
 
 /// Accepts launchers forever (operators only: same pid namespace, root or the operator group),
 /// each served on a thread of its own. `bridge`: the `warren-bridge` executable.
@@ -356,8 +359,8 @@ fn start(
             Some(s) => s.session().to_string(),
             None => new_session_id()?,
         };
-        opts.mount_server = served.clone().map(|s| s as Arc<dyn crate::MountServer>);
-        opts.net_proxy = Some(crate::netgrant::NetProxyTarget {
+        opts.mount_server = served.clone().map(|s| s as Arc<dyn warren_ns::MountServer>);
+        opts.net_proxy = Some(warren_ns::netgrant::NetProxyTarget {
             session: session.clone(),
             namespace: id.to_string(),
             lineage: warren_gate::lineage::Lineage::root(crate::mount_server::member(
@@ -421,7 +424,7 @@ fn payload_uid(operator: u32, requested: Option<u32>) -> io::Result<Option<u32>>
 }
 
 /// The launcher's connections: one per `connections` name, each a mount the launcher must make
-/// (`ServedMounts::launcher_connects`), none missing, none twice; a `unix!` path inside
+/// (`launcher_connects`), none missing, none twice; a `unix!` path inside
 /// warren's dirs refused here too.
 fn check_connections(
     spec: &Spec,
@@ -437,10 +440,10 @@ fn check_connections(
         )));
     }
     let guard = Guard::new(protected)?;
-    let wanted: Vec<&crate::spec::Mount> = spec
+    let wanted: Vec<&warren_ns::spec::Mount> = spec
         .mounts
         .iter()
-        .filter(|m| ServedMounts::launcher_connects(m, request.operator))
+        .filter(|m| launcher_connects(m, request.operator))
         .collect();
     for m in &wanted {
         if !request.connections.contains(&m.path) {
@@ -450,7 +453,7 @@ fn check_connections(
             )));
         }
         if let Server::Unix(path) = &m.server {
-            super::client::checked_unix_path(&guard, path)?;
+            warren_ns::launch::client::checked_unix_path(&guard, path)?;
         }
     }
     let mut out: Vec<(String, OwnedFd)> = Vec::new();

@@ -51,7 +51,7 @@ fn serve(weaker_landlock: bool) -> ExitCode {
         protected: dirs.clone(),
         ..RunOptions::default()
     };
-    let nsd = match warren_ns::nsd::Nsd::new(opts) {
+    let nsd = match warren_nsd::nsd::Nsd::new(opts) {
         Ok(n) => n,
         Err(e) => {
             eprintln!("warren-nsd: {e}");
@@ -80,7 +80,7 @@ fn serve(weaker_landlock: bool) -> ExitCode {
         };
         // Tool workers for toolfs: without this socket no worker tool can run.
         let scopes = std::sync::Arc::new(nsd.for_operator(0));
-        match warren_ns::worker::spawn_server(&dirs, weaker_landlock, scopes) {
+        match warren_nsd::worker::spawn_server(&dirs, weaker_landlock, scopes) {
             Ok(p) => tracing::info!("building tool workers on {}", p.display()),
             Err(e) => {
                 eprintln!("warren-nsd: tool worker socket: {e}");
@@ -104,7 +104,7 @@ fn serve(weaker_landlock: bool) -> ExitCode {
         let mcp_path = dirs.control(warren_ns::launch::MCP_CONTROL);
         match warren_daemon::operator::listen(&mcp_path) {
             Ok(l) => {
-                tokio::spawn(warren_ns::launch::mcp::accept_loop(
+                tokio::spawn(warren_nsd::mcp_socket::accept_loop(
                     l,
                     nsd.for_operator(0),
                     warren_mcpfs::config::config_dir(),
@@ -120,7 +120,7 @@ fn serve(weaker_landlock: bool) -> ExitCode {
         let export_path = dirs.control(warren_exportfs::control::CONTROL);
         match warren_daemon::operator::listen(&export_path) {
             Ok(l) => {
-                tokio::spawn(warren_ns::launch::export::accept_loop(
+                tokio::spawn(warren_nsd::export_socket::accept_loop(
                     l,
                     dirs.clone(),
                     warren_exportfs::peers::peers_path(),
@@ -131,7 +131,7 @@ fn serve(weaker_landlock: bool) -> ExitCode {
                 return ExitCode::from(1);
             }
         }
-        tokio::spawn(warren_ns::launch::server::accept_loop(
+        tokio::spawn(warren_nsd::run_socket::accept_loop(
             run_listener,
             warren_daemon::operator::OperatorPolicy::from_host(),
             nsd.for_operator(0),

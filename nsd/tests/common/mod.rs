@@ -13,16 +13,15 @@ use std::time::Duration;
 use warren_daemon::Dirs;
 
 pub const NSD: &str = env!("CARGO_BIN_EXE_warren-nsd");
-
 /// The escape suite's probe (`tests/probe`), found as every test finds the workspace's binaries.
-pub fn probe_bin() -> &'static str {
-    static PROBE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    PROBE.get_or_init(|| {
+pub fn probe_path() -> &'static str {
+    static PROBE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         warren_test_support::bins::bin("warren-probe")
             .into_os_string()
             .into_string()
             .expect("a UTF-8 path")
-    })
+    });
+    &PROBE
 }
 pub const NOBODY: u32 = 65534;
 
@@ -105,13 +104,16 @@ pub enum Control {
 
 pub fn control_output(control: Control, probe_args: &[&str]) -> Output {
     match control {
-        Control::Root => Command::new(probe_bin()).args(probe_args).output().unwrap(),
-        Control::RootPrivateMounts => Command::new("unshare")
-            .args(["-m", "--propagation", "private", probe_bin()])
+        Control::Root => Command::new(probe_path())
             .args(probe_args)
             .output()
             .unwrap(),
-        Control::Nobody => Command::new(probe_bin())
+        Control::RootPrivateMounts => Command::new("unshare")
+            .args(["-m", "--propagation", "private", probe_path()])
+            .args(probe_args)
+            .output()
+            .unwrap(),
+        Control::Nobody => Command::new(probe_path())
             .args(probe_args)
             .uid(NOBODY)
             .gid(NOBODY)

@@ -10,7 +10,7 @@ use std::os::unix::net::{SocketAddr, UnixListener};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Output, Stdio};
 
-use super::{Control, NOBODY, control_output, probe_bin, tempdir, text, verdict};
+use super::{Control, NOBODY, control_output, probe_path, tempdir, text, verdict};
 
 /// What the probes aim at: a scratch dir (`ctl`, `mnt`, `rw`, `ctl-rw`, `suid`, all 0777), a
 /// setuid-root copy of the probe, a symlink out of `rw`, an outside process, a TCP listener and
@@ -37,7 +37,7 @@ impl Targets {
             std::fs::set_permissions(s(d), std::fs::Permissions::from_mode(0o777)).unwrap();
         }
         let suid = s("suid/warren-probe");
-        std::fs::copy(probe_bin(), &suid).unwrap();
+        std::fs::copy(probe_path(), &suid).unwrap();
         std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o4755)).unwrap();
         std::os::unix::fs::symlink("/etc/shadow", s("rw/shadow-link")).unwrap();
         let victim = Command::new("/bin/sleep")
@@ -287,7 +287,7 @@ pub fn inside_argv(p: &Probe, t: &Targets) -> Vec<String> {
     if p.name == "setuid-exec" {
         return vec![t.suid.clone(), "euid-root".into()];
     }
-    let mut argv = vec![probe_bin().to_string()];
+    let mut argv = vec![probe_path().to_string()];
     argv.extend(p.inside.iter().cloned());
     argv
 }

@@ -25,7 +25,7 @@
 //!   (`warren_proto::llm`): its model sessions live on that connection and are receipted in the
 //!   namespace's session, in an operator namespace too.
 //! - `mount ns` — nsd: a socketpair to the namespace's own view of `/ns` ([`NsView`]; its
-//!   descendants only, and its `clone` narrows: `crate::narrow`).
+//!   descendants only, and its `clone` narrows: `warren_ns::narrow`).
 //! - `mount receipts`, and `mount gate|ns` with the operator's authority — only in an operator
 //!   namespace ([`ServedMounts::operator`]): the launcher connects to the daemon's operator
 //!   socket itself. `mount receipts` is refused in any other namespace.
@@ -49,9 +49,9 @@ use warren_gate::lineage::{Budget, Lineage, Member};
 use warren_proto::launch::CLIENT_ASKS_PATH;
 use warren_toolfs::{GrantRecord, RootGrant, ToolGrant};
 
-use crate::confine::fuse::MountServer;
-use crate::handles::ToolRoot;
-use crate::spec::{Access, Limits, LocalServer, Mount, Server, Spec};
+use warren_ns::confine::fuse::MountServer;
+use warren_ns::handles::ToolRoot;
+use warren_ns::spec::{Access, Limits, LocalServer, Mount, Server, Spec};
 
 /// Serves `mount tool …` lines through the running toolfs and a `warren-bridge` per mount.
 pub struct ServedMounts {
@@ -154,7 +154,7 @@ pub trait NsView: Send + Sync {
 
 impl ServedMounts {
     /// `spec`: the build spec; `tool_roots`: the handles its tool authorities name
-    /// (`crate::handles`); `bridge_binary`: the `warren-bridge` executable.
+    /// (`warren_ns::handles`); `bridge_binary`: the `warren-bridge` executable.
     pub fn new(
         dirs: Dirs,
         spec: &Spec,
@@ -261,16 +261,6 @@ impl ServedMounts {
                 io::ErrorKind::Unsupported,
                 format!("mount ns at {}: no view of /ns to serve", mount.path),
             )),
-        }
-    }
-
-    /// Whether the launcher must make this mount's connection (and hand it over).
-    pub fn launcher_connects(mount: &Mount, operator: bool) -> bool {
-        match mount.server {
-            Server::Unix(_) | Server::Tcp { .. } => true,
-            Server::Local(LocalServer::Tool | LocalServer::Llm) | Server::Mcp(_) => false,
-            Server::Local(LocalServer::Gate) => operator,
-            Server::Local(LocalServer::Receipts | LocalServer::Ns) => operator,
         }
     }
 
@@ -487,7 +477,7 @@ impl Bridge {
         path: &str,
         watch: Arc<BridgeWatch>,
     ) -> io::Result<Bridge> {
-        let pidfd = match crate::confine::sys::pidfd_open(child.id() as i32) {
+        let pidfd = match warren_ns::confine::sys::pidfd_open(child.id() as i32) {
             Ok(fd) => fd,
             Err(e) => {
                 let _ = child.kill();
@@ -793,7 +783,8 @@ impl Import {
         else {
             return Err("a call report's lengths are not numbers".into());
         };
-        if !crate::spec::is_tool_name(tool) || !hex64(args) || result.len() as u64 > result_len {
+        if !warren_ns::spec::is_tool_name(tool) || !hex64(args) || result.len() as u64 > result_len
+        {
             return Err("a call report with a bad tool name, digest or length".into());
         }
         let mut subject = serde_json::json!({
@@ -1094,7 +1085,7 @@ impl Drop for ServedMounts {
         self.bridge_watch.ending.store(true, Ordering::SeqCst);
         if let Ok(mut bridges) = self.bridges.lock() {
             for bridge in bridges.iter_mut() {
-                let _ = crate::confine::sys::pidfd_signal(bridge.pidfd.as_fd(), libc::SIGKILL);
+                let _ = warren_ns::confine::sys::pidfd_signal(bridge.pidfd.as_fd(), libc::SIGKILL);
                 if let Some(watcher) = bridge.watcher.take() {
                     let _ = watcher.join();
                 }
@@ -1164,7 +1155,7 @@ mod tests {
             format!("mount gate {CLIENT_ASKS_PATH}\n"),
             format!("bind -r /usr {CLIENT_ASKS_PATH}\n"),
         ] {
-            let refused = crate::spec::parse("t", &line).unwrap_err();
+            let refused = warren_ns::spec::parse("t", &line).unwrap_err();
             assert!(refused.message.contains("reserved"), "{refused}");
         }
     }

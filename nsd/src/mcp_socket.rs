@@ -24,9 +24,9 @@ use warren_daemon::identity::Role;
 use warren_daemon::peer::{PeerCred, peer_cred};
 use warren_mcpfs::config::Transport;
 
-use super::server::{refuse, run_and_follow};
-use super::{Request, StartServer, VERSION, recv};
 use crate::nsd::Nsd;
+use crate::run_socket::{refuse, run_and_follow};
+use warren_ns::launch::{Request, StartServer, VERSION, recv};
 
 /// The origin `/ns/<id>/info` shows for an MCP server's namespace.
 pub const MCP_ORIGIN: &str = "mcp";
@@ -113,7 +113,7 @@ fn request_for(start: &StartServer, config_dir: &Path, secrets: &Path) -> io::Re
             )));
         }
     };
-    let mut spec = crate::spec::parse(&format!("{}.toml spec", start.server), &spec)
+    let mut spec = warren_ns::spec::parse(&format!("{}.toml spec", start.server), &spec)
         .map_err(|e| invalid(e.to_string()))?;
     let mut env = BTreeMap::new();
     for name in &config.env {
