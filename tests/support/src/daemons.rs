@@ -55,6 +55,11 @@ impl Process {
         &mut self.child
     }
 
+    /// SIGKILL, not waiting (dropping it also reaps it).
+    pub fn kill(&mut self) -> std::io::Result<()> {
+        self.child.kill()
+    }
+
     /// Whether it is still running.
     pub fn is_running(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()
