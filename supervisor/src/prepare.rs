@@ -81,17 +81,7 @@ mod tests {
 
     const STRANGER: u32 = 4242;
 
-    /// A base directory with `mode`, as another user's world-writable /tmp would be (the tests
-    /// run as root, as CI does).
-    fn base(mode: u32) -> tempfile::TempDir {
-        assert!(
-            nix::unistd::geteuid().is_root(),
-            "needs root (CI runs as root)"
-        );
-        let t = tempfile::tempdir().unwrap();
-        fs::set_permissions(t.path(), fs::Permissions::from_mode(mode)).unwrap();
-        t
-    }
+    use warren_test_support::dirs::with_mode as base;
 
     fn dirs_in(base: &Path, runtime: &Path, data: &Path) -> Dirs {
         Dirs {
