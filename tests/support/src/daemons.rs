@@ -3,6 +3,7 @@
 //! stdin closed. A test adds its own arguments to the returned [`Command`] and hands it to
 //! [`Process::start`], which returns once the daemon's sockets accept.
 
+use std::io::BufRead;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -29,6 +30,21 @@ impl Process {
             p.wait_for_socket(socket);
         }
         p
+    }
+
+    /// Spawns `cmd` with its stdout piped and returns it with the first line it printed: for a
+    /// daemon that says where it listens (netproxy's `listening tcp:ADDR`). Fails if it exits
+    /// without a line.
+    pub fn start_saying(mut cmd: Command) -> (Process, String) {
+        cmd.stdout(Stdio::piped());
+        let mut p = Process::start(cmd, &[]);
+        let mut line = String::new();
+        let stdout = p.child.stdout.take().expect("stdout is piped");
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .unwrap_or_else(|e| panic!("read {}'s first line: {e}", p.name));
+        assert!(!line.is_empty(), "{} exited without a line", p.name);
+        (p, line)
     }
 
     fn wait_for_socket(&mut self, path: &Path) {
