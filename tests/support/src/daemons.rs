@@ -71,6 +71,11 @@ impl Process {
         &mut self.child
     }
 
+    /// Waits for it to end (a test that stopped it and checks how it ended).
+    pub fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        self.child.wait()
+    }
+
     /// SIGKILL, not waiting (dropping it also reaps it).
     pub fn kill(&mut self) -> std::io::Result<()> {
         self.child.kill()
