@@ -19,7 +19,13 @@ pub struct Process {
 impl Process {
     /// Spawns `cmd` and waits until each of `sockets` accepts a connection (readiness, not a
     /// timing assertion); fails if the daemon exits first or has not listened within 30 s.
-    pub fn start(mut cmd: Command, sockets: &[&Path]) -> Process {
+    pub fn start(cmd: Command, sockets: &[&Path]) -> Process {
+        Process::start_logged(cmd, sockets, None)
+    }
+
+    /// As [`Process::start`]; a daemon that does not come up is reported with its `log` (the
+    /// file its stderr goes to).
+    pub fn start_logged(mut cmd: Command, sockets: &[&Path], log: Option<&Path>) -> Process {
         let name = Path::new(cmd.get_program())
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -27,7 +33,12 @@ impl Process {
         let child = cmd.spawn().unwrap_or_else(|e| panic!("start {name}: {e}"));
         let mut p = Process { child, name };
         for socket in sockets {
-            p.wait_for_socket(socket);
+            if let Err(why) = p.wait_for_socket(socket) {
+                let log = log
+                    .map(|l| std::fs::read_to_string(l).unwrap_or_default())
+                    .unwrap_or_default();
+                panic!("{why}\n{log}");
+            }
         }
         p
     }
@@ -47,20 +58,22 @@ impl Process {
         (p, line)
     }
 
-    fn wait_for_socket(&mut self, path: &Path) {
+    fn wait_for_socket(&mut self, path: &Path) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
         while std::os::unix::net::UnixStream::connect(path).is_err() {
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("{} exited before listening: {status}", self.name);
+                return Err(format!("{} exited before listening: {status}", self.name));
             }
-            assert!(
-                Instant::now() < deadline,
-                "{} did not listen on {} within 30 s",
-                self.name,
-                path.display()
-            );
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "{} did not listen on {} within 30 s",
+                    self.name,
+                    path.display()
+                ));
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
+        Ok(())
     }
 
     pub fn id(&self) -> u32 {

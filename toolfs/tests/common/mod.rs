@@ -9,11 +9,12 @@ pub use stack::Stack;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use warren_9p::{Client, Fid, oflags};
+use warren_test_support::daemons::Process;
 use warren_toolfs::{Envelope, GrantRecord, ToolGrant};
 
 /// What grant records name as the worker ids (nsd chooses the real ones: [`nsd_worker_uid`]).
@@ -26,7 +27,7 @@ pub fn nsd_worker_uid() -> u32 {
 }
 
 pub struct Daemon {
-    child: Child,
+    child: Process,
     pub dir: tempfile::TempDir,
     /// receiptd and the gate, when this toolfs was given a gate.
     pub stack: Option<Stack>,
@@ -95,22 +96,16 @@ impl Daemon {
         if let Some(fd) = gate_fd {
             cmd.env("WARREN_GATE_FD", fd);
         }
-        let child = cmd.spawn().unwrap();
-        let d = Daemon {
+        let run = dir.path().join("run");
+        let log = dir.path().join("toolfs.log");
+        let sockets = [run.join("toolfs.ctl"), run.join("tool.sock")];
+        let child = Process::start_logged(cmd, &[&sockets[0], &sockets[1]], Some(&log));
+        Daemon {
             child,
             dir,
             stack: None,
             gate_fd: None,
-        };
-        for _ in 0..500 {
-            if UnixStream::connect(d.ctl()).is_ok()
-                && UnixStream::connect(d.operator_sock()).is_ok()
-            {
-                return d;
-            }
-            std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("warren-toolfs did not come up; log:\n{}", d.log());
     }
 
     pub fn stack(&self) -> &Stack {
@@ -157,7 +152,7 @@ impl Daemon {
     }
 
     pub fn is_running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
+        self.child.is_running()
     }
 
     /// A connection to the operator socket, attached.
@@ -187,13 +182,6 @@ impl Daemon {
             .unwrap();
         let root = client.attach("nobody", "/everything").await.unwrap();
         (client, root)
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
