@@ -25,7 +25,12 @@ impl Warren {
     pub fn up_with(env: &[(&str, &str)]) -> Warren {
         kernel::require_root();
         kernel::require_fuse();
-        for b in ["warren-toolfs", "warren-bridge", "warren-tool-worker"] {
+        for b in [
+            "warren-supervisor",
+            "warren-toolfs",
+            "warren-bridge",
+            "warren-tool-worker",
+        ] {
             bins::bin(b);
         }
         let base = tempfile::Builder::new()
