@@ -44,7 +44,7 @@ async fn rounds(f: Fid, body: Arc<Vec<u8>>, n: usize, check: fn(&[u8]) -> bool) 
     let mut bad = 0;
     for _ in 0..n {
         // Write and read pipelined, as GateClient and the gate's receipt sink do.
-        let r = warren_gate::rpc::call(&f, &body).await.unwrap_or_default();
+        let r = f.call(&body).await.unwrap_or_default();
         if !check(&r) {
             bad += 1;
         }

@@ -24,200 +24,166 @@
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use tokio::net::UnixListener;
 use warren_9p::Limits;
 use warren_daemon::accept::{next_peer, refusal, root_only};
 
+use warren_proto::control::reply_line;
+pub use warren_proto::gate::{
+    CHANNEL_CAP_MAX, ControlRecord, RECORD_VERSION, RecordKind, check_session, hand_over,
+};
+
 use crate::gate::Gate;
-use crate::lineage::Lineage;
-use crate::policy::Tier;
-use crate::request::check_session;
-use crate::scope::{CHANNEL_CAP_MAX, Scope};
+use crate::scope::Scope;
 use crate::tree::GateTree;
 
-pub const RECORD_VERSION: u32 = 1;
 /// The most descendants one record may name.
 pub const MAX_DESCENDANTS: usize = 4096;
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RecordKind {
-    #[default]
-    Namespace,
-    Operator,
-    Daemon,
-    Channel,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ControlRecord {
-    pub version: u32,
-    #[serde(default)]
-    pub kind: RecordKind,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub session: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub descendants: Vec<String>,
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub confirmed_tty: bool,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    /// A namespace record's lineage (itself first, its subtree's root last; nsd's).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lineage: Option<Lineage>,
-    /// A channel record's sessions: whose asks it sees.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub sessions: Vec<String>,
-    /// A channel record's cap: the highest tier its answers may allow.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cap: Option<Tier>,
-}
-
-impl ControlRecord {
-    /// The scope a sound record gives its connection.
-    pub fn scope(&self) -> Result<Scope, String> {
-        if self.version != RECORD_VERSION {
-            return Err(format!(
-                "record version {} (this gate speaks {RECORD_VERSION})",
-                self.version
-            ));
+/// The scope a sound record gives its connection.
+pub fn scope_of(record: &ControlRecord) -> Result<Scope, String> {
+    if record.version != RECORD_VERSION {
+        return Err(format!(
+            "record version {} (this gate speaks {RECORD_VERSION})",
+            record.version
+        ));
+    }
+    let no_extras = |what: &str, ok: bool| {
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("a {what} record takes no other fields"))
         }
-        let no_extras = |what: &str, ok: bool| {
-            if ok {
-                Ok(())
-            } else {
-                Err(format!("a {what} record takes no other fields"))
+    };
+    match record.kind {
+        RecordKind::Namespace => {
+            no_extras(
+                "namespace",
+                !record.confirmed_tty && record.name.is_none() && channel_fields_unset(record),
+            )?;
+            let session = record
+                .session
+                .clone()
+                .ok_or("a namespace record needs its session")?;
+            check_session(&session)?;
+            let namespace = record
+                .namespace
+                .clone()
+                .ok_or("a namespace record needs its namespace id")?;
+            if namespace.is_empty()
+                || namespace.len() > 128
+                || namespace.chars().any(char::is_control)
+            {
+                return Err("namespace id must be 1 to 128 printable characters".into());
             }
-        };
-        match self.kind {
-            RecordKind::Namespace => {
-                no_extras(
-                    "namespace",
-                    !self.confirmed_tty && self.name.is_none() && self.channel_fields_unset(),
-                )?;
-                let session = self
-                    .session
-                    .clone()
-                    .ok_or("a namespace record needs its session")?;
-                check_session(&session)?;
-                let namespace = self
-                    .namespace
-                    .clone()
-                    .ok_or("a namespace record needs its namespace id")?;
-                if namespace.is_empty()
-                    || namespace.len() > 128
-                    || namespace.chars().any(char::is_control)
-                {
-                    return Err("namespace id must be 1 to 128 printable characters".into());
-                }
-                if self.descendants.len() > MAX_DESCENDANTS {
-                    return Err(format!("more than {MAX_DESCENDANTS} descendants"));
-                }
-                for d in &self.descendants {
-                    check_session(d)?;
-                }
-                if self.descendants.contains(&session) {
-                    return Err("a namespace cannot be its own descendant".into());
-                }
-                if let Some(l) = &self.lineage {
-                    l.check(&session, &namespace)?;
-                }
-                Ok(Scope::Namespace {
-                    session,
-                    namespace,
-                    descendants: self.descendants.iter().cloned().collect(),
-                })
+            if record.descendants.len() > MAX_DESCENDANTS {
+                return Err(format!("more than {MAX_DESCENDANTS} descendants"));
             }
-            RecordKind::Operator => {
-                no_extras(
-                    "operator",
-                    self.session.is_none()
-                        && self.namespace.is_none()
-                        && self.descendants.is_empty()
-                        && self.lineage.is_none()
-                        && self.channel_fields_unset(),
-                )?;
-                // `name` says which front-door command answers (e.g. `warren run`); receipts
-                // show it as who answered.
-                let label = match &self.name {
-                    None => "operator".to_owned(),
-                    Some(name) => {
-                        check_label(name, MAX_NAME)?;
-                        format!("operator: {name}")
-                    }
-                };
-                Ok(Scope::Operator {
-                    confirmed_tty: self.confirmed_tty,
-                    label,
-                })
+            for d in &record.descendants {
+                check_session(d)?;
             }
-            RecordKind::Daemon => {
-                no_extras(
-                    "daemon",
-                    self.session.is_none()
-                        && self.namespace.is_none()
-                        && self.descendants.is_empty()
-                        && self.lineage.is_none()
-                        && !self.confirmed_tty
-                        && self.channel_fields_unset(),
-                )?;
-                let name = self.name.clone().ok_or("a daemon record needs its name")?;
-                // The daemons whose calls the gate decides: warren's own tools, the MCP servers'
-                // tools (`mcp:<server>:<tool>`, never a core tool's name), the egress proxy's
-                // connections (`net:<host>:<port>`) and a namespace's model calls (a core name
-                // of the tier table: the gate decides them by name and digest alone).
-                if !DECIDING_DAEMONS.contains(&name.as_str()) {
-                    return Err(format!(
-                        "daemon {name:?}: only {} ask the gate",
-                        DECIDING_DAEMONS.join(", ")
-                    ));
-                }
-                Ok(Scope::Daemon { name })
+            if record.descendants.contains(&session) {
+                return Err("a namespace cannot be its own descendant".into());
             }
-            RecordKind::Channel => {
-                no_extras(
-                    "channel",
-                    self.session.is_none()
-                        && self.namespace.is_none()
-                        && self.descendants.is_empty()
-                        && self.lineage.is_none()
-                        && !self.confirmed_tty,
-                )?;
-                let name = self.name.clone().ok_or("a channel record needs its name")?;
-                check_channel_name(&name)?;
-                let cap = self.cap.ok_or("a channel record needs its cap")?;
-                if cap > CHANNEL_CAP_MAX {
-                    return Err(format!(
-                        "a channel's cap is at most {CHANNEL_CAP_MAX} (asked for {cap})"
-                    ));
-                }
-                if self.sessions.is_empty() || self.sessions.len() > MAX_DESCENDANTS {
-                    return Err(format!(
-                        "a channel record names 1 to {MAX_DESCENDANTS} sessions"
-                    ));
-                }
-                for s in &self.sessions {
-                    check_session(s)?;
-                }
-                Ok(Scope::Channel {
-                    name,
-                    sessions: self.sessions.iter().cloned().collect(),
-                    cap,
-                })
+            if let Some(l) = &record.lineage {
+                l.check(&session, &namespace)?;
             }
+            Ok(Scope::Namespace {
+                session,
+                namespace,
+                descendants: record.descendants.iter().cloned().collect(),
+            })
+        }
+        RecordKind::Operator => {
+            no_extras(
+                "operator",
+                record.session.is_none()
+                    && record.namespace.is_none()
+                    && record.descendants.is_empty()
+                    && record.lineage.is_none()
+                    && channel_fields_unset(record),
+            )?;
+            // `name` says which front-door command answers (e.g. `warren run`); receipts
+            // show it as who answered.
+            let label = match &record.name {
+                None => "operator".to_owned(),
+                Some(name) => {
+                    check_label(name, MAX_NAME)?;
+                    format!("operator: {name}")
+                }
+            };
+            Ok(Scope::Operator {
+                confirmed_tty: record.confirmed_tty,
+                label,
+            })
+        }
+        RecordKind::Daemon => {
+            no_extras(
+                "daemon",
+                record.session.is_none()
+                    && record.namespace.is_none()
+                    && record.descendants.is_empty()
+                    && record.lineage.is_none()
+                    && !record.confirmed_tty
+                    && channel_fields_unset(record),
+            )?;
+            let name = record
+                .name
+                .clone()
+                .ok_or("a daemon record needs its name")?;
+            // The daemons whose calls the gate decides: warren's own tools, the MCP servers'
+            // tools (`mcp:<server>:<tool>`, never a core tool's name), the egress proxy's
+            // connections (`net:<host>:<port>`) and a namespace's model calls (a core name
+            // of the tier table: the gate decides them by name and digest alone).
+            if !DECIDING_DAEMONS.contains(&name.as_str()) {
+                return Err(format!(
+                    "daemon {name:?}: only {} ask the gate",
+                    DECIDING_DAEMONS.join(", ")
+                ));
+            }
+            Ok(Scope::Daemon { name })
+        }
+        RecordKind::Channel => {
+            no_extras(
+                "channel",
+                record.session.is_none()
+                    && record.namespace.is_none()
+                    && record.descendants.is_empty()
+                    && record.lineage.is_none()
+                    && !record.confirmed_tty,
+            )?;
+            let name = record
+                .name
+                .clone()
+                .ok_or("a channel record needs its name")?;
+            check_channel_name(&name)?;
+            let cap = record.cap.ok_or("a channel record needs its cap")?;
+            if cap > CHANNEL_CAP_MAX {
+                return Err(format!(
+                    "a channel's cap is at most {CHANNEL_CAP_MAX} (asked for {cap})"
+                ));
+            }
+            if record.sessions.is_empty() || record.sessions.len() > MAX_DESCENDANTS {
+                return Err(format!(
+                    "a channel record names 1 to {MAX_DESCENDANTS} sessions"
+                ));
+            }
+            for s in &record.sessions {
+                check_session(s)?;
+            }
+            Ok(Scope::Channel {
+                name,
+                sessions: record.sessions.iter().cloned().collect(),
+                cap,
+            })
         }
     }
+}
 
-    fn channel_fields_unset(&self) -> bool {
-        self.sessions.is_empty() && self.cap.is_none()
-    }
+fn channel_fields_unset(record: &ControlRecord) -> bool {
+    record.sessions.is_empty() && record.cap.is_none()
 }
 
 /// A channel's name is `<kind>:<id>` (e.g. `peer:<fingerprint>`, `mcp-client:<namespace>`),
@@ -280,10 +246,7 @@ pub async fn serve_control(gate: Arc<Gate>, listener: UnixListener, limits: Limi
                 if let Err(msg) = &result {
                     tracing::warn!("handoff refused: {msg}");
                 }
-                let line = match &result {
-                    Ok(()) => "ok\n".to_owned(),
-                    Err(msg) => format!("error: {}\n", msg.replace('\n', " ")),
-                };
+                let line = reply_line(&result);
                 if let Err(e) =
                     warren_daemon::handoff::send_async(&sock, line.as_bytes(), &[]).await
                 {
@@ -308,7 +271,7 @@ fn accept(
     }
     let record: ControlRecord =
         serde_json::from_slice(record).map_err(|e| format!("bad record: {e}"))?;
-    let scope = record.scope()?;
+    let scope = scope_of(&record)?;
     let st = nix::sys::stat::fstat(&conn).map_err(|e| format!("connection fd: {e}"))?;
     if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
         return Err("the fd is not a socket".into());
@@ -326,28 +289,6 @@ fn accept(
         }
     });
     Ok(())
-}
-
-/// The trusted side: hands `conn` to the gate with `record`, and returns once the gate serves it
-/// (or with the gate's refusal).
-pub fn hand_over(ctl_path: &Path, record: &ControlRecord, conn: impl AsFd) -> io::Result<()> {
-    let sock = UnixStream::connect(ctl_path)?;
-    // Bounded: a gate that accepts and never answers must not hold its caller.
-    sock.set_read_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
-    sock.set_write_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
-    let bytes = serde_json::to_vec(record).map_err(io::Error::other)?;
-    warren_daemon::handoff::send(&sock, &bytes, &[conn.as_fd()])?;
-    let (reply, _) = warren_daemon::handoff::recv(&sock)?;
-    let line = String::from_utf8_lossy(&reply);
-    let line = line.trim_end();
-    match line.strip_prefix("error: ") {
-        None if line == "ok" => Ok(()),
-        None => Err(io::Error::other(format!("gate answered {line:?}"))),
-        Some(msg) => Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!("gate refused the connection: {msg}"),
-        )),
-    }
 }
 
 #[cfg(test)]
@@ -387,7 +328,7 @@ mod tests {
             descendants: vec![s('b')],
             ..Default::default()
         };
-        assert!(matches!(ns.scope().unwrap(), Scope::Namespace { .. }));
+        assert!(matches!(scope_of(&ns).unwrap(), Scope::Namespace { .. }));
         let op = ControlRecord {
             version: 1,
             kind: RecordKind::Operator,
@@ -395,7 +336,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            op.scope().unwrap(),
+            scope_of(&op).unwrap(),
             Scope::Operator {
                 confirmed_tty: true,
                 label: "operator".into()
@@ -408,7 +349,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            named.scope().unwrap(),
+            scope_of(&named).unwrap(),
             Scope::Operator {
                 confirmed_tty: false,
                 label: "operator: warren run".into()
@@ -420,7 +361,7 @@ mod tests {
             name: Some("toolfs".into()),
             ..Default::default()
         };
-        assert!(matches!(d.scope().unwrap(), Scope::Daemon { .. }));
+        assert!(matches!(scope_of(&d).unwrap(), Scope::Daemon { .. }));
     }
 
     #[test]
@@ -477,7 +418,7 @@ mod tests {
                 ..Default::default()
             },
         ] {
-            assert!(bad.scope().is_err(), "{bad:?}");
+            assert!(scope_of(&bad).is_err(), "{bad:?}");
         }
         assert!(
             serde_json::from_str::<ControlRecord>(r#"{"version":1,"session":"a","bogus":1}"#)

@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, watch};
 use warren_9p::Errno;
@@ -47,21 +46,7 @@ impl Default for Config {
     }
 }
 
-/// What `decide` and `wait` answer (JSON, one line).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Answer {
-    pub decision: Verdict,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pending: Option<i64>,
-    pub basis: String,
-    pub fingerprint: String,
-    /// The class policy used (`read` … `destructive`, `dynamic`, `unmapped`).
-    pub tier: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub risk: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub receipt: Option<Ack>,
-}
+pub use warren_proto::gate::Answer;
 
 /// How long a call refused for its subtree's receipt budget waits for its answer.
 pub const BUDGET_BACKOFF: Duration = Duration::from_millis(200);

@@ -3,20 +3,19 @@
 //! decision before it answers. See `specs/gate-tree.md` and `docs/gate.md`.
 
 pub mod approvals;
-pub mod client;
 pub mod control;
 pub mod escape;
 pub mod events;
 pub mod gate;
-pub mod lineage;
 pub mod policy;
 pub mod receipts;
 pub mod request;
-pub mod rpc;
 pub mod scope;
 pub mod store;
 pub mod tree;
 
-pub use client::GateClient;
+/// The namespace chain nsd's records carry (the records live in `warren-proto`).
+pub use warren_proto::lineage;
+
 pub use gate::{Answer, Config, Gate};
 pub use policy::{ContextState, Verdict};

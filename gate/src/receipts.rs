@@ -3,28 +3,23 @@
 //! Every decision is appended before its answer is given; an append that fails for any reason
 //! (receiptd down, refusing, slow to connect) makes the decision a deny with basis
 //! `receipts_unavailable`. The connection is re-made on the next decision after a failure.
-//! `append` is receiptd's rpc file: write one request, read `{"hash":..,"seq":..}`, repeat on
-//! the same open (its contract is in `specs/receipts.md`; the request fields are receiptd's).
+//! Each append goes through `warren_proto::receipts::Appender`, receiptd's one append client
+//! (its contract is in `specs/receipts.md`; the request fields are receiptd's).
 
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{Value, json};
-use warren_9p::{Client, Fid, oflags};
+use warren_9p::Client;
+pub use warren_proto::receipts::Ack;
+use warren_proto::receipts::Appender;
 
 /// How long a connection attempt may take before the decision is denied.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long one append may take before the decision is denied.
 const APPEND_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// receiptd's acknowledgement of an append.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Ack {
-    pub seq: u64,
-    pub hash: String,
-}
 
 /// What one decision receipt says (the subject of the `decision` body).
 #[derive(Clone, Debug, Serialize)]
@@ -55,14 +50,14 @@ pub fn budget_refusal(error: &str) -> Option<&'static str> {
         .find(|b| error.contains(&format!("\"code\":\"budget:{b}\"")))
 }
 
-/// The receipt sink: a lazily made connection and a pool of opened `append` fids (one per
+/// The receipt sink: a lazily made connection and a pool of [`Appender`]s on it (one per
 /// concurrent append; requests on one fid are served in order, so a pool keeps appends parallel).
 pub struct ReceiptSink {
     socket: PathBuf,
-    /// The connection and its generation (a failed connection's pooled fids are dropped by it).
+    /// The connection and its generation (a failed connection's pooled appenders are dropped by it).
     conn: tokio::sync::Mutex<Option<(u64, Client)>>,
     generation: std::sync::atomic::AtomicU64,
-    pool: Mutex<Vec<(u64, Fid)>>,
+    pool: Mutex<Vec<(u64, Appender)>>,
 }
 
 impl ReceiptSink {
@@ -119,41 +114,33 @@ impl ReceiptSink {
 
     /// The error says whether it was a dead pooled connection (worth one retry).
     async fn append_once(&self, bytes: &[u8], pooled_ok: bool) -> Result<Ack, (bool, String)> {
-        let (generation, fid, reused) = self.take_fid(pooled_ok).await?;
-        let result = match crate::rpc::call(&fid, bytes).await {
-            Ok(reply) => serde_json::from_slice::<Ack>(&reply).map_err(|e| {
-                (
-                    false,
-                    format!("append reply {:?}: {e}", String::from_utf8_lossy(&reply)),
-                )
-            }),
-            Err((e, said)) => Err((
-                reused && e.connection_lost(),
-                format!(
-                    "append refused: {e} {}",
-                    String::from_utf8_lossy(&said).trim()
-                ),
-            )),
-        };
+        let (generation, appender, reused) = self.take_appender(pooled_ok).await?;
+        let result = appender
+            .append(bytes)
+            .await
+            .map_err(|r| (reused && r.errno.connection_lost(), r.to_string()));
         match &result {
             Ok(_) => self
                 .pool
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .push((generation, fid)),
+                .push((generation, appender)),
             Err(_) => self.forget(generation).await,
         }
         result
     }
 
-    /// A pooled fid if `pooled_ok` and one is idle, else one opened on the current or a new
+    /// A pooled appender if `pooled_ok` and one is idle, else one opened on the current or a new
     /// connection. The bool says the connection was not made just now (so it may be one that
     /// died with a receiptd restart); an error carries whether that is why it failed.
-    async fn take_fid(&self, pooled_ok: bool) -> Result<(u64, Fid, bool), (bool, String)> {
+    async fn take_appender(
+        &self,
+        pooled_ok: bool,
+    ) -> Result<(u64, Appender, bool), (bool, String)> {
         if pooled_ok
-            && let Some((g, fid)) = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop()
+            && let Some((g, appender)) = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop()
         {
-            return Ok((g, fid, true));
+            return Ok((g, appender, true));
         }
         let (generation, client, reused) = {
             let mut conn = self.conn.lock().await;
@@ -181,15 +168,8 @@ impl ReceiptSink {
                 }
             }
         };
-        let opened = async {
-            let root = client.attach("gate", "").await?;
-            let fid = root.walk(&["append"]).await?;
-            fid.open(oflags::RDWR).await?;
-            Ok::<Fid, warren_9p::Errno>(fid)
-        }
-        .await;
-        match opened {
-            Ok(fid) => Ok((generation, fid, reused)),
+        match Appender::on(client).await {
+            Ok(appender) => Ok((generation, appender, reused)),
             Err(e) => {
                 self.forget(generation).await;
                 Err((reused && e.connection_lost(), format!("open append: {e}")))
@@ -197,7 +177,8 @@ impl ReceiptSink {
         }
     }
 
-    /// Drops a connection that failed, with every pooled fid on it, so the next append reconnects.
+    /// Drops a connection that failed, with every pooled appender on it, so the next append
+    /// reconnects.
     async fn forget(&self, failed: u64) {
         let mut conn = self.conn.lock().await;
         if conn.as_ref().is_some_and(|(g, _)| *g == failed) {

@@ -103,20 +103,7 @@ fn check_model_call_args(args: &Value) -> Result<(), String> {
     }
 }
 
-/// A session id: nsd's 128-bit id as 32 lowercase hex digits.
-pub fn check_session(session: &str) -> Result<(), String> {
-    if session.len() == 32
-        && session
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    {
-        Ok(())
-    } else {
-        Err(format!(
-            "session {session:?} must be 32 lowercase hex digits"
-        ))
-    }
-}
+pub use warren_proto::gate::check_session;
 
 /// Parses and checks one request. Malformed input is refused, never repaired.
 pub fn parse(bytes: &[u8]) -> Result<DecideRequest, String> {
@@ -203,49 +190,7 @@ pub fn fingerprint(tool: &str, args: &Value, session: &str) -> String {
     hex::encode(Sha256::digest(&bytes))
 }
 
-/// Builds the request text toolfs writes to `decide`. The argument bytes go in verbatim (the
-/// gate refuses them if they are not canonical; nothing here repairs them).
-pub fn encode(
-    session: &str,
-    tool: &str,
-    canonical_args: &[u8],
-    context: &[ContextState],
-) -> Result<Vec<u8>, String> {
-    encode_in(session, tool, canonical_args, context, None, None)
-}
-
-/// [`encode`] with the caller's lineage, serialised once per connection (see [`Lineage`]).
-pub fn encode_in(
-    session: &str,
-    tool: &str,
-    canonical_args: &[u8],
-    context: &[ContextState],
-    lineage: Option<&RawValue>,
-    tier: Option<Tier>,
-) -> Result<Vec<u8>, String> {
-    #[derive(serde::Serialize)]
-    struct Out<'a> {
-        session: &'a str,
-        tool: &'a str,
-        args: &'a RawValue,
-        context: &'a [ContextState],
-        #[serde(skip_serializing_if = "Option::is_none")]
-        lineage: Option<&'a RawValue>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        tier: Option<Tier>,
-    }
-    let args = std::str::from_utf8(canonical_args).map_err(|_| "args: not UTF-8".to_string())?;
-    let raw = RawValue::from_string(args.to_owned()).map_err(|e| format!("args: {e}"))?;
-    serde_json::to_vec(&Out {
-        session,
-        tool,
-        args: &raw,
-        context,
-        lineage,
-        tier,
-    })
-    .map_err(|e| e.to_string())
-}
+pub use warren_proto::gate::{encode, encode_in};
 
 #[cfg(test)]
 mod tests {

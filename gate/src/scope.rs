@@ -7,10 +7,8 @@ use warren_9p::Errno;
 
 use crate::policy::Tier;
 
-/// The highest tier a [`Scope::Channel`] answer may ever allow: a low-trust channel (a remote
-/// peer's operator, later perhaps an MCP client's elicitation) never allows a call that runs a
-/// program, reaches the network or destroys; those stay with this host's operator.
-pub const CHANNEL_CAP_MAX: Tier = Tier::Write;
+/// The highest tier a [`Scope::Channel`] answer may ever allow (the record's bound).
+pub use warren_proto::gate::CHANNEL_CAP_MAX;
 
 /// A connection's standing, fixed when the connection was accepted; nothing it sends changes it.
 #[derive(Clone, Debug, PartialEq, Eq)]

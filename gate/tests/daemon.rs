@@ -941,21 +941,23 @@ async fn the_toolfs_client_fails_closed() {
     let client = warren_9p::Client::new(tokio::net::UnixStream::from_std(mine).unwrap(), 1 << 20)
         .await
         .unwrap();
-    let gate = warren_gate::GateClient::attach(&client).await.unwrap();
+    let gate = warren_proto::gate::GateClient::attach(&client)
+        .await
+        .unwrap();
     let args = canon(&json!({"path": "a"}));
-    let a = gate.decide(S1, "fs_read", &args, &[]).await;
+    let a = gate.decide(S1, "fs_read", &args, &[], None).await;
     assert_eq!(a.decision, Verdict::Allow);
-    let ask = gate.decide(S1, "fs_write", &args, &[]).await;
+    let ask = gate.decide(S1, "fs_write", &args, &[], None).await;
     assert_eq!(ask.decision, Verdict::Ask);
     // Non-canonical bytes are refused, never repaired.
     assert_eq!(
-        gate.decide(S1, "fs_read", br#"{"path": "a"}"#, &[])
+        gate.decide(S1, "fs_read", br#"{"path": "a"}"#, &[], None)
             .await
             .decision,
         Verdict::Deny
     );
     env.kill_gate();
-    let down = gate.decide(S1, "fs_read", &args, &[]).await;
+    let down = gate.decide(S1, "fs_read", &args, &[], None).await;
     assert_eq!(down.decision, Verdict::Deny);
     assert!(down.basis.starts_with("gate_unavailable"), "{}", down.basis);
     assert_eq!(

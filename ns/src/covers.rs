@@ -292,7 +292,7 @@ pub fn covers(parent: &Spec, child: &Spec) -> Result<(), Widening> {
         });
     } else if child.net() == Net::Proxy {
         // Both proxy: the child's destinations within the parent's, by the proxy's own lookup.
-        let policy = |s: &Spec| warren_netproxy::Policy::new(s.proxy.clone());
+        let policy = |s: &Spec| warren_proto::net::Policy::new(s.proxy.clone());
         for why in policy(parent).widenings(&policy(child)) {
             out.push(Widened::NetProxy { why });
         }

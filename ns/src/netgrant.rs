@@ -22,8 +22,8 @@ use std::time::Duration;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use nix::sys::socket::{self, AddressFamily, Backlog, SockFlag, SockType, SockaddrIn, sockopt};
-use warren_netproxy::Pattern;
-use warren_netproxy::grant::{CONTROL, GrantRecord};
+use warren_proto::net::Pattern;
+use warren_proto::net::{CONTROL, GrantRecord};
 
 use crate::confine::guard::ProtectedDirs;
 use crate::spec::PROXY_PORT;
@@ -36,7 +36,7 @@ pub struct NetProxyTarget {
     /// The namespace's id in `/ns`.
     pub namespace: String,
     /// Itself and the namespaces that cloned it, for the gate (`mount_server::member`).
-    pub lineage: warren_gate::lineage::Lineage,
+    pub lineage: warren_proto::lineage::Lineage,
 }
 
 /// A granted `net proxy` namespace: its network namespace (for the holder to join), and the
@@ -106,7 +106,7 @@ pub fn grant(
         lineage: Some(target.lineage.clone()),
     };
     let ctl = dirs.control(CONTROL);
-    let control = warren_netproxy::grant::hand_over(&ctl, &record, listener.as_fd())
+    let control = warren_proto::net::hand_over(&ctl, &record, listener.as_fd())
         .map_err(|e| io::Error::new(e.kind(), format!("net proxy: {e}")))?;
     let (ended, keeper) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     std::thread::Builder::new()
@@ -145,7 +145,7 @@ fn keep(
             if readable_within(ended, pause) {
                 return;
             }
-            match warren_netproxy::grant::hand_over(ctl, record, listener.as_fd()) {
+            match warren_proto::net::hand_over(ctl, record, listener.as_fd()) {
                 Ok(c) => break c,
                 Err(e) => tracing::debug!(namespace = record.namespace, "net proxy: {e}"),
             }

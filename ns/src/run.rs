@@ -180,9 +180,9 @@ fn import_line(import: &str) -> Result<String, SpecError> {
     let (Some(peer), Some(tree), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
         return Err(refused("expected PEER:TREE:PATH".into()));
     };
-    let path_file = warren_exportfs::peers::peers_path();
+    let path_file = warren_proto::export::peers::peers_path();
     let peers =
-        warren_exportfs::peers::Peers::load(&path_file).map_err(|e| refused(e.to_string()))?;
+        warren_proto::export::peers::Peers::load(&path_file).map_err(|e| refused(e.to_string()))?;
     let entry = peers
         .by_name(peer)
         .ok_or_else(|| refused(format!("no peer {peer} in {}", path_file.display())))?;

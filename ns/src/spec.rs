@@ -111,7 +111,7 @@ pub struct ToolAuthority {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ToolNet {
     pub name: String,
-    pub proxy: Vec<warren_netproxy::Pattern>,
+    pub proxy: Vec<warren_proto::net::Pattern>,
 }
 
 /// The tools whose worker may be given the network: those that exec programs.
@@ -175,9 +175,9 @@ pub struct Spec {
     pub tools: Vec<ToolAuthority>,
     /// `None` when the spec does not say; treated as `net none`.
     pub net: Option<Net>,
-    /// `net proxy PATTERN…`: the destinations, as `warren_netproxy::Pattern` parses them; empty
+    /// `net proxy PATTERN…`: the destinations, as `warren_proto::net::Pattern` parses them; empty
     /// unless `net` is `Some(Net::Proxy)`.
-    pub proxy: Vec<warren_netproxy::Pattern>,
+    pub proxy: Vec<warren_proto::net::Pattern>,
     /// `tool NAME net proxy …` lines: the tools whose workers get the network.
     pub tool_nets: Vec<ToolNet>,
     pub env: Vec<String>,
@@ -652,7 +652,7 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                                 );
                             };
                             check_shown(&ctx, k, "PEER")?;
-                            if !warren_exportfs::peers::valid_name(&k.text) {
+                            if !warren_proto::export::peers::valid_name(&k.text) {
                                 return Err(ctx.err(
                                     k,
                                     format!(
@@ -734,7 +734,9 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                         );
                     }
                     if names.len() > 1
-                        || names.iter().any(|t| !warren_exportfs::peers::valid_name(t))
+                        || names
+                            .iter()
+                            .any(|t| !warren_proto::export::peers::valid_name(t))
                     {
                         return Err(ctx.err_at(
                             ctx.end(),
@@ -889,7 +891,7 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                         }
                         for p in rest {
                             // The proxy's own parser: what nsd hands it is what it would parse.
-                            let pattern: warren_netproxy::Pattern =
+                            let pattern: warren_proto::net::Pattern =
                                 p.text.parse().map_err(|e: String| ctx.err(p, e))?;
                             spec.proxy.push(pattern);
                         }
@@ -1003,7 +1005,10 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
         }
     }
     // A tool's network is never wider than its namespace's.
-    let (net, namespace) = (spec.net(), warren_netproxy::Policy::new(spec.proxy.clone()));
+    let (net, namespace) = (
+        spec.net(),
+        warren_proto::net::Policy::new(spec.proxy.clone()),
+    );
     for ((line, word, source), tool) in pending_nets.into_iter().zip(&mut spec.tool_nets) {
         let ctx = LineCtx {
             file,
@@ -1024,7 +1029,7 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
             tool.proxy = namespace.patterns.clone();
             continue;
         }
-        let widened = namespace.widenings(&warren_netproxy::Policy::new(tool.proxy.clone()));
+        let widened = namespace.widenings(&warren_proto::net::Policy::new(tool.proxy.clone()));
         if let Some(why) = widened.first() {
             return Err(ctx.err(
                 &word,
@@ -1082,7 +1087,7 @@ impl Spec {
 
     /// The destinations `tool`'s worker may reach through the egress proxy: none unless a
     /// `tool NAME net proxy` line names it under a `net proxy` namespace (its list as parsed).
-    pub fn tool_proxy(&self, tool: &str) -> Option<&[warren_netproxy::Pattern]> {
+    pub fn tool_proxy(&self, tool: &str) -> Option<&[warren_proto::net::Pattern]> {
         if self.net() != Net::Proxy {
             return None;
         }
@@ -1561,7 +1566,9 @@ mod tests {
                     // A keyed mount is a peer's tcp! server with at most one tree word.
                     let keyed = matches!(server, Server::Tcp { .. })
                         && spec.len() <= 1
-                        && spec.iter().all(|w| warren_exportfs::peers::valid_name(w));
+                        && spec
+                            .iter()
+                            .all(|w| warren_proto::export::peers::valid_name(w));
                     let plain = key.is_none() && matches!(server, Server::Tcp { .. }) && i % 2 == 0;
                     mounts.push(Mount {
                         key: key.filter(|_| keyed),
@@ -1645,7 +1652,7 @@ mod tests {
     fn a_tools_network_is_within_its_namespaces() {
         let base = "mount tool /tool shell fs_read\nnet proxy api.test '*.pypi.org'\n";
         let all = parse("t.ns", &format!("{base}tool shell net proxy\n")).unwrap();
-        let shown = |p: Option<&[warren_netproxy::Pattern]>| {
+        let shown = |p: Option<&[warren_proto::net::Pattern]>| {
             p.map(|v| v.iter().map(ToString::to_string).collect::<Vec<_>>())
         };
         assert_eq!(

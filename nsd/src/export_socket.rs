@@ -1,5 +1,5 @@
 //! nsd's export socket, `<runtime>/nsd-export.ctl`: exportfs has an authenticated peer's tree
-//! made here, never choosing what it holds (`warren_exportfs::control`).
+//! made here, never choosing what it holds (`warren_proto::export::control`).
 //!
 //! nsd reads the peers file itself and builds the `/tool` grant from the peer's entry exactly as
 //! for a namespace's `mount tool` (a socketpair handed to toolfs's control socket with the
@@ -24,13 +24,12 @@ use warren_daemon::Dirs;
 use warren_daemon::accept::{into_blocking, next_peer, refusal};
 use warren_daemon::identity::Role;
 use warren_daemon::peer::PeerCred;
-use warren_exportfs::control::{ExportRequest, Made, REQUEST_VERSION, answer};
-use warren_exportfs::keys::PublicKey;
-use warren_exportfs::peers::{ASKS_TREE, Peer, Peers, RECEIPTS_TREE};
-use warren_gate::control::{ControlRecord, RECORD_VERSION, RecordKind};
-use warren_gate::lineage::Lineage;
-use warren_gate::scope::CHANNEL_CAP_MAX;
-use warren_toolfs::{GrantRecord, RootGrant, ToolGrant};
+use warren_proto::export::keys::PublicKey;
+use warren_proto::export::peers::{ASKS_TREE, Peer, Peers, RECEIPTS_TREE};
+use warren_proto::export::{ExportRequest, Made, REQUEST_VERSION, answer};
+use warren_proto::gate::{CHANNEL_CAP_MAX, ControlRecord, RECORD_VERSION, RecordKind};
+use warren_proto::lineage::Lineage;
+use warren_proto::toolfs::{GrantRecord, RootGrant, ToolGrant};
 
 use crate::mount_server::{member, tool_connection};
 use warren_ns::confine::guard::Guard;
@@ -173,7 +172,7 @@ fn asks_record(peer: &Peer) -> ControlRecord {
 fn asks_channel(dirs: &Dirs, peer: &Peer) -> Result<std::os::fd::OwnedFd, String> {
     let record = asks_record(peer);
     let (ours, theirs) = UnixStream::pair().map_err(|e| e.to_string())?;
-    warren_gate::control::hand_over(&dirs.control("gate"), &record, &theirs)
+    warren_proto::gate::hand_over(&dirs.control("gate"), &record, &theirs)
         .map_err(|e| format!("hand the peer's asks to the gate: {e}"))?;
     tracing::info!(peer = %peer.name, key = %peer.key.fingerprint(), "a peer's asks");
     Ok(ours.into())
@@ -182,7 +181,7 @@ fn asks_channel(dirs: &Dirs, peer: &Peer) -> Result<std::os::fd::OwnedFd, String
 /// The peer's own session's receipts, as receiptd serves a read-only view of one scope.
 fn receipts_view(dirs: &Dirs, peer: &Peer) -> Result<std::os::fd::OwnedFd, String> {
     let (ours, theirs) = UnixStream::pair().map_err(|e| e.to_string())?;
-    warren_receiptd::control::hand_over(&dirs.control("receipts"), &peer.key.session(), &theirs)
+    warren_proto::receipts::hand_over(&dirs.control("receipts"), &peer.key.session(), &theirs)
         .map_err(|e| format!("hand the peer's receipts to receiptd: {e}"))?;
     tracing::info!(peer = %peer.name, key = %peer.key.fingerprint(), "a peer's receipts");
     Ok(ours.into())
@@ -199,7 +198,7 @@ mod tests {
     fn a_peers_asks_channel_sees_its_own_session_only() {
         let dir = tempfile::tempdir().unwrap();
         let key = |n: &str| {
-            warren_exportfs::keys::HostKey::create(&dir.path().join(n))
+            warren_proto::export::keys::HostKey::create(&dir.path().join(n))
                 .unwrap()
                 .public()
         };
@@ -210,7 +209,7 @@ mod tests {
         ))
         .unwrap();
         let (a, c) = (peers.by_name("a").unwrap(), peers.by_name("c").unwrap());
-        let scope = |p| asks_record(p).scope().unwrap();
+        let scope = |p| warren_gate::control::scope_of(&asks_record(p)).unwrap();
         let (sa, sc) = (scope(a), scope(c));
         assert!(sa.sees_session(&a.key.session()) && !sa.sees_session(&c.key.session()));
         assert!(sc.sees_session(&c.key.session()) && !sc.sees_session(&a.key.session()));

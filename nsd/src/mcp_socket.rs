@@ -22,7 +22,7 @@ use tokio::net::UnixListener;
 use warren_daemon::accept::{into_blocking, next_peer, refusal};
 use warren_daemon::identity::Role;
 use warren_daemon::peer::{PeerCred, peer_cred};
-use warren_mcpfs::config::Transport;
+use warren_proto::mcp::Transport;
 
 use crate::nsd::Nsd;
 use crate::run_socket::{refuse, run_and_follow};
@@ -99,10 +99,10 @@ fn request_for(start: &StartServer, config_dir: &Path, secrets: &Path) -> io::Re
             start.version
         )));
     }
-    if !warren_mcpfs::config::valid_name(&start.server) {
+    if !warren_proto::mcp::valid_name(&start.server) {
         return Err(invalid(format!("`{}` is not a server name", start.server)));
     }
-    let config = warren_mcpfs::ServerConfig::load(config_dir, &start.server)
+    let config = warren_proto::mcp::ServerConfig::load(config_dir, &start.server)
         .map_err(|e| io::Error::new(io::ErrorKind::NotFound, e.to_string()))?;
     let (command, spec) = match config.transport {
         Transport::Stdio { command, spec } => (command, spec),

@@ -45,9 +45,9 @@ use std::time::{Duration, Instant};
 
 use warren_daemon::Dirs;
 use warren_daemon::identity::Role;
-use warren_gate::lineage::{Budget, Lineage, Member};
 use warren_proto::launch::CLIENT_ASKS_PATH;
-use warren_toolfs::{GrantRecord, RootGrant, ToolGrant};
+use warren_proto::lineage::{Budget, Lineage, Member};
+use warren_proto::toolfs::{GrantRecord, RootGrant, ToolGrant};
 
 use warren_ns::confine::fuse::MountServer;
 use warren_ns::handles::ToolRoot;
@@ -119,7 +119,7 @@ pub fn member(session: &str, namespace: &str, command: &[String], limits: &Limit
         namespace: namespace.to_owned(),
         command: command
             .iter()
-            .take(warren_gate::lineage::MAX_COMMAND_WORDS)
+            .take(warren_proto::lineage::MAX_COMMAND_WORDS)
             .map(|w| truncate_word(w))
             .collect(),
         budget: Budget {
@@ -132,7 +132,7 @@ pub fn member(session: &str, namespace: &str, command: &[String], limits: &Limit
 
 /// A command word cut to what a lineage keeps (on a char boundary): it is for display only.
 fn truncate_word(w: &str) -> String {
-    let mut end = w.len().min(warren_gate::lineage::MAX_WORD_BYTES);
+    let mut end = w.len().min(warren_proto::lineage::MAX_WORD_BYTES);
     while !w.is_char_boundary(end) {
         end -= 1;
     }
@@ -197,13 +197,13 @@ impl ServedMounts {
     /// The gate record of the client-asks channel: this namespace's own session only (never a
     /// clone's or another namespace's), `allow once` up to the write tier or `deny`, named
     /// `mcp-client:<namespace id>` in the receipts of what it answers.
-    fn client_asks_record(&self) -> warren_gate::control::ControlRecord {
-        warren_gate::control::ControlRecord {
-            version: warren_gate::control::RECORD_VERSION,
-            kind: warren_gate::control::RecordKind::Channel,
+    fn client_asks_record(&self) -> warren_proto::gate::ControlRecord {
+        warren_proto::gate::ControlRecord {
+            version: warren_proto::gate::RECORD_VERSION,
+            kind: warren_proto::gate::RecordKind::Channel,
             name: Some(format!("mcp-client:{}", self.namespace)),
             sessions: vec![self.session.clone()],
-            cap: Some(warren_gate::scope::CHANNEL_CAP_MAX),
+            cap: Some(warren_proto::gate::CHANNEL_CAP_MAX),
             ..Default::default()
         }
     }
@@ -282,10 +282,10 @@ impl ServedMounts {
 
     /// The control record of this namespace's connection to the gate: it sees its descendants'
     /// asks only.
-    fn gate_record(&self) -> warren_gate::control::ControlRecord {
-        warren_gate::control::ControlRecord {
-            version: warren_gate::control::RECORD_VERSION,
-            kind: warren_gate::control::RecordKind::Namespace,
+    fn gate_record(&self) -> warren_proto::gate::ControlRecord {
+        warren_proto::gate::ControlRecord {
+            version: warren_proto::gate::RECORD_VERSION,
+            kind: warren_proto::gate::RecordKind::Namespace,
             session: Some(self.session.clone()),
             namespace: Some(self.namespace.clone()),
             lineage: Some(self.lineage_record()),
@@ -609,7 +609,7 @@ enum Remake {
         roots: Vec<OwnedFd>,
     },
     Gate {
-        record: warren_gate::control::ControlRecord,
+        record: warren_proto::gate::ControlRecord,
     },
     Mcp {
         record: GrantRecord,
@@ -630,7 +630,7 @@ impl Remake {
             Remake::Tool { record, roots } => return tool_connection(dirs, record, roots),
             Remake::Import(import) => return import.dial(),
             Remake::Mcp { record } => {
-                warren_toolfs::hand_over(&dirs.control("mcpfs"), record, theirs.as_fd(), &[])
+                warren_proto::toolfs::hand_over(&dirs.control("mcpfs"), record, theirs.as_fd(), &[])
                     .map_err(|e| {
                         io::Error::new(
                             e.kind(),
@@ -650,7 +650,7 @@ impl Remake {
                 io::Error::new(e.kind(), format!("hand the /llm connection to llmfs: {e}"))
             })?,
             Remake::Gate { record } => {
-                warren_gate::control::hand_over(&dirs.control("gate"), record, &theirs).map_err(
+                warren_proto::gate::hand_over(&dirs.control("gate"), record, &theirs).map_err(
                     |e| {
                         io::Error::new(
                             e.kind(),
@@ -708,7 +708,7 @@ impl Import {
     /// entry in the peers file as it is now, the tree asked for; then a relay thread that
     /// encrypts what the returned end (the bridge's) carries.
     fn link(&self, tcp: std::net::TcpStream) -> io::Result<OwnedFd> {
-        use warren_exportfs::{keys, peers, wire};
+        use warren_proto::export::{keys, peers, wire};
         let refused = |kind: io::ErrorKind, why: String| {
             io::Error::new(kind, format!("{}: {why}", self.label))
         };
@@ -829,7 +829,7 @@ const REMOTE_APPEND_PATIENCE: Duration = Duration::from_secs(10);
 #[derive(Default)]
 struct RemoteReceipts {
     rt: Option<tokio::runtime::Runtime>,
-    appender: Option<warren_receiptd::client::Appender>,
+    appender: Option<warren_proto::receipts::Appender>,
 }
 
 impl RemoteReceipts {
@@ -851,7 +851,7 @@ impl RemoteReceipts {
                 None => appender.insert(
                     tokio::time::timeout(
                         REMOTE_APPEND_PATIENCE,
-                        warren_receiptd::client::Appender::connect(&dirs.socket("receipts")),
+                        warren_proto::receipts::Appender::connect(&dirs.socket("receipts")),
                     )
                     .await
                     .map_err(|_| "receiptd did not answer the connection".to_owned())?
@@ -924,14 +924,13 @@ pub fn tool_connection(
 ) -> io::Result<OwnedFd> {
     let (ours, theirs) = UnixStream::pair()?;
     let root_fds: Vec<BorrowedFd<'_>> = roots.iter().map(|f| f.as_fd()).collect();
-    warren_toolfs::hand_over(&dirs.control("toolfs"), record, theirs.as_fd(), &root_fds).map_err(
-        |e| {
+    warren_proto::toolfs::hand_over(&dirs.control("toolfs"), record, theirs.as_fd(), &root_fds)
+        .map_err(|e| {
             io::Error::new(
                 e.kind(),
                 format!("hand the /tool connection to toolfs: {e}"),
             )
-        },
-    )?;
+        })?;
     Ok(OwnedFd::from(ours))
 }
 
@@ -1133,7 +1132,7 @@ mod tests {
         let served = ServedMounts::new(dirs, &Spec::default(), Vec::new(), "7", "/x".into())
             .unwrap()
             .client_asks(true);
-        let scope = served.client_asks_record().scope().unwrap();
+        let scope = warren_gate::control::scope_of(&served.client_asks_record()).unwrap();
         assert!(matches!(scope, Scope::Channel { .. }), "{scope:?}");
         assert!(scope.sees_session(served.session()));
         assert!(

@@ -314,7 +314,7 @@ impl Nsd {
                 opts.net_proxy = Some(warren_ns::netgrant::NetProxyTarget {
                     session: session.clone(),
                     namespace: id.to_string(),
-                    lineage: warren_gate::lineage::Lineage(chain),
+                    lineage: warren_proto::lineage::Lineage(chain),
                 });
                 let (started, started_rx) = tokio::sync::oneshot::channel();
                 // Built, recorded and waited for on one blocking thread: the holder's

@@ -363,7 +363,7 @@ fn start(
         opts.net_proxy = Some(warren_ns::netgrant::NetProxyTarget {
             session: session.clone(),
             namespace: id.to_string(),
-            lineage: warren_gate::lineage::Lineage::root(crate::mount_server::member(
+            lineage: warren_proto::lineage::Lineage::root(crate::mount_server::member(
                 &session,
                 &id.to_string(),
                 &request.argv,

@@ -31,8 +31,8 @@ use warren_daemon::Dirs;
 use warren_daemon::accept::{into_blocking, next_peer, refusal};
 use warren_daemon::identity::Role;
 use warren_daemon::peer::PeerCred;
-use warren_toolfs::worker::nsd::{BUILD_VERSION, BuildReply, BuildRequest};
-use warren_toolfs::worker::protocol::RootConfig;
+use warren_proto::worker::protocol::RootConfig;
+use warren_proto::worker::{BUILD_VERSION, BuildReply, BuildRequest};
 
 use warren_ns::confine::binds::{self, PreparedBind};
 use warren_ns::confine::guard::Guard;
@@ -85,7 +85,7 @@ pub struct WorkerScope {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerNet {
     pub target: warren_ns::netgrant::NetProxyTarget,
-    pub patterns: Vec<warren_netproxy::Pattern>,
+    pub patterns: Vec<warren_proto::net::Pattern>,
 }
 
 /// Whose files a namespace's file tools may write as another uid.
@@ -168,7 +168,7 @@ struct Plan {
 
 impl WorkerFactory {
     /// `binary`: the `warren-tool-worker` executable (see
-    /// [`warren_toolfs::worker::worker_program`]).
+    /// [`warren_proto::worker::worker_program`]).
     pub fn new(protected: Dirs, weaker_landlock: bool, binary: PathBuf) -> WorkerFactory {
         WorkerFactory {
             protected,
@@ -441,8 +441,8 @@ pub fn spawn_server(
     weaker_landlock: bool,
     scopes: Arc<dyn WorkerScopes>,
 ) -> io::Result<PathBuf> {
-    let binary = warren_toolfs::worker::worker_program()?;
-    let path = dirs.control(warren_toolfs::worker::nsd::NSD_WORKER_CONTROL);
+    let binary = warren_proto::worker::worker_program()?;
+    let path = dirs.control(warren_proto::worker::NSD_WORKER_CONTROL);
     let listener = warren_daemon::operator::listen(&path)?;
     let factory =
         Arc::new(WorkerFactory::new(dirs.clone(), weaker_landlock, binary).with_scopes(scopes));
@@ -525,7 +525,7 @@ fn check_request(request: &BuildRequest, fds: usize) -> Result<(), String> {
             request.version
         ));
     }
-    if !warren_toolfs::tools::WORKER_TOOLS.contains(&request.tool.as_str()) {
+    if !warren_proto::worker::WORKER_TOOLS.contains(&request.tool.as_str()) {
         return Err(format!("no tool named {:?} runs in a worker", request.tool));
     }
     if request.roots.len() != fds {
@@ -542,7 +542,7 @@ fn check_request(request: &BuildRequest, fds: usize) -> Result<(), String> {
     }
     let under = |path: &str, dir: &str| path == dir || path.starts_with(&format!("{dir}/"));
     for (i, root) in request.roots.iter().enumerate() {
-        warren_toolfs::worker::check_root_path(&root.path).map_err(|e| e.to_string())?;
+        warren_proto::worker::check_root_path(&root.path).map_err(|e| e.to_string())?;
         if root.path == "/" {
             return Err("a root at / would hide the worker's own tree".into());
         }
@@ -744,7 +744,7 @@ fn confine_worker(plan: &mut Plan) -> Result<std::convert::Infallible, String> {
             .collect();
         env.push(format!(
             "{}={}",
-            warren_toolfs::tools::shell::NAMESPACE_LIMITS_ENV,
+            warren_proto::worker::NAMESPACE_LIMITS_ENV,
             words.join(" ")
         ));
     }

@@ -8,12 +8,13 @@
 //! may follow one another on one control connection. The operator socket `llm.sock` is the
 //! operator's own way in and is not this.
 
-use std::io::{self, BufRead, BufReader};
+use std::io;
 use std::os::fd::BorrowedFd;
-use std::os::unix::net::UnixStream;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+
+use crate::control::ReplyForm;
 
 /// The control socket's stem in the runtime dir (`Dirs::control("llmfs")`).
 pub const CONTROL_NAME: &str = "llmfs";
@@ -32,7 +33,7 @@ pub struct LlmGrant {
     /// to the subtree's receipt budgets. nsd always sends it; llmfs with a gate refuses a grant
     /// without it (its calls would be decided for no one's subtree).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lineage: Option<warren_gate::lineage::Lineage>,
+    pub lineage: Option<crate::lineage::Lineage>,
 }
 
 impl LlmGrant {
@@ -65,37 +66,19 @@ impl LlmGrant {
 /// Hands `conn` (the server end of a socketpair) to llmfs with `grant`; returns once llmfs serves
 /// it, or with llmfs's refusal as the error.
 pub fn hand_over(ctl_path: &Path, grant: &LlmGrant, conn: BorrowedFd<'_>) -> io::Result<()> {
-    let sock = UnixStream::connect(ctl_path)?;
-    // Bounded: an llmfs that accepts and never answers must not hold its caller (nsd).
-    sock.set_read_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
-    sock.set_write_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
-    let bytes = serde_json::to_vec(grant).map_err(io::Error::other)?;
-    warren_daemon::handoff::send(&sock, &bytes, &[conn])?;
-    let mut line = String::new();
-    if BufReader::new(&sock).read_line(&mut line)? == 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "llmfs closed the control connection",
-        ));
-    }
-    let line = line.trim_end();
-    match line.strip_prefix("error: ") {
-        None if line == "ok" => Ok(()),
-        None => Err(io::Error::other(format!("llmfs answered {line:?}"))),
-        Some(msg) => Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!("llmfs refused the connection: {msg}"),
-        )),
-    }
+    crate::control::hand_over(
+        ctl_path,
+        grant,
+        &[conn],
+        ReplyForm::Line,
+        "llmfs",
+        "the connection",
+    )
+    .map(drop)
 }
 
 /// The one-line answer to a handed-over grant (llmfs's side).
-pub fn reply_line(result: &Result<(), String>) -> String {
-    match result {
-        Ok(()) => "ok\n".to_owned(),
-        Err(msg) => format!("error: {}\n", msg.replace('\n', " ")),
-    }
-}
+pub use crate::control::reply_line;
 
 #[cfg(test)]
 mod tests {
@@ -129,13 +112,13 @@ mod tests {
         };
         assert!(blank.check().unwrap_err().contains("namespace"));
         // A lineage must start with the grant's own namespace.
-        let member = |session: &str, namespace: &str| warren_gate::lineage::Member {
+        let member = |session: &str, namespace: &str| crate::lineage::Member {
             session: session.into(),
             namespace: namespace.into(),
             ..Default::default()
         };
         let own = LlmGrant {
-            lineage: Some(warren_gate::lineage::Lineage::root(member(
+            lineage: Some(crate::lineage::Lineage::root(member(
                 "0123456789abcdef0123456789abcdef",
                 "7",
             ))),
@@ -143,7 +126,7 @@ mod tests {
         };
         assert_eq!(own.check(), Ok(()));
         let other = LlmGrant {
-            lineage: Some(warren_gate::lineage::Lineage::root(member(
+            lineage: Some(crate::lineage::Lineage::root(member(
                 "fedcba9876543210fedcba9876543210",
                 "8",
             ))),

@@ -4,27 +4,15 @@
 //! peer host reads its own session's receipts over exportfs and nothing else: the scope is
 //! chosen by nsd from the key the peer proved, never by the peer.
 
-use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use tokio::net::UnixListener;
 use warren_daemon::accept::{next_peer, refusal, root_only};
+pub use warren_proto::receipts::{VIEW_VERSION, ViewRecord, hand_over};
 
 use crate::tree::{ReceiptsTree, Shared};
-
-pub const VIEW_VERSION: u32 = 1;
-
-/// What a handed-over connection may read: one scope.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ViewRecord {
-    pub version: u32,
-    pub scope: String,
-}
 
 /// Serves the control socket for ever.
 pub async fn serve_control(shared: Arc<Shared>, listener: UnixListener) {
@@ -42,10 +30,7 @@ pub async fn serve_control(shared: Arc<Shared>, listener: UnixListener) {
             if let Err(msg) = &result {
                 tracing::warn!("view refused: {msg}");
             }
-            let line = match &result {
-                Ok(()) => "ok\n".to_owned(),
-                Err(msg) => format!("error: {}\n", msg.replace('\n', " ")),
-            };
+            let line = warren_proto::control::reply_line(&result);
             let _ = warren_daemon::handoff::send_async(&sock, line.as_bytes(), &[]).await;
         });
     }
@@ -79,30 +64,4 @@ fn accept(shared: Arc<Shared>, record: &[u8], fds: Vec<OwnedFd>) -> Result<(), S
         }
     });
     Ok(())
-}
-
-/// The trusted side: hands `conn` to receiptd as a view of `scope`, and returns once receiptd
-/// serves it (or with its refusal).
-pub fn hand_over(ctl_path: &Path, scope: &str, conn: impl AsFd) -> io::Result<()> {
-    let sock = UnixStream::connect(ctl_path)?;
-    // Bounded: a receiptd that accepts and never answers must not hold its caller.
-    sock.set_read_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
-    sock.set_write_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
-    let record = ViewRecord {
-        version: VIEW_VERSION,
-        scope: scope.to_owned(),
-    };
-    let bytes = serde_json::to_vec(&record).map_err(io::Error::other)?;
-    warren_daemon::handoff::send(&sock, &bytes, &[conn.as_fd()])?;
-    let (reply, _) = warren_daemon::handoff::recv(&sock)?;
-    let line = String::from_utf8_lossy(&reply);
-    let line = line.trim_end();
-    match line.strip_prefix("error: ") {
-        None if line == "ok" => Ok(()),
-        None => Err(io::Error::other(format!("receiptd answered {line:?}"))),
-        Some(msg) => Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!("receiptd refused the view: {msg}"),
-        )),
-    }
 }

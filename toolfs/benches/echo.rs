@@ -27,14 +27,21 @@ use warren_toolfs::{GrantRecord, ToolGrant};
 /// made directly, each on one long-lived connection as toolfs makes them.
 async fn bare_hops(runtime: &std::path::Path, n: usize) -> (f64, f64) {
     let session = "fedcba9876543210fedcba9876543210";
-    let gate = warren_gate::GateClient::connect(runtime.join("gate.sock"))
+    let gate = warren_proto::gate::GateClient::connect(runtime.join("gate.sock"))
         .await
         .unwrap();
     let t = Instant::now();
     for i in 0..n {
         let args = format!(r#"{{"message":"hello {i}"}}"#);
-        let a = gate.decide(session, "echo", args.as_bytes(), &[]).await;
-        assert_eq!(a.decision, warren_gate::Verdict::Allow, "{}", a.basis);
+        let a = gate
+            .decide(session, "echo", args.as_bytes(), &[], None)
+            .await;
+        assert_eq!(
+            a.decision,
+            warren_proto::gate::Verdict::Allow,
+            "{}",
+            a.basis
+        );
     }
     let decide = t.elapsed().as_secs_f64() * 1e6 / n as f64;
     let appender = warren_receiptd::client::Appender::connect(&runtime.join("receipts.sock"))

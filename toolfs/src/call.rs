@@ -9,8 +9,8 @@ use tokio::task::JoinHandle;
 use warren_9p::{Errno, Result};
 
 use serde_json::json;
-use warren_gate::client::GATE_UNAVAILABLE;
-use warren_gate::{Answer, Verdict};
+use warren_proto::gate::client::{GATE_UNAVAILABLE, unavailable};
+use warren_proto::gate::{Answer, Verdict};
 
 use crate::args::{self, Arguments};
 use crate::dispatch::{Dispatcher, Runnable};
@@ -374,9 +374,9 @@ impl CallOpen {
                 answer
             })
         };
-        let mut answer = deciding.await.unwrap_or_else(|e| {
-            warren_gate::client::unavailable(format!("the gate's decision failed in toolfs: {e}"))
-        });
+        let mut answer = deciding
+            .await
+            .unwrap_or_else(|e| unavailable(format!("the gate's decision failed in toolfs: {e}")));
         if answer.decision == Verdict::Ask {
             answer = match answer.pending {
                 Some(id) => {
@@ -390,7 +390,7 @@ impl CallOpen {
                     }
                     waited
                 }
-                None => warren_gate::client::unavailable("the gate asked without a pending id"),
+                None => unavailable("the gate asked without a pending id"),
             };
         }
         dispatcher.services().hops.decide(started.elapsed());

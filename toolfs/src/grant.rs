@@ -5,68 +5,21 @@
 //! connection with a tree built from exactly that record; nothing the connection later says
 //! (uname, aname) widens it. See `specs/tool-tree.md`.
 
-use std::io::{self, BufRead, BufReader, Write};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::io::{self, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
-use std::path::Path;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use warren_gate::lineage::Lineage;
+pub use warren_proto::toolfs::{
+    ControlClient, GRANT_VERSION, GrantRecord, RootGrant, ToolGrant, hand_over,
+};
 
 use crate::catalog::{Catalog, ToolDef};
 use crate::worker::{Root, ToolAuthority};
 
-/// The only record version this toolfs understands.
-pub const GRANT_VERSION: u32 = 1;
 /// The most roots one tool may be granted.
 pub const MAX_ROOTS_PER_TOOL: usize = 64;
-
-/// The record a trusted peer sends with a connection (JSON on the control socket).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GrantRecord {
-    pub version: u32,
-    /// The namespace's session id: 128 bits as 32 lowercase hex digits.
-    pub session: String,
-    /// The namespace id (for logs and, later, receipts).
-    pub namespace: String,
-    pub tools: Vec<ToolGrant>,
-    /// Kept for the record's shape; nsd, which builds the workers, chooses their uid and gid
-    /// itself (never 0, which is still refused here).
-    pub worker_uid: u32,
-    pub worker_gid: u32,
-    /// Who the namespace is: itself first (its command, its budget), then the namespaces that
-    /// cloned it, up to its subtree's root. Context and budgets follow it (`warren_gate::lineage`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lineage: Option<Lineage>,
-    /// The operator's MCP server whose tools `tools` names (`mount mcp:NAME`): such a record
-    /// goes to mcpfs, and toolfs refuses it. No names then means every tool the operator
-    /// accepted.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub server: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ToolGrant {
-    pub name: String,
-    /// Host directories the tool may touch, in the order their fds follow the connection fd.
-    #[serde(default)]
-    pub roots: Vec<RootGrant>,
-    #[serde(default)]
-    pub network: bool,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RootGrant {
-    /// The path as the tool sees it, e.g. `/home/me/repo`.
-    pub path: String,
-    #[serde(default)]
-    pub writable: bool,
-}
 
 /// One granted tool with its authority (fds included).
 pub struct GrantedTool {
@@ -252,82 +205,7 @@ fn check_root(tool: &str, root: &RootGrant, dir: &OwnedFd) -> Result<(), String>
     Ok(())
 }
 
-/// A client of toolfs's control socket: one long-lived connection over which grants are handed
-/// over one after another, each answered with one line.
-pub struct ControlClient {
-    sock: UnixStream,
-    replies: BufReader<UnixStream>,
-    /// The daemon, as errors name it: the socket's stem (`toolfs`, `mcpfs`).
-    daemon: String,
-}
-
-impl ControlClient {
-    pub fn connect(ctl_path: &Path) -> io::Result<ControlClient> {
-        let sock = UnixStream::connect(ctl_path)?;
-        // Bounded: a toolfs that accepts and never answers must not hold its caller (nsd).
-        sock.set_read_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
-        sock.set_write_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
-        let replies = BufReader::new(sock.try_clone()?);
-        let daemon = ctl_path
-            .file_stem()
-            .map_or_else(|| "the server".into(), |s| s.to_string_lossy().into_owned());
-        Ok(ControlClient {
-            sock,
-            replies,
-            daemon,
-        })
-    }
-
-    /// Hands over `conn` (the server end of a socketpair) with its grant and root fds (one per
-    /// root, in record order). Returns when toolfs has accepted the grant and serves `conn`, or
-    /// with toolfs's refusal as the error message.
-    pub fn hand_over(
-        &mut self,
-        record: &GrantRecord,
-        conn: BorrowedFd<'_>,
-        root_fds: &[BorrowedFd<'_>],
-    ) -> io::Result<()> {
-        let bytes = serde_json::to_vec(record).map_err(io::Error::other)?;
-        let mut fds = Vec::with_capacity(1 + root_fds.len());
-        fds.push(conn);
-        fds.extend_from_slice(root_fds);
-        warren_daemon::handoff::send(&self.sock, &bytes, &fds)?;
-        let mut line = String::new();
-        if self.replies.read_line(&mut line)? == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!("{} closed the control connection", self.daemon),
-            ));
-        }
-        match line.trim_end().strip_prefix("error: ") {
-            None if line.trim_end() == "ok" => Ok(()),
-            None => Err(io::Error::other(format!(
-                "{} answered {line:?}",
-                self.daemon
-            ))),
-            Some(msg) => Err(io::Error::new(
-                io::ErrorKind::PermissionDenied,
-                format!("{} refused the grant: {msg}", self.daemon),
-            )),
-        }
-    }
-}
-
-/// Connects to the control socket and hands over one connection (see [`ControlClient::hand_over`]).
-pub fn hand_over(
-    ctl_path: &Path,
-    record: &GrantRecord,
-    conn: impl AsFd,
-    root_fds: &[BorrowedFd<'_>],
-) -> io::Result<()> {
-    ControlClient::connect(ctl_path)?.hand_over(record, conn.as_fd(), root_fds)
-}
-
 /// Writes the one-line answer to a handed-over grant (the server side of the protocol).
 pub(crate) fn write_reply(mut sock: &UnixStream, result: &Result<(), String>) -> io::Result<()> {
-    let line = match result {
-        Ok(()) => "ok\n".to_owned(),
-        Err(msg) => format!("error: {}\n", msg.replace('\n', " ")),
-    };
-    sock.write_all(line.as_bytes())
+    sock.write_all(warren_proto::control::reply_line(result).as_bytes())
 }

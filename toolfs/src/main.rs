@@ -12,11 +12,12 @@ use std::sync::Arc;
 
 use clap::Parser;
 use warren_daemon::Dirs;
+use warren_proto::gate::GateClient;
 use warren_toolfs::catalog::Catalog;
 use warren_toolfs::control::Server;
 use warren_toolfs::echo::EchoJournal;
 use warren_toolfs::effects::Receipts;
-use warren_toolfs::gate::{self, GateLink};
+use warren_toolfs::gate;
 use warren_toolfs::services::Services;
 use warren_toolfs::tree::TreeLimits;
 use warren_toolfs::worker::nsd::{NSD_WORKER_CONTROL, WorkerBuilder};
@@ -91,7 +92,7 @@ fn main() -> anyhow::Result<()> {
             .build()?,
     };
     let result = runtime.block_on(async move {
-        let gate = GateLink::inherited(gate_fd).await;
+        let gate = GateClient::inherited(gate_fd).await;
         let workers = WorkerBuilder::new(
             args.nsd_workers
                 .clone()

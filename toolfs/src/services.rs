@@ -10,11 +10,11 @@ use warren_gate::policy::ContextState;
 
 use crate::echo::EchoJournal;
 use crate::effects::Receipts;
-use crate::gate::GateLink;
 use crate::worker::nsd::WorkerBuilder;
+use warren_proto::gate::GateClient;
 
 pub struct Services {
-    pub gate: GateLink,
+    pub gate: GateClient,
     pub receipts: Receipts,
     pub journal: Arc<EchoJournal>,
     /// nsd's worker socket: every worker is built there, or the call is refused.
@@ -27,7 +27,7 @@ pub struct Services {
 
 impl Services {
     pub fn new(
-        gate: GateLink,
+        gate: GateClient,
         receipts: Receipts,
         journal: EchoJournal,
         workers: WorkerBuilder,

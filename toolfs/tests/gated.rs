@@ -328,7 +328,10 @@ async fn without_a_gate_every_call_is_denied() {
     let (_c, root) = d.granted(&record(&["echo"]), &[]).await;
     let env = call_envelope(&root, "echo", br#"{"n":1}"#).await;
     assert_eq!(env.status, Status::Denied, "{env:?}");
-    assert_eq!(env.basis.as_deref(), Some(warren_toolfs::gate::NO_GATE));
+    assert_eq!(
+        env.basis.as_deref(),
+        Some(warren_proto::gate::client::NO_GATE)
+    );
     assert_eq!(env.receipt, None);
     let (_c, op) = d.operator().await;
     let env = call_envelope(&op, "echo", br#"{"n":2}"#).await;

@@ -5,60 +5,10 @@
 //! allow, and [`tighten`] takes the strictest of the engine's verdict and every requirement, so a
 //! state (or any set of states, in any order) can only move a verdict towards deny.
 
-use std::fmt;
-use std::str::FromStr;
-
-use serde::{Deserialize, Serialize};
-
 use super::tier::ToolClass;
 use super::verdict::Verdict;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ContextState {
-    /// toolfs: the session has been handed tainted content (a tool result it marked untrusted).
-    UntrustedContext,
-    /// receiptd: receipts are degraded (a floor, a signer problem).
-    ReceiptsDegraded,
-    /// A budget (calls, tokens, money) is spent.
-    OverBudget,
-    /// Nobody is at the machine to answer an ask.
-    Unattended,
-}
-
-impl ContextState {
-    pub const ALL: [ContextState; 4] = [
-        ContextState::UntrustedContext,
-        ContextState::ReceiptsDegraded,
-        ContextState::OverBudget,
-        ContextState::Unattended,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ContextState::UntrustedContext => "untrusted_context",
-            ContextState::ReceiptsDegraded => "receipts_degraded",
-            ContextState::OverBudget => "over_budget",
-            ContextState::Unattended => "unattended",
-        }
-    }
-}
-
-impl fmt::Display for ContextState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for ContextState {
-    type Err = String;
-    fn from_str(s: &str) -> Result<ContextState, String> {
-        ContextState::ALL
-            .into_iter()
-            .find(|c| c.as_str() == s)
-            .ok_or_else(|| format!("unknown context state {s:?}"))
-    }
-}
+pub use warren_proto::gate::ContextState;
 
 /// What a state requires of a call. There is deliberately no `Allow`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,57 +7,7 @@
 //! tier its operator's definition gives the tool, which mcpfs names with each call and the gate
 //! takes from mcpfs's connection alone (`crate::tree`); without it the tool is dynamic.
 
-use std::fmt;
-use std::str::FromStr;
-
-use serde::{Deserialize, Serialize};
-
-/// The risk tiers, least to most risky.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Tier {
-    Read,
-    Write,
-    Exec,
-    Network,
-    Destructive,
-}
-
-impl Tier {
-    pub const ALL: [Tier; 5] = [
-        Tier::Read,
-        Tier::Write,
-        Tier::Exec,
-        Tier::Network,
-        Tier::Destructive,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Tier::Read => "read",
-            Tier::Write => "write",
-            Tier::Exec => "exec",
-            Tier::Network => "network",
-            Tier::Destructive => "destructive",
-        }
-    }
-}
-
-impl fmt::Display for Tier {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Tier {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Tier, String> {
-        Tier::ALL
-            .into_iter()
-            .find(|t| t.as_str() == s)
-            .ok_or_else(|| format!("unknown tier {s:?}"))
-    }
-}
+pub use warren_proto::gate::Tier;
 
 /// The code-owned table of core tool names. Network and destructive have no core tool yet
 /// (`web_fetch` would be network); destructive is reached by the shell risk raise. The second

@@ -1,48 +1,10 @@
 //! Verdicts and what answered them.
 
 use std::fmt;
-use std::str::FromStr;
-
-use serde::{Deserialize, Serialize};
 
 use super::context::ContextState;
 
-/// A decision, ordered by strictness: `Allow < Ask < Deny`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Verdict {
-    Allow,
-    Ask,
-    Deny,
-}
-
-impl Verdict {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Verdict::Allow => "allow",
-            Verdict::Ask => "ask",
-            Verdict::Deny => "deny",
-        }
-    }
-}
-
-impl fmt::Display for Verdict {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Verdict {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Verdict, String> {
-        match s {
-            "allow" => Ok(Verdict::Allow),
-            "ask" => Ok(Verdict::Ask),
-            "deny" => Ok(Verdict::Deny),
-            _ => Err(format!("unknown verdict {s:?} (allow, ask or deny)")),
-        }
-    }
-}
+pub use warren_proto::gate::Verdict;
 
 /// What answered a decision. Rendered as `kind` or `kind:detail` (see `specs/gate-tree.md`).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -107,7 +107,7 @@ fn serve(weaker_landlock: bool) -> ExitCode {
                 tokio::spawn(warren_nsd::mcp_socket::accept_loop(
                     l,
                     nsd.for_operator(0),
-                    warren_mcpfs::config::config_dir(),
+                    warren_proto::mcp::config_dir(),
                     dirs.secrets.clone(),
                 ));
             }
@@ -117,13 +117,13 @@ fn serve(weaker_landlock: bool) -> ExitCode {
             }
         }
         // exportfs's peers: each authenticated peer's /tool, built from its peers entry.
-        let export_path = dirs.control(warren_exportfs::control::CONTROL);
+        let export_path = dirs.control(warren_proto::export::CONTROL);
         match warren_daemon::operator::listen(&export_path) {
             Ok(l) => {
                 tokio::spawn(warren_nsd::export_socket::accept_loop(
                     l,
                     dirs.clone(),
-                    warren_exportfs::peers::peers_path(),
+                    warren_proto::export::peers::peers_path(),
                 ));
             }
             Err(e) => {

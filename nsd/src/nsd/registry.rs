@@ -470,7 +470,7 @@ impl Nsd {
 
     /// The namespaces above a clone, parent first, as its lineage names them (nsd's own
     /// record of who cloned whom; a parent that never ran has no session and ends the chain).
-    pub(crate) fn ancestors(&self, mut parent: Option<u64>) -> Vec<warren_gate::lineage::Member> {
+    pub(crate) fn ancestors(&self, mut parent: Option<u64>) -> Vec<warren_proto::lineage::Member> {
         let spaces = self.shared.spaces.lock().unwrap().clone();
         let mut out = Vec::new();
         while let Some(p) = parent {
@@ -484,7 +484,7 @@ impl Nsd {
                 &space.spec.limits,
             ));
             parent = space.parent;
-            if out.len() >= warren_gate::lineage::MAX_DEPTH - 1 {
+            if out.len() >= warren_proto::lineage::MAX_DEPTH - 1 {
                 break;
             }
         }

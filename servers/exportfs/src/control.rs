@@ -1,5 +1,5 @@
 //! nsd's export socket, `<runtime>/nsd-export.ctl`: how exportfs gets a peer's tree without
-//! ever choosing what it holds.
+//! ever choosing what it holds (the records: `warren_proto::export`).
 //!
 //! exportfs (its uid, or root) sends one [`ExportRequest`] naming an authenticated peer and the
 //! tree it asked for; nsd reads the peers file itself, builds the grant record from the peer's
@@ -10,38 +10,18 @@
 //! toolfs's root-only control socket.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
-use serde::{Deserialize, Serialize};
+pub use warren_proto::export::{CONTROL, ExportRequest, Made, REQUEST_VERSION, answer, ask};
 
 use crate::peers::Peer;
-
-/// The socket's name: `<runtime>/nsd-export.ctl`.
-pub const CONTROL: &str = "nsd-export";
-pub const REQUEST_VERSION: u32 = 1;
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ExportRequest {
-    pub version: u32,
-    /// The peer's name in the peers file, and the key it authenticated with.
-    pub peer: String,
-    pub key: String,
-    pub tree: String,
-}
 
 /// exportfs's backend: asks nsd; serves a directory nsd hands over on `runtime`.
 pub struct NsdBackend {
     pub socket: PathBuf,
     pub runtime: tokio::runtime::Handle,
-}
-
-/// What nsd answers: a 9P connection, or a directory for exportfs to serve.
-pub enum Made {
-    Connection(OwnedFd),
-    Directory(OwnedFd),
 }
 
 impl crate::server::Backend for NsdBackend {
@@ -64,39 +44,4 @@ pub fn serve_dir(runtime: &tokio::runtime::Handle, dir: OwnedFd) -> io::Result<U
         }
     });
     Ok(ours)
-}
-
-fn ask(socket: &PathBuf, peer: &Peer, tree: &str) -> io::Result<Made> {
-    let sock = UnixStream::connect(socket)
-        .map_err(|e| io::Error::new(e.kind(), format!("connect {}: {e}", socket.display())))?;
-    sock.set_read_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
-    let record = serde_json::to_vec(&ExportRequest {
-        version: REQUEST_VERSION,
-        peer: peer.name.clone(),
-        key: peer.key.to_string(),
-        tree: tree.to_owned(),
-    })?;
-    warren_daemon::handoff::send(&sock, &record, &[])?;
-    let (reply, mut fds) = warren_daemon::handoff::recv(&sock)?;
-    if fds.len() == 1 && (reply == b"ok" || reply == b"dir") {
-        let fd = fds.pop().expect("one fd");
-        return Ok(if reply == b"ok" {
-            Made::Connection(fd)
-        } else {
-            Made::Directory(fd)
-        });
-    }
-    let text = String::from_utf8_lossy(&reply);
-    Err(io::Error::other(
-        text.strip_prefix("error: ").unwrap_or(&text).to_owned(),
-    ))
-}
-
-/// nsd's answer on the export socket.
-pub fn answer(sock: &UnixStream, result: Result<Made, String>) -> io::Result<()> {
-    match result {
-        Ok(Made::Connection(fd)) => warren_daemon::handoff::send(sock, b"ok", &[fd.as_fd()]),
-        Ok(Made::Directory(fd)) => warren_daemon::handoff::send(sock, b"dir", &[fd.as_fd()]),
-        Err(why) => warren_daemon::handoff::send(sock, format!("error: {why}").as_bytes(), &[]),
-    }
 }

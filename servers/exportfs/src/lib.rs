@@ -10,7 +10,7 @@
 
 pub mod control;
 pub mod dir;
-pub mod keys;
-pub mod peers;
 pub mod server;
-pub mod wire;
+
+/// The link's keys, peers file and wire (shared with nsd, which dials).
+pub use warren_proto::export::{keys, peers, wire};

@@ -13,14 +13,14 @@ use warren_proto::llm::{LlmGrant, reply_line};
 
 use crate::gate::ModelGate;
 use crate::tree::LlmTree;
-use warren_toolfs::gate::GateLink;
+use warren_proto::gate::GateClient;
 
 /// Serves the control socket forever; `make` builds the tree for a connection (with no scope);
 /// `gate` decides each namespace's model calls (None: `--no-gate`, they are not decided).
 pub async fn serve_control(
     listener: UnixListener,
     make: Arc<dyn Fn() -> LlmTree + Send + Sync>,
-    gate: Option<Arc<GateLink>>,
+    gate: Option<Arc<GateClient>>,
     limits: warren_9p::Limits,
 ) {
     loop {
@@ -60,7 +60,7 @@ fn accept(
     record: &[u8],
     fds: Vec<OwnedFd>,
     make: &(dyn Fn() -> LlmTree + Send + Sync),
-    gate: Option<&Arc<GateLink>>,
+    gate: Option<&Arc<GateClient>>,
     limits: &warren_9p::Limits,
     runtime: &tokio::runtime::Handle,
 ) -> Result<(), String> {

@@ -16,14 +16,14 @@ use tokio::time::Instant;
 use warren_gate::Verdict;
 use warren_gate::lineage::Lineage;
 use warren_gate::receipts::Ack;
-use warren_toolfs::gate::GateLink;
+use warren_proto::gate::GateClient;
 
 /// The tool name a model call is decided as (the gate's tier table has it).
 pub use warren_gate::request::LLM_TOOL;
 
 /// One namespace's connection's way through the gate.
 pub struct ModelGate {
-    link: Arc<GateLink>,
+    link: Arc<GateClient>,
     /// nsd's lineage of the namespace, as the gate takes it with a decide.
     lineage: Box<serde_json::value::RawValue>,
     /// The subtree's budget keys, for the `query` receipt.
@@ -40,7 +40,7 @@ impl ModelGate {
     /// The gate for the connection of the namespace `lineage` names (checked by the grant).
     /// A grant without a lineage gets no gate (`crate::control` refuses it): a call decided
     /// without one would be charged to no subtree's budgets and counted in no subtree's asks.
-    pub fn new(link: Arc<GateLink>, lineage: &Lineage) -> Result<ModelGate, String> {
+    pub fn new(link: Arc<GateClient>, lineage: &Lineage) -> Result<ModelGate, String> {
         Ok(ModelGate {
             link,
             lineage: serde_json::value::to_raw_value(lineage).map_err(|e| e.to_string())?,

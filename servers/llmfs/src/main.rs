@@ -156,7 +156,7 @@ fn main() -> anyhow::Result<()> {
             None
         } else {
             Some(Arc::new(
-                warren_toolfs::gate::GateLink::inherited(gate_fd).await,
+                warren_proto::gate::GateClient::inherited(gate_fd).await,
             ))
         };
         // The control socket first: once `llm.sock` answers, both do.

@@ -10,32 +10,11 @@
 //!   never lower it — `readOnlyHint: true` makes nothing cheaper.
 //! - The **gate name** is `mcp:<server>:<tool>`, which can never be a built-in tool's name.
 
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-/// The gate's tiers (docs/gate.md), in the gate's own words.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Tier {
-    Read,
-    Write,
-    Network,
-    Exec,
-    Destructive,
-}
-
-impl Tier {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Tier::Read => "read",
-            Tier::Write => "write",
-            Tier::Network => "network",
-            Tier::Exec => "exec",
-            Tier::Destructive => "destructive",
-        }
-    }
-}
+/// The gate's tiers (docs/gate.md): the operator's definition names one per tool.
+pub use warren_proto::gate::Tier;
 
 /// One tool as a server listed it, kept as the server's JSON (the fields warren reads are
 /// checked; the rest is carried untouched).

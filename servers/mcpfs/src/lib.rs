@@ -8,7 +8,8 @@
 //! result becomes ([`result`]: untrusted data, text as text, everything else described by type,
 //! size and digest). The contract is `docs/mcp.md`.
 
-pub mod config;
+/// The operator's definition of a server (nsd reads it too, to start a stdio server).
+pub use warren_proto::mcp as config;
 pub mod definition;
 pub mod pins;
 pub mod result;

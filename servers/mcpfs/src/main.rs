@@ -9,11 +9,12 @@ use std::sync::Arc;
 use clap::Parser;
 use warren_daemon::Dirs;
 use warren_mcpfs::served::Servers;
+use warren_proto::gate::GateClient;
 use warren_toolfs::catalog::Catalog;
 use warren_toolfs::control::Server;
 use warren_toolfs::echo::EchoJournal;
 use warren_toolfs::effects::Receipts;
-use warren_toolfs::gate::{self, GateLink};
+use warren_toolfs::gate;
 use warren_toolfs::services::Services;
 use warren_toolfs::tree::TreeLimits;
 use warren_toolfs::worker::nsd::{NSD_WORKER_CONTROL, WorkerBuilder};
@@ -51,7 +52,7 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let result = runtime.block_on(async move {
-        let gate = GateLink::inherited(gate_fd).await;
+        let gate = GateClient::inherited(gate_fd).await;
         // MCP tools run in no worker: the builder is never asked.
         let services = Services::new(
             gate,

@@ -271,7 +271,7 @@ fn tool_def(
         runner,
     )?
     .gated_as(def.gate_name(&served.name))
-    .at_tier(tier.as_str().parse()?))
+    .at_tier(tier))
 }
 
 /// One server: its live session (started on first use) and its restarts.

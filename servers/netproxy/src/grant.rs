@@ -8,80 +8,26 @@
 //! SCM_RIGHTS), answered with one line, `ok` or `error: <why>`, as toolfs's and mcpfs's control
 //! sockets answer.
 
-use std::io::{self, BufRead, BufReader};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::Path;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use warren_gate::policy::Verdict;
+use warren_proto::gate::GateClient;
+pub use warren_proto::net::{CONTROL, GrantRecord, hand_over};
 use warren_toolfs::effects::{ReceiptSlot, Receipts};
-use warren_toolfs::gate::GateLink;
 
 use crate::{Decide, Decision, Policy, Record, Records, Resolver, Session};
-
-/// The control socket's stem: `<runtime>/netproxy.ctl`.
-pub const CONTROL: &str = "netproxy";
-
-/// What nsd hands over with a namespace's listener.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GrantRecord {
-    pub version: u32,
-    /// The namespace's session id: the receipts' scope and the gate's session.
-    pub session: String,
-    /// The namespace's id in `/ns`, for logs.
-    pub namespace: String,
-    /// The spec's `net proxy` patterns, as written by `Pattern`'s `Display`.
-    pub patterns: Vec<String>,
-    /// Who the namespace is (itself, then the namespaces that cloned it), as nsd records it:
-    /// sent with each gate request, so a clone's ask is its subtree's (specs/gate-tree.md).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lineage: Option<warren_gate::lineage::Lineage>,
-}
-
-/// Hands `listener` over with `record` on `ctl_path` and returns the control connection once
-/// the proxy has answered `ok`. Keep it open for as long as the namespace runs: closing it ends
-/// the session.
-pub fn hand_over(
-    ctl_path: &Path,
-    record: &GrantRecord,
-    listener: BorrowedFd<'_>,
-) -> io::Result<std::os::unix::net::UnixStream> {
-    let sock = std::os::unix::net::UnixStream::connect(ctl_path)?;
-    // Bounded: a proxy that accepts and never answers must not hold nsd.
-    sock.set_read_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
-    sock.set_write_timeout(Some(warren_daemon::handoff::REPLY_TIMEOUT))?;
-    let bytes = serde_json::to_vec(record).map_err(io::Error::other)?;
-    warren_daemon::handoff::send(&sock, &bytes, &[listener])?;
-    let mut line = String::new();
-    BufReader::new(&sock).read_line(&mut line)?;
-    match line.trim_end() {
-        "ok" => Ok(sock),
-        "" => Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "netproxy closed the control connection",
-        )),
-        other => Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!(
-                "netproxy refused the grant: {}",
-                other.strip_prefix("error: ").unwrap_or(other)
-            ),
-        )),
-    }
-}
 
 /// What every granted session shares: the resolver, the gate connection, the receipt queue and
 /// the records' own sink.
 pub struct Grants {
     pub resolver: Resolver,
     /// `None`: every listed destination is allowed (tests). The daemon always has one; a
-    /// daemon given no gate connection has `GateLink::none()`, which denies.
-    pub gate: Option<Arc<GateLink>>,
+    /// daemon given no gate connection has `GateClient::none()`, which denies.
+    pub gate: Option<Arc<GateClient>>,
     pub receipts: Option<Arc<Receipts>>,
     pub records: Records,
 }
@@ -126,7 +72,7 @@ impl Grants {
             Ok(_) => "ok\n".to_string(),
             Err(msg) => {
                 tracing::warn!("grant refused: {msg}");
-                format!("error: {}\n", msg.replace('\n', " "))
+                warren_proto::control::reply_line(&Err(msg.clone()))
             }
         };
         if let Err(e) = sock.write_all(reply.as_bytes()).await {
@@ -248,7 +194,7 @@ fn receipt(slot: ReceiptSlot, scope: &str, record: &Record) {
 /// The gate behind [`Decide`]: `net:<host>:<port>` at the network tier, in the namespace's
 /// session; an ask is waited for.
 pub struct GateDecide {
-    pub gate: Arc<GateLink>,
+    pub gate: Arc<GateClient>,
     pub session: String,
     pub lineage: Option<Box<serde_json::value::RawValue>>,
 }

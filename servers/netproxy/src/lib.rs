@@ -9,7 +9,8 @@
 
 pub mod decide;
 pub mod grant;
-pub mod policy;
+/// The destination patterns a grant lists (the record's language, shared with nsd).
+pub use warren_proto::net::policy;
 pub mod record;
 pub mod resolve;
 pub mod session;

@@ -167,7 +167,8 @@ fn records(args: &Args) -> anyhow::Result<Records> {
 
 /// `--control`: the daemon `warren-supervisor` runs (see [`warren_netproxy::grant`]).
 fn control(args: Args) -> anyhow::Result<()> {
-    use warren_toolfs::gate::{self, GateLink};
+    use warren_proto::gate::GateClient;
+    use warren_toolfs::gate;
     let gate_fd = gate::take_inherited_fd()?;
     let dirs = warren_daemon::Dirs::from_env();
     let (resolver, records) = (resolver(&args)?, records(&args)?);
@@ -176,7 +177,7 @@ fn control(args: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let result = runtime.block_on(async move {
-        let gate = GateLink::inherited(gate_fd).await;
+        let gate = GateClient::inherited(gate_fd).await;
         let receipts = Arc::new(warren_toolfs::effects::Receipts::start(
             dirs.socket("receipts"),
         ));

@@ -29,7 +29,7 @@ pub struct ToolSpec {
 }
 
 /// The names the worker binary runs.
-pub const WORKER_TOOLS: [&str; 5] = ["fs_read", "fs_list", "fs_write", "fs_edit", "shell"];
+pub use warren_proto::worker::WORKER_TOOLS;
 
 /// One root inside the worker: the path the tool sees and the directory fd it resolves from.
 pub struct RootDir {

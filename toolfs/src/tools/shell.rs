@@ -58,9 +58,8 @@ pub const DEFAULT_PROCESSES: u64 = 256;
 pub const DEFAULT_MEMORY: u64 = 8 << 30;
 /// The most CPU time each process of a command may use.
 pub const DEFAULT_CPU_S: u64 = MAX_TIMEOUT_S;
-/// nsd puts the calling namespace's limits here (`pids=N mem=BYTES cpu=SECONDS`, each word
-/// only when the namespace sets it) in the worker's environment; commands never see it.
-pub const NAMESPACE_LIMITS_ENV: &str = "WARREN_NS_LIMITS";
+/// Where nsd puts the calling namespace's limits in the worker's environment.
+pub use warren_proto::worker::NAMESPACE_LIMITS_ENV;
 
 /// What one command may use: the tool's defaults, lowered to the namespace's limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,7 +7,6 @@
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::process::Child;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,16 +20,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub mod nsd;
 pub mod privilege;
-pub mod protocol;
+pub use warren_proto::worker::protocol;
 pub mod serve;
 mod unconfined;
 
 use protocol::{FromWorker, Incoming, PROTOCOL_VERSION, RootConfig, ToWorker};
 
-/// Environment variable naming the worker binary (default: `warren-tool-worker` beside the
-/// current executable).
-pub const WORKER_ENV: &str = "WARREN_TOOL_WORKER";
-pub const WORKER_BINARY: &str = "warren-tool-worker";
 /// How long a new worker may take to answer Hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long toolfs waits past a call's timeout for the worker's own timeout answer before it
@@ -471,52 +466,4 @@ fn check_tool(tool: &str) -> io::Result<()> {
     }
 }
 
-/// A root path must be absolute and plain (no `.`/`..`/empty components), or the longest-prefix
-/// match in the worker would be ambiguous.
-pub fn check_root_path(path: &str) -> io::Result<()> {
-    let plain = path.starts_with('/')
-        && !path.contains('\0')
-        && (path == "/"
-            || path[1..]
-                .split('/')
-                .all(|c| !c.is_empty() && c != "." && c != ".."));
-    if plain {
-        Ok(())
-    } else {
-        Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("root path {path:?} must be absolute and normalised"),
-        ))
-    }
-}
-
-/// `$WARREN_TOOL_WORKER`, else `warren-tool-worker` beside the current executable (or one
-/// directory up, where cargo puts binaries when the current executable is a test in `deps/` or an
-/// example in `examples/`).
-pub fn worker_program() -> io::Result<PathBuf> {
-    if let Some(path) = std::env::var_os(WORKER_ENV) {
-        return Ok(PathBuf::from(path));
-    }
-    let exe = std::env::current_exe()?;
-    let dir = exe
-        .parent()
-        .ok_or_else(|| io::Error::other("the current executable has no directory"))?;
-    let mut tried = vec![dir.join(WORKER_BINARY)];
-    if dir
-        .file_name()
-        .is_some_and(|n| n == "deps" || n == "examples")
-        && let Some(up) = dir.parent()
-    {
-        tried.push(up.join(WORKER_BINARY));
-    }
-    tried.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
-        let names: Vec<String> = tried.iter().map(|p| p.display().to_string()).collect();
-        io::Error::new(
-            io::ErrorKind::NotFound,
-            format!(
-                "no {WORKER_BINARY} at {} (set {WORKER_ENV})",
-                names.join(" or ")
-            ),
-        )
-    })
-}
+pub use warren_proto::worker::{WORKER_BINARY, WORKER_ENV, check_root_path, worker_program};

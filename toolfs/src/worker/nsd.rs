@@ -6,54 +6,14 @@
 //! holds the worker (readable once the worker is gone). toolfs never starts a worker itself.
 
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::net::UnixStream;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+pub use warren_proto::worker::{
+    BUILD_VERSION, BuildReply, BuildRequest, NSD_WORKER_CONTROL, request_worker,
+};
 
-use super::protocol::RootConfig;
 use super::{Launched, Teardown, ToolAuthority};
-
-/// `Dirs::control(NSD_WORKER_CONTROL)` is nsd's worker socket.
-pub const NSD_WORKER_CONTROL: &str = "nsd-workers";
-pub const BUILD_VERSION: u32 = 1;
-/// How long a build may take before toolfs gives up (and the call is answered as an error).
-const BUILD_TIMEOUT: Duration = Duration::from_secs(20);
-
-/// toolfs → nsd: build a worker for one tool of one namespace. Followed by one O_PATH directory
-/// fd per root, in order (the fds toolfs received with the namespace's grant).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BuildRequest {
-    pub version: u32,
-    pub session: String,
-    pub namespace: String,
-    pub tool: String,
-    pub roots: Vec<RootConfig>,
-    pub network: bool,
-}
-
-/// nsd → toolfs. `ok`: three fds follow (channel, lifeline, holder pidfd); else none, and
-/// `error` says why the worker cannot be built.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct BuildReply {
-    pub ok: bool,
-    #[serde(default)]
-    pub error: String,
-    /// The uid and gid the worker runs as (nsd's choice, never 0).
-    #[serde(default)]
-    pub uid: u32,
-    #[serde(default)]
-    pub gid: u32,
-    /// The worker's pid in its own pid namespace (1) and the holder's host pid.
-    #[serde(default)]
-    pub pid: i32,
-    #[serde(default)]
-    pub holder_pid: i32,
-}
 
 /// Where nsd's worker socket is.
 #[derive(Clone, Debug)]
@@ -95,9 +55,6 @@ fn request(
     tool: &str,
     authority: &ToolAuthority,
 ) -> io::Result<Launched> {
-    let sock = UnixStream::connect(control)?;
-    sock.set_read_timeout(Some(BUILD_TIMEOUT))?;
-    sock.set_write_timeout(Some(BUILD_TIMEOUT))?;
     let record = BuildRequest {
         version: BUILD_VERSION,
         session: session.to_string(),
@@ -106,44 +63,17 @@ fn request(
         roots: authority.root_configs(),
         network: authority.network,
     };
-    let bytes = serde_json::to_vec(&record).map_err(io::Error::other)?;
     let fds: Vec<BorrowedFd<'_>> = authority.roots.iter().map(|r| r.dir.as_fd()).collect();
-    warren_daemon::handoff::send(&sock, &bytes, &fds)?;
-    let (reply, fds) = warren_daemon::handoff::recv(&sock)?;
-    let reply: BuildReply = serde_json::from_slice(&reply).map_err(|e| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("bad reply from nsd: {e}"),
-        )
-    })?;
-    if !reply.ok {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            format!("nsd refused: {}", reply.error),
-        ));
-    }
-    let [channel, lifeline, holder]: [OwnedFd; 3] =
-        fds.try_into().map_err(|got: Vec<OwnedFd>| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("nsd sent {} fds, not 3", got.len()),
-            )
-        })?;
-    if reply.uid == 0 || reply.gid == 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::PermissionDenied,
-            "nsd named uid or gid 0 for a worker",
-        ));
-    }
+    let built = request_worker(control, &record, &fds)?;
     Ok(Launched {
-        channel: UnixStream::from(channel),
+        channel: built.channel,
         teardown: Teardown::Nsd {
-            lifeline,
-            holder,
-            holder_pid: reply.holder_pid,
+            lifeline: built.lifeline,
+            holder: built.holder,
+            holder_pid: built.reply.holder_pid,
         },
-        uid: reply.uid,
-        gid: reply.gid,
-        pid: reply.pid,
+        uid: built.reply.uid,
+        gid: built.reply.gid,
+        pid: built.reply.pid,
     })
 }

@@ -11,7 +11,7 @@
 //!   and `keys`, nothing else), so that its host can check this host's signed checkpoint.
 //! - `root:TOOL:/PATH` — a read-only root for a granted tool (as a spec's `tool NAME -r PATH`).
 //! - `dir:NAME:/PATH` — the host directory PATH served read-only as the peer's tree NAME (what
-//!   others may read of it: `crate::dir`).
+//!   others may read of it: `warren_exportfs::dir`).
 //! - `asks:local` (the default) or `asks:remote` — whether the peer's host may answer the asks
 //!   its calls raise here. `remote` grants the tree `asks`: the gate's open asks of the peer's
 //!   own session, answered on a capped channel named `peer:<fingerprint>` (`allow once` up to
@@ -26,7 +26,7 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::keys::PublicKey;
+use super::keys::PublicKey;
 
 /// `$WARREN_CONFIG_DIR/peers` (default `/etc/warren/peers`).
 pub fn peers_path() -> PathBuf {

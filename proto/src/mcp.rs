@@ -33,7 +33,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::definition::Tier;
+use crate::gate::Tier;
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]

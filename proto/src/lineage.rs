@@ -1,13 +1,13 @@
 //! A namespace's lineage: which namespace cloned which, up to the root of its subtree. nsd puts it
-//! in the records it hands toolfs and the gate with a connection, so it is as trusted as the
-//! connection itself; nothing a caller writes names or changes it.
+//! in the records it hands the gate and the servers with a connection, so it is as trusted as
+//! the connection itself; nothing a caller writes names or changes it.
 //!
 //! Budgets (`limit receipts= receipt-bytes= asks=` in a spec) are kept per subtree: a clone's
 //! usage counts against every namespace above it, up to the root, and each of them may cap it.
 
 use serde::{Deserialize, Serialize};
 
-use crate::request::check_session;
+use crate::gate::check_session;
 
 /// The deepest chain a record may carry (nsd's clones nest no deeper in practice).
 pub const MAX_DEPTH: usize = 64;

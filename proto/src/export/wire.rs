@@ -25,8 +25,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use snow::{HandshakeState, StatelessTransportState};
 
-use crate::keys::{HostKey, PublicKey};
-use crate::peers::Peer;
+use super::keys::{HostKey, PublicKey};
+use super::peers::Peer;
 
 pub const NOISE_PARAMS: &str = "Noise_XX_25519_ChaChaPoly_BLAKE2s";
 pub const PROLOGUE: &[u8] = b"warren-exportfs 1";
