@@ -166,7 +166,7 @@ fn shown(e: &dyn std::fmt::Display) -> String {
 fn terminal_size() -> Option<[u16; 4]> {
     let stdin = io::stdin();
     if nix::unistd::isatty(&stdin).unwrap_or(false) {
-        Some(crate::confine::sys::get_winsize(stdin.as_fd()).unwrap_or_default())
+        Some(warren_jail::tty::get_winsize(stdin.as_fd()).unwrap_or_default())
     } else {
         None
     }

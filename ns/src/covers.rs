@@ -13,8 +13,8 @@ use std::fmt;
 use std::os::fd::AsFd;
 use std::path::Path;
 
-use crate::inode::{Ident, ancestry, ident, open_path};
 use crate::spec::{Access, Net, Spec};
+use warren_jail::inode::{Ident, ancestry, ident, open_path};
 
 /// One way in which a child asks for more than its parent has.
 #[derive(Clone, Debug, PartialEq, Eq)]

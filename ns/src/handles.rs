@@ -16,8 +16,8 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use crate::confine::guard::Guard;
-use crate::confine::sys::{self, Dir};
 use crate::spec::{Access, Spec};
+use warren_jail::{Dir, openat2};
 
 /// One directory a tool's worker may touch, held open.
 #[derive(Debug)]
@@ -220,7 +220,7 @@ pub fn open_dir(path: &str) -> io::Result<OwnedFd> {
 /// words), but no magic link: `/proc/PID/root/…` or `/proc/self/fd/N` would reach through
 /// another process's view or one of nsd's own descriptors, past the operator's credentials.
 fn open_named(path: &str, flags: i32) -> io::Result<OwnedFd> {
-    sys::openat2(
+    openat2(
         Dir::Cwd,
         path,
         libc::O_PATH | libc::O_CLOEXEC | flags,

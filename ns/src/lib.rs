@@ -8,7 +8,6 @@ pub mod cli;
 pub mod confine;
 pub mod covers;
 pub mod handles;
-pub mod inode;
 pub mod launch;
 pub mod narrow;
 pub mod netgrant;

@@ -12,11 +12,11 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 
-use crate::confine::sys::{self, Dir};
 use crate::covers::{Widened, Widening, covers};
 use crate::handles::{Built, Handles, ToolRoot};
-use crate::inode::ident;
 use crate::spec::{Access, Spec};
+use warren_jail::inode::ident;
+use warren_jail::{Dir, openat2};
 
 const BENEATH: u64 =
     libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
@@ -64,13 +64,13 @@ fn unchecked() -> bool {
 fn open_beneath(root: &OwnedFd, rest: &str, same_mount: bool) -> std::io::Result<OwnedFd> {
     let path = if rest.is_empty() { "." } else { rest };
     if unchecked() {
-        return sys::openat2(Dir::Fd(root.as_fd()), path, libc::O_PATH, 0, 0);
+        return openat2(Dir::Fd(root.as_fd()), path, libc::O_PATH, 0, 0);
     }
     let mut resolve = BENEATH;
     if same_mount {
         resolve |= libc::RESOLVE_NO_XDEV;
     }
-    sys::openat2(Dir::Fd(root.as_fd()), path, libc::O_PATH, 0, resolve)
+    openat2(Dir::Fd(root.as_fd()), path, libc::O_PATH, 0, resolve)
 }
 
 /// A directory beneath `root`: a tool root must be one.
@@ -350,10 +350,10 @@ fn in_child_words(w: Widened, handles: &Handles) -> Widened {
 mod tests {
     use super::*;
     use crate::handles::handle_name;
-    use crate::inode::{ancestry, ident, open_path};
     use crate::spec::{Access, Bind, parse};
     use std::os::unix::fs::symlink;
     use std::path::Path;
+    use warren_jail::inode::{ancestry, ident, open_path};
 
     fn spec(text: &str) -> Spec {
         parse("t.ns", text).unwrap_or_else(|e| panic!("{e}\n{text}"))
@@ -557,7 +557,7 @@ mod tests {
         // Swapped again after the child was accepted (a rename over the checked directory).
         std::fs::rename(p("tools/w.real/x"), p("tools/x.moved")).unwrap();
         symlink(p("etc"), p("tools/w.real/x")).unwrap();
-        let f = sys::openat2(Dir::Fd(root.dir.as_fd()), "f", libc::O_RDONLY, 0, BENEATH).unwrap();
+        let f = openat2(Dir::Fd(root.dir.as_fd()), "f", libc::O_RDONLY, 0, BENEATH).unwrap();
         let got = std::io::read_to_string(std::fs::File::from(f)).unwrap();
         assert_eq!(got, "inside");
     }

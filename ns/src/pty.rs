@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 
 use nix::sys::termios::{SetArg, Termios, cfmakeraw, tcgetattr, tcsetattr};
 
-use crate::confine::sys;
+use warren_jail::tty;
 
 /// The launcher's terminal in raw mode until dropped.
 pub struct RawMode {
@@ -39,7 +39,7 @@ impl Drop for RawMode {
 /// Gives the namespace's pty the launcher terminal's window size (on SIGWINCH; the first size
 /// is set by the namespace's pid 1 before the command starts).
 pub fn sync_winsize(master: &OwnedFd) -> io::Result<()> {
-    sys::set_winsize(master.as_fd(), sys::get_winsize(io::stdin().as_fd())?)
+    tty::set_winsize(master.as_fd(), tty::get_winsize(io::stdin().as_fd())?)
 }
 
 /// Where typed bytes go instead of the namespace while a divert is installed.

@@ -5,7 +5,7 @@
 
 use std::ffi::CString;
 use std::io::{self, Read};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
@@ -19,8 +19,10 @@ use nix::unistd::{ForkResult, Pid};
 use crate::confine::fuse::{MountServer, recv_fd};
 use crate::confine::guard::{Guard, ProtectedDirs};
 use crate::confine::limits::{self, Enforcement};
-use crate::confine::{self, Plan, binds, init, sys};
+use crate::confine::{self, Launch, binds};
 use crate::spec::{self, Access, Bind, Net, Spec, SpecError, quote};
+use warren_jail::setup::{Identity, Wait};
+use warren_jail::{init, process, tty};
 
 /// How to run; `Default` reads the protected dirs from the environment.
 #[derive(Clone)]
@@ -62,6 +64,15 @@ pub struct PayloadStdio {
 }
 
 impl PayloadStdio {
+    /// Their numbers, for the plan: the holder (or attacher) puts them on 0, 1, 2.
+    pub(crate) fn raw_fds(&self) -> [RawFd; 3] {
+        [
+            self.stdin.as_raw_fd(),
+            self.stdout.as_raw_fd(),
+            self.stderr.as_raw_fd(),
+        ]
+    }
+
     /// All three on /dev/null (a daemon-started namespace has no terminal).
     pub fn null() -> io::Result<PayloadStdio> {
         let open = |write: bool| -> io::Result<OwnedFd> {
@@ -304,7 +315,6 @@ pub struct Running {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Confinement {
     pub uid: u32,
-    pub uid_base: u32,
     pub weaker_landlock: bool,
     /// pids/mem via rlimits (no cgroup).
     pub rlimit_pids_mem: bool,
@@ -330,7 +340,7 @@ impl Running {
     /// Sends `signal` to the holder, which forwards SIGTERM, SIGINT, SIGHUP and SIGQUIT to
     /// the namespace's pid 1, which forwards them to the command.
     pub fn signal(&self, signal: nix::sys::signal::Signal) -> io::Result<()> {
-        sys::pidfd_signal(self.holder_fd.as_fd(), signal as i32)
+        process::pidfd_signal(self.holder_fd.as_fd(), signal as i32)
     }
 
     /// The host pid of the process holding the namespaces.
@@ -364,7 +374,7 @@ impl Running {
     /// the kernel kills every process of the pid namespace. Sent through a pidfd, so a reused
     /// pid can never be hit.
     pub fn kill(&self) -> io::Result<()> {
-        sys::pidfd_signal(self.holder_fd.as_fd(), libc::SIGKILL)
+        process::pidfd_signal(self.holder_fd.as_fd(), libc::SIGKILL)
     }
 
     /// Waits for the command; its exit status (128+N for signal N). Call once. `kill` stays
@@ -442,47 +452,46 @@ pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Runn
     };
     let (fuse_parent, fuse_child) = pair(!spec.mounts.is_empty())?;
     let (pty_parent, pty_child) = pair(opts.pty)?;
-    let plan = Plan {
-        spec: spec.clone(),
-        binds: prepared,
-        argv,
-        env,
-        uid: opts.uid,
-        uid_base: opts.uid_base,
-        weaker_landlock: opts.weaker_landlock,
-        err_pipe: Some(err_write),
-        fuse_sock: fuse_child,
-        pty_sock: pty_child,
-        pty_slave: None,
-        pty_winsize: if opts.pty {
-            opts.pty_winsize
-                .unwrap_or_else(|| sys::get_winsize(io::stdin().as_fd()).unwrap_or_default())
-        } else {
-            [0; 4]
+    let plan = confine::plan(
+        spec,
+        Launch {
+            binds: prepared,
+            argv,
+            env,
+            identity: match opts.uid {
+                Some(uid) => Identity::Fixed { uid, gid: uid },
+                None => Identity::HolderPid {
+                    base: opts.uid_base,
+                },
+            },
+            weaker_landlock: opts.weaker_landlock,
+            err_pipe: err_write,
+            stdio: opts.stdio.as_ref().map(|s| s.raw_fds()),
+            fuse_sock: fuse_child,
+            pty_sock: pty_child,
+            pty_winsize: if opts.pty {
+                opts.pty_winsize
+                    .unwrap_or_else(|| tty::get_winsize(io::stdin().as_fd()).unwrap_or_default())
+            } else {
+                [0; 4]
+            },
+            cgroup_dir: match &enforcement {
+                Enforcement::Cgroup(c) => Some(c.dir.clone()),
+                Enforcement::Rlimits => None,
+            },
+            rlimit_pids_mem: matches!(enforcement, Enforcement::Rlimits),
+            net_ns: net_grant
+                .as_ref()
+                .map(|g| g.netns.try_clone())
+                .transpose()?,
         },
-        stdio: opts.stdio.as_ref().map(|s| {
-            [
-                s.stdin.as_raw_fd(),
-                s.stdout.as_raw_fd(),
-                s.stderr.as_raw_fd(),
-            ]
-        }),
-        cgroup_dir: match &enforcement {
-            Enforcement::Cgroup(c) => Some(c.dir.clone()),
-            Enforcement::Rlimits => None,
-        },
-        rlimit_pids_mem: matches!(enforcement, Enforcement::Rlimits),
-        net_ns: net_grant
-            .as_ref()
-            .map(|g| g.netns.try_clone())
-            .transpose()?,
-    };
-    let holder = match sys::fork_process()? {
+    );
+    let holder = match process::fork_process()? {
         ForkResult::Child => {
             drop(err_read);
             drop(fuse_parent);
             drop(pty_parent);
-            confine::holder(plan)
+            warren_jail::setup::holder(plan, Wait::Supervise)
         }
         ForkResult::Parent { child } => child,
     };
@@ -493,7 +502,7 @@ pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Runn
         (Some(sock), Some(server)) => sock
             .set_read_timeout(Some(SETUP_DEADLINE))
             .and_then(|()| serve_mounts(&sock, spec, server.as_ref()))
-            .and_then(|()| std::io::Write::write_all(&mut &sock, &crate::confine::fuse::SERVED)),
+            .and_then(|()| std::io::Write::write_all(&mut &sock, &confine::fuse::SERVED)),
         _ => Ok(()),
     };
     let (holder_fd, pty_master) = collect_started(holder, served, pty_parent, errors, deadline)?;
@@ -504,7 +513,6 @@ pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Runn
         net_grant,
         confinement: Confinement {
             uid: payload_uid(opts, holder),
-            uid_base: opts.uid_base,
             weaker_landlock: opts.weaker_landlock,
             rlimit_pids_mem: matches!(enforcement, Enforcement::Rlimits),
         },
@@ -636,7 +644,7 @@ pub(crate) fn collect_started(
             (Ok(()), Ok(_)) => {}
         }
         let pty_master = pty_master?;
-        let child_fd = sys::pidfd_open(child.as_raw())
+        let child_fd = process::pidfd_open(child.as_raw())
             .map_err(|e| io::Error::new(e.kind(), format!("pidfd_open: {e}")))?;
         Ok((child_fd, pty_master))
     })();

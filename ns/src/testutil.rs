@@ -8,19 +8,19 @@ use nix::unistd::ForkResult;
 /// with it. Returns what `f` returned (as text across a pipe).
 pub fn in_private_mount_ns(f: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
     let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
-    match crate::confine::sys::fork_process().unwrap() {
+    match warren_jail::process::fork_process().unwrap() {
         ForkResult::Child => {
             drop(r);
             let result = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
                 .map_err(|e| format!("unshare: {e}"))
-                .and_then(|()| crate::confine::mounts::make_root_private())
+                .and_then(|()| warren_jail::mounts::make_root_private())
                 .and_then(|()| f());
             let msg = match result {
                 Ok(()) => "ok".to_string(),
                 Err(e) => e,
             };
             let _ = nix::unistd::write(&w, msg.as_bytes());
-            crate::confine::sys::exit_now(0)
+            warren_jail::process::exit_now(0)
         }
         ForkResult::Parent { child } => {
             drop(w);

@@ -477,7 +477,7 @@ impl Bridge {
         path: &str,
         watch: Arc<BridgeWatch>,
     ) -> io::Result<Bridge> {
-        let pidfd = match warren_ns::confine::sys::pidfd_open(child.id() as i32) {
+        let pidfd = match warren_jail::process::pidfd_open(child.id() as i32) {
             Ok(fd) => fd,
             Err(e) => {
                 let _ = child.kill();
@@ -1084,7 +1084,7 @@ impl Drop for ServedMounts {
         self.bridge_watch.ending.store(true, Ordering::SeqCst);
         if let Ok(mut bridges) = self.bridges.lock() {
             for bridge in bridges.iter_mut() {
-                let _ = warren_ns::confine::sys::pidfd_signal(bridge.pidfd.as_fd(), libc::SIGKILL);
+                let _ = warren_jail::process::pidfd_signal(bridge.pidfd.as_fd(), libc::SIGKILL);
                 if let Some(watcher) = bridge.watcher.take() {
                     let _ = watcher.join();
                 }

@@ -14,19 +14,19 @@
 //! the lifeline it SIGKILLs the worker, and with its pid 1 the kernel kills the whole pid
 //! namespace.
 //!
-//! Why one file: it follows one worker's life — request check, holder, tree, confinement, exec — in
-//! order; the steps themselves are `confine::*`'s.
+//! Why one file: it follows one worker's life — request check, plan, holder — in order; the
+//! steps themselves, and the holder, are warren-jail's (`jail/src/setup.rs`), the same as a
+//! namespace's payload runs.
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::unistd::{ForkResult, Pid};
+use nix::unistd::ForkResult;
 use warren_daemon::Dirs;
 use warren_daemon::accept::{into_blocking, next_peer, refusal};
 use warren_daemon::identity::Role;
@@ -34,12 +34,16 @@ use warren_daemon::peer::PeerCred;
 use warren_proto::worker::protocol::RootConfig;
 use warren_proto::worker::{BUILD_VERSION, BuildReply, BuildRequest};
 
+use warren_jail::landlock::Network;
+use warren_jail::process as sys;
+use warren_jail::seccomp::Relaxed;
+use warren_jail::setup::{self as jail, Command, Identity, LockDown, Pid1, Plan, Tree, Wait};
+
 use warren_ns::confine::binds::{self, PreparedBind};
 use warren_ns::confine::guard::Guard;
-use warren_ns::confine::sys::{self, Dir};
-use warren_ns::confine::{creds, landlock, mounts, seccomp};
+use warren_ns::confine::{NAMES, creds};
 use warren_ns::run::{SETUP_DEADLINE, SetupErrors};
-use warren_ns::spec::{Access, Bind, Limits, Net};
+use warren_ns::spec::{Access, Bind, Limits};
 
 /// Where the worker binary is bound (read-only) in every worker's root.
 pub const WORKER_PATH: &str = "/warren-tool-worker";
@@ -143,27 +147,6 @@ pub struct Built {
     pub gid: u32,
     /// Whether the worker got the network (its own listener at the egress proxy).
     pub network: bool,
-}
-
-/// Everything the holder and the worker need, prepared in nsd before the fork.
-struct Plan {
-    binds: Vec<PreparedBind>,
-    worker_end: OwnedFd,
-    lifeline: OwnedFd,
-    err_write: OwnedFd,
-    tool: String,
-    roots: Vec<RootConfig>,
-    uid: u32,
-    gid: u32,
-    execs: bool,
-    weaker_landlock: bool,
-    /// The calling namespace's `limit` line (none for a namespace nsd does not know).
-    limits: Limits,
-    /// The network namespace with the worker's own proxy listener, joined instead of a fresh
-    /// one (`lo` only) when the tool has the network.
-    net_ns: Option<OwnedFd>,
-    /// The tool has the network: the proxy's variables, Landlock's TCP rule.
-    network: bool,
 }
 
 impl WorkerFactory {
@@ -286,35 +269,38 @@ impl WorkerFactory {
         let (lifeline, holder_end) = UnixStream::pair().map_err(io("lifeline"))?;
         let (err_read, err_write) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
-        let plan = Plan {
+        let net_ns = net_grant
+            .as_ref()
+            .map(|g| g.netns.try_clone())
+            .transpose()
+            .map_err(io("the network namespace"))?;
+        let plan = WorkerPlan {
             binds: prepared,
             worker_end: worker_end.into(),
-            lifeline: holder_end.into(),
             err_write,
-            tool: request.tool.clone(),
-            roots: request.roots.clone(),
+            tool: &request.tool,
+            roots: &request.roots,
             uid,
             gid,
             execs,
             weaker_landlock: self.weaker_landlock,
             limits,
-            net_ns: net_grant
-                .as_ref()
-                .map(|g| g.netns.try_clone())
-                .transpose()
-                .map_err(io("the network namespace"))?,
+            net_ns,
             network: net_grant.is_some(),
-        };
+        }
+        .plan()?;
         let holder = match sys::fork_process().map_err(io("fork"))? {
             ForkResult::Child => {
                 drop(err_read);
                 drop(channel);
                 drop(lifeline);
-                holder(plan)
+                jail::holder(plan, Wait::Lifeline(holder_end.into()))
             }
             ForkResult::Parent { child } => child,
         };
+        // Our copies of the worker's ends: the error pipe must reach EOF at the worker's exec.
         drop(plan);
+        drop(holder_end);
         drop(root_fds);
         let holder_fd = sys::pidfd_open(holder.as_raw());
         let network = net_grant.is_some();
@@ -564,221 +550,127 @@ fn check_request(request: &BuildRequest, fds: usize) -> Result<(), String> {
     Ok(())
 }
 
-fn fail(err_write: &OwnedFd, message: &str) -> ! {
-    let _ = nix::unistd::write(err_write, message.as_bytes());
-    sys::exit_now(warren_ns::confine::SETUP_FAILED)
+/// What nsd knows of one worker before the fork, mapped onto warren-jail's plan.
+struct WorkerPlan<'a> {
+    binds: Vec<PreparedBind>,
+    worker_end: OwnedFd,
+    err_write: OwnedFd,
+    tool: &'a str,
+    roots: &'a [RootConfig],
+    uid: u32,
+    gid: u32,
+    execs: bool,
+    weaker_landlock: bool,
+    /// The calling namespace's `limit` line (none for a namespace nsd does not know).
+    limits: Limits,
+    /// The network namespace with the worker's own proxy listener, joined instead of a fresh
+    /// one (`lo` only) when the tool has the network.
+    net_ns: Option<OwnedFd>,
+    /// The tool has the network: the proxy's variables, Landlock's TCP rule.
+    network: bool,
 }
 
-/// The holder: drops every fd but the plan's, unshares, forks the worker and waits for it or for
-/// the lifeline to close, whichever comes first. Never returns.
-fn holder(mut plan: Plan) -> ! {
-    // Out of nsd's session: a terminal's signals never reach workers.
-    let _ = nix::unistd::setsid();
-    if let Err(m) = close_all_but(&plan) {
-        fail(&plan.err_write, &m);
-    }
-    if let Err(m) = warren_ns::confine::unshare_namespaces(plan.net_ns.as_ref()) {
-        fail(&plan.err_write, &m);
-    }
-    if let Err(m) = mounts::make_root_private() {
-        fail(&plan.err_write, &m);
-    }
-    let worker = match sys::fork_process() {
-        Ok(ForkResult::Child) => worker_pid1(&mut plan),
-        Ok(ForkResult::Parent { child }) => child,
-        Err(e) => fail(&plan.err_write, &format!("fork the worker: {e}")),
-    };
-    let Plan {
-        lifeline,
-        binds,
-        worker_end,
-        err_write,
-        net_ns,
-        ..
-    } = plan;
-    drop((binds, worker_end, err_write, net_ns));
-    let pidfd = match sys::pidfd_open(worker.as_raw()) {
-        Ok(fd) => fd,
-        Err(_) => end_worker(worker, None),
-    };
-    loop {
-        let mut fds = [
-            PollFd::new(lifeline.as_fd(), PollFlags::POLLIN),
-            PollFd::new(pidfd.as_fd(), PollFlags::POLLIN),
+impl WorkerPlan<'_> {
+    /// The worker's plan: a tmpfs root with its binds (and for `shell`, /tmp, a home, /etc and
+    /// /proc), `lo` up, the lock-down with the worker's seccomp relaxations, and the exec of
+    /// `warren-tool-worker TOOL CHANNEL ROOT...` as the worker's pid 1. Nothing but the channel
+    /// and the roots crosses the exec (the error pipe closes at it).
+    fn plan(self) -> Result<Plan, String> {
+        let cstr = |s: &str| CString::new(s).map_err(|_| "NUL in an argument".to_string());
+        let home = if self.execs { warren_ns::HOME } else { "/" };
+        let mut env = vec![
+            format!("PATH={}", warren_ns::PAYLOAD_PATH),
+            format!("HOME={home}"),
+            "LANG=C.UTF-8".into(),
+            "TMPDIR=/tmp".into(),
+            "USER=agent".into(),
         ];
-        match poll(&mut fds, PollTimeout::NONE) {
-            Ok(_) => {
-                if fds
-                    .iter()
-                    .any(|f| f.revents().is_some_and(|r| !r.is_empty()))
-                {
-                    end_worker(worker, Some(&pidfd));
-                }
-            }
-            Err(nix::errno::Errno::EINTR) => {}
-            Err(_) => end_worker(worker, Some(&pidfd)),
+        if self.execs {
+            // What each command may use at most (the tool's own defaults apply below these).
+            let l = self.limits;
+            let words: Vec<String> = [("pids", l.pids), ("mem", l.mem), ("cpu", l.cpu)]
+                .into_iter()
+                .filter_map(|(k, v)| Some(format!("{k}={}", v?)))
+                .collect();
+            env.push(format!(
+                "{}={}",
+                warren_proto::worker::NAMESPACE_LIMITS_ENV,
+                words.join(" ")
+            ));
         }
-    }
-}
-
-/// SIGKILLs the worker (through its pidfd when there is one), reaps it, exits.
-fn end_worker(worker: Pid, pidfd: Option<&OwnedFd>) -> ! {
-    match pidfd {
-        Some(fd) => {
-            let _ = sys::pidfd_signal(fd.as_fd(), libc::SIGKILL);
+        if self.network {
+            // The worker's own proxy listener, as a `net proxy` payload finds it: `shell`
+            // passes these on to its commands.
+            env.extend(warren_ns::netgrant::proxy_env());
         }
-        None => {
-            let _ = nix::sys::signal::kill(worker, nix::sys::signal::Signal::SIGKILL);
-        }
-    }
-    let _ = nix::sys::wait::waitpid(worker, None);
-    sys::exit_now(0)
-}
-
-fn close_all_but(plan: &Plan) -> Result<(), String> {
-    let mut keep: Vec<RawFd> = vec![0, 1, 2];
-    keep.extend([
-        plan.worker_end.as_raw_fd(),
-        plan.lifeline.as_raw_fd(),
-        plan.err_write.as_raw_fd(),
-    ]);
-    keep.extend(plan.binds.iter().map(|b| b.tree.as_raw_fd()));
-    keep.extend(plan.net_ns.iter().map(|f| f.as_raw_fd()));
-    let open: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")
-        .map_err(|e| format!("listing fds: {e}"))?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    for fd in open.into_iter().filter(|fd| !keep.contains(fd)) {
-        let _ = nix::unistd::close(fd);
-    }
-    Ok(())
-}
-
-/// The worker, pid 1 of its own pid namespace: builds its tree, confines itself, execs.
-fn worker_pid1(plan: &mut Plan) -> ! {
-    let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
-    match confine_worker(plan) {
-        Ok(never) => match never {},
-        Err(m) => fail(&plan.err_write, &m),
-    }
-}
-
-fn confine_worker(plan: &mut Plan) -> Result<std::convert::Infallible, String> {
-    let uid = plan.uid;
-    let root = mounts::tmpfs_root()?;
-    if plan.execs {
-        mounts::mount_tmp_and_home(&root, uid, None)?;
-        mounts::write_etc(&root, uid)?;
-    }
-    binds::attach_all(&root, &mut plan.binds)?;
-    mounts::mount_dev(&root, &[])?;
-    if plan.execs {
-        mounts::mount_proc(&root)?;
-    }
-    mounts::pivot(&root)?;
-    drop(root);
-    plan.binds.clear();
-    plan.net_ns = None;
-    sys::interface_up(c"lo").map_err(|e| format!("bringing lo up: {e}"))?;
-    nix::unistd::sethostname(warren_ns::HOSTNAME).map_err(|e| format!("sethostname: {e}"))?;
-    // Each root, opened at the mount nsd just made from toolfs's fd: the worker resolves every
-    // tool path beneath these.
-    let mut root_fds = Vec::with_capacity(plan.roots.len());
-    for r in &plan.roots {
-        let fd = sys::openat2(
-            Dir::Cwd,
-            &r.path,
-            libc::O_PATH | libc::O_DIRECTORY,
-            0,
-            libc::RESOLVE_NO_SYMLINKS,
-        )
-        .map_err(|e| format!("opening root {}: {e}", r.path))?;
-        root_fds.push(fd);
-    }
-    creds::drop_to_user(uid, plan.gid)?;
-    // The namespace's process count is per uid: its exec worker, and all that runs under it,
-    // share its subtree's uid and this limit.
-    if let Some(pids) = plan.limits.pids.filter(|_| plan.execs) {
-        nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NPROC, pids, pids)
-            .map_err(|e| format!("setrlimit pids={pids}: {e}"))?;
-    }
-    // A credential change clears these.
-    let _ = nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL);
-    nix::sys::prctl::set_dumpable(false).map_err(|e| format!("non-dumpable: {e}"))?;
-    nix::sys::prctl::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
-    landlock::restrict(&landlock_view(plan), plan.weaker_landlock)?;
-    seccomp::install_relaxed(seccomp::Relaxed {
-        clone_flags: if plan.execs { SHELL_CLONE_FLAGS } else { 0 },
-        openat2: true,
-    })?;
-    // Nothing but the channel and the roots crosses the exec (the error pipe closes at it).
-    sys::cloexec_from(3).map_err(|e| format!("close_range: {e}"))?;
-    let passed: Vec<RawFd> = std::iter::once(plan.worker_end.as_raw_fd())
-        .chain(root_fds.iter().map(|f| f.as_raw_fd()))
-        .collect();
-    for &fd in &passed {
-        // SAFETY: fcntl(F_SETFD) on fds this process owns (the channel and the root fds above).
-        if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 {
-            return Err(format!("keeping fd {fd}: {}", io::Error::last_os_error()));
-        }
-    }
-    let cstr = |s: String| CString::new(s).map_err(|_| "NUL in an argument".to_string());
-    let mut argv = vec![cstr("warren-tool-worker".into())?, cstr(plan.tool.clone())?];
-    for fd in passed {
-        argv.push(cstr(fd.to_string())?);
-    }
-    let home = if plan.execs { warren_ns::HOME } else { "/" };
-    let mut env = vec![
-        format!("PATH={}", warren_ns::PAYLOAD_PATH),
-        format!("HOME={home}"),
-        "LANG=C.UTF-8".into(),
-        "TMPDIR=/tmp".into(),
-        "USER=agent".into(),
-    ];
-    if plan.execs {
-        // What each command may use at most (the tool's own defaults apply below these).
-        let l = plan.limits;
-        let words: Vec<String> = [("pids", l.pids), ("mem", l.mem), ("cpu", l.cpu)]
-            .into_iter()
-            .filter_map(|(k, v)| Some(format!("{k}={}", v?)))
+        let mut write: Vec<String> = self
+            .roots
+            .iter()
+            .filter(|r| r.writable)
+            .map(|r| r.path.clone())
             .collect();
-        env.push(format!(
-            "{}={}",
-            warren_proto::worker::NAMESPACE_LIMITS_ENV,
-            words.join(" ")
-        ));
-    }
-    if plan.network {
-        // The worker's own proxy listener, as a `net proxy` payload finds it: `shell` passes
-        // these on to its commands.
-        env.extend(warren_ns::netgrant::proxy_env());
-    }
-    let env = env.into_iter().map(cstr).collect::<Result<Vec<_>, _>>()?;
-    let path = cstr(WORKER_PATH.into())?;
-    nix::unistd::execve(&path, &argv, &env).map_err(|e| format!("exec {WORKER_PATH}: {e}"))
-}
-
-fn landlock_view(plan: &Plan) -> landlock::View {
-    let mut write: Vec<String> = plan
-        .roots
-        .iter()
-        .filter(|r| r.writable)
-        .map(|r| r.path.clone())
-        .collect();
-    if plan.execs {
-        write.extend(["/tmp".into(), warren_ns::HOME.into(), "/dev/shm".into()]);
-    }
-    landlock::View {
-        read: vec!["/".into()],
-        write,
-        devices: mounts::dev_nodes(),
-        ninep: Vec::new(),
-        // With the network: TCP connect to the proxy's port only and no bind, as its namespace.
-        net: if plan.network {
-            Net::Proxy
-        } else {
-            Net::Loopback
-        },
+        if self.execs {
+            write.extend(["/tmp".into(), warren_ns::HOME.into(), "/dev/shm".into()]);
+        }
+        Ok(Plan {
+            err_pipe: Some(self.err_write),
+            stdio: None,
+            // The worker lives while toolfs holds its lifeline, whatever becomes of nsd.
+            die_with_launcher: false,
+            cgroup_dir: None,
+            net_ns: self.net_ns,
+            // With the network: TCP connect to the proxy's port only and no bind, as its
+            // namespace.
+            network: if self.network {
+                warren_ns::confine::network(warren_ns::spec::Net::Proxy)
+            } else {
+                Network::Loopback
+            },
+            tree: Tree {
+                binds: self.binds,
+                user_dirs: self.execs.then_some(None),
+                proc: self.execs,
+                dev_points: Vec::new(),
+                fuse_mounts: Vec::new(),
+            },
+            fuse_sock: None,
+            pty_sock: None,
+            pty_slave: None,
+            pty_winsize: [0; 4],
+            send_fd: warren_ns::confine::fuse::send_fd,
+            names: NAMES,
+            identity: Identity::Fixed {
+                uid: self.uid,
+                gid: self.gid,
+            },
+            lock_down: LockDown {
+                write,
+                weaker_landlock: self.weaker_landlock,
+                seccomp: Relaxed {
+                    clone_flags: if self.execs { SHELL_CLONE_FLAGS } else { 0 },
+                    // The worker resolves every tool path beneath its roots with openat2.
+                    openat2: true,
+                },
+                drop_privileges: creds::drop_to_user,
+            },
+            // The namespace's process count is per uid: its exec worker, and all that runs
+            // under it, share its subtree's uid and this limit.
+            limits: jail::Limits {
+                pids: self.limits.pids.filter(|_| self.execs),
+                ..Default::default()
+            },
+            pid1: Pid1::Exec,
+            command: Command {
+                argv: vec![cstr("warren-tool-worker")?, cstr(self.tool)?],
+                env: env.iter().map(|e| cstr(e)).collect::<Result<Vec<_>, _>>()?,
+                program: Some(cstr(WORKER_PATH)?),
+                cwd: "/",
+                pass: vec![self.worker_end],
+                // Each root, opened at the mount just made from toolfs's fd: the worker
+                // resolves every tool path beneath these.
+                open_in_root: self.roots.iter().map(|r| r.path.clone()).collect(),
+            },
+        })
     }
 }
 

@@ -453,7 +453,7 @@ fn a_setup_error_with_a_mount_is_the_namespaces_own_message_however_long() {
             .expect("a bind under the read-only /usr was launched");
         let shown = &err[..err.len().min(300)];
         assert!(
-            err.starts_with(&format!("bind target {target}: Read-only file system")),
+            err.starts_with(&format!("binds: target {target}: Read-only file system")),
             "{shown}"
         );
     }

@@ -122,6 +122,26 @@ async fn a_shell_command_sees_only_the_shell_tools_roots() {
     assert_eq!(interfaces, ["lo"], "{}", env.content);
 }
 
+/// The worker's lock-down is the namespace payload's (warren-jail's one sequence): its seccomp
+/// filters leave a shell command no socket family but AF_UNIX, AF_INET and AF_INET6, so `ip`
+/// cannot open the netlink socket it would list the interfaces through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shell_command_gets_no_netlink_socket_past_the_workers_seccomp_filters() {
+    let d = Daemon::start();
+    let (_c, root, _dir) = shell_on_work(&d, false).await;
+    let env = shell(&root, "ip -o link show && echo LISTED || echo refused").await;
+    assert!(
+        env.content.contains("refused") && !env.content.contains("LISTED"),
+        "{}",
+        env.content
+    );
+    assert!(
+        env.content.contains("Address family not supported"),
+        "{}",
+        env.content
+    );
+}
+
 /// A `-r` root is bound read-only in the worker: the command cannot write it, whatever the
 /// file modes on the host say.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

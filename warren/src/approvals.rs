@@ -104,7 +104,7 @@ fn ask_shown(s: &Shown) -> String {
     let text = escaped_lines(s.request.trim_end());
     // On a terminal, fitted to it: no line wraps into what looks like another field, and
     // nothing scrolls the ask's own lines away (the whole request: `warren cat`).
-    let text = match warren_ns::confine::sys::get_winsize(std::io::stdout().as_fd()) {
+    let text = match warren_jail::tty::get_winsize(std::io::stdout().as_fd()) {
         Ok([rows, cols, ..]) if std::io::stdout().is_terminal() => {
             crate::asks::fit_to_screen(&text, (rows, cols)).join("\n")
         }

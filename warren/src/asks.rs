@@ -414,7 +414,7 @@ async fn prompt(
     // The gate escaped the request; whatever it let through is escaped here all the same. Each
     // line is cut to the terminal's width and the whole to its height, so no line wraps into
     // what looks like another and nothing the gate wrote scrolls off the top.
-    let size = warren_ns::confine::sys::get_winsize(std::io::stdin().as_fd())
+    let size = warren_jail::tty::get_winsize(std::io::stdin().as_fd())
         .map(|[rows, cols, ..]| (rows, cols))
         .unwrap_or((24, 80));
     let shown: String = fit_to_screen(&escaped_lines(&ask.request), size)

@@ -149,7 +149,7 @@ pub fn sh(dirs: &Dirs, extra: Option<&Path>) -> Result<ExitCode> {
             names.join(" ")
         );
     }
-    let winsize = warren_ns::confine::sys::get_winsize(stdin.as_fd()).unwrap_or_default();
+    let winsize = warren_jail::tty::get_winsize(stdin.as_fd()).unwrap_or_default();
     let opts = LaunchOptions {
         pty: Some(winsize),
         operator: true,

@@ -7,7 +7,7 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 
-use crate::inode::{Ident, ancestry, open_path};
+use warren_jail::inode::{Ident, ancestry, open_path};
 
 /// The directories no namespace may see: warren-daemon's `Dirs` (WARREN_RUNTIME_DIR,
 /// WARREN_DATA_DIR, WARREN_SECRETS_DIR).

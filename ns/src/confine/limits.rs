@@ -5,12 +5,11 @@
 //! RLIMIT_NPROC and RLIMIT_AS (said so in the run's status). RLIMIT_NPROC counts processes per
 //! real uid, which is per namespace here because each namespace run by root gets its own uid.
 //! cpu is total CPU seconds, which only RLIMIT_CPU expresses; wall is a SIGKILL from the
-//! namespace's init (`init::supervise`).
+//! namespace's init (`warren_jail::init::supervise`). The rlimits are set by warren-jail
+//! (`jail/src/setup.rs`, `apply_rlimits`).
 
 use std::io;
 use std::path::{Path, PathBuf};
-
-use nix::sys::resource::{Resource, setrlimit};
 
 use crate::spec::Limits;
 
@@ -94,24 +93,4 @@ impl Drop for Cgroup {
         let _ = std::fs::write(self.dir.join("cgroup.kill"), "1");
         let _ = std::fs::remove_dir(&self.dir);
     }
-}
-
-/// In the payload, just before exec.
-pub fn apply_rlimits(limits: &Limits, with_pids_and_mem: bool) -> Result<(), String> {
-    let set = |r: Resource, v: u64, name: &str| {
-        setrlimit(r, v, v).map_err(|e| format!("setrlimit {name}={v}: {e}"))
-    };
-    if with_pids_and_mem {
-        if let Some(p) = limits.pids {
-            set(Resource::RLIMIT_NPROC, p, "pids")?;
-        }
-        if let Some(m) = limits.mem {
-            set(Resource::RLIMIT_AS, m, "mem")?;
-        }
-    }
-    if let Some(c) = limits.cpu {
-        set(Resource::RLIMIT_CPU, c, "cpu")?;
-    }
-    set(Resource::RLIMIT_CORE, 0, "core")?;
-    Ok(())
 }

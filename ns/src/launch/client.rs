@@ -13,8 +13,8 @@ pub use super::Launched;
 use super::launcher_connects;
 use super::{AttachRequest, Request, VERSION, open_at, socket_path};
 use crate::confine::guard::Guard;
-use crate::inode::open_path;
 use crate::spec::{Mount, Server, Spec};
+use warren_jail::inode::open_path;
 
 /// How to launch (the request's fields other than the spec and the command).
 #[derive(Clone, Debug, Default)]

@@ -160,7 +160,7 @@ impl Space {
         // commands they run are the subtree's own uid, and only its).
         if let (None, Some(holder)) = (self.parent, holder) {
             let uid = crate::worker::EXEC_WORKER_UID_BASE + holder;
-            if let Err(e) = warren_ns::confine::sys::kill_every_process_of(uid) {
+            if let Err(e) = warren_jail::process::kill_every_process_of(uid) {
                 tracing::warn!("ending the shell workers of a subtree: {e}");
             }
         }

@@ -11,7 +11,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
+use nix::fcntl::{OFlag, ResolveFlag};
 use warren_9p::synthetic::walk;
 use warren_9p::{DirEntry, Errno, FileTree, QId, QIdType, Result, SetAttr, SetAttrMask, Stat};
 
@@ -33,14 +33,17 @@ impl ReadOnlyDir {
         } else {
             rel.join("/")
         };
-        let how = OpenHow::new()
-            .flags(flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
-            .resolve(
-                ResolveFlag::RESOLVE_BENEATH
-                    | ResolveFlag::RESOLVE_NO_SYMLINKS
-                    | ResolveFlag::RESOLVE_NO_XDEV,
-            );
-        openat2(self.root.as_fd(), path.as_str(), how).map_err(|e| Errno(e as u32))
+        let resolve = ResolveFlag::RESOLVE_BENEATH
+            | ResolveFlag::RESOLVE_NO_SYMLINKS
+            | ResolveFlag::RESOLVE_NO_XDEV;
+        warren_jail::openat2(
+            warren_jail::Dir::Fd(self.root.as_fd()),
+            path.as_str(),
+            (flags | OFlag::O_NOFOLLOW).bits(),
+            0,
+            resolve.bits(),
+        )
+        .map_err(|e| Errno(e.raw_os_error().unwrap_or(nix::libc::EIO) as u32))
     }
 
     fn stat_of(&self, rel: &[String]) -> Result<(QId, Stat)> {

@@ -15,7 +15,7 @@ use std::os::unix::ffi::OsStringExt;
 
 use nix::NixPath;
 use nix::errno::Errno;
-use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
+use nix::fcntl::{OFlag, ResolveFlag};
 use nix::sys::stat::{FileStat, SFlag, fstat};
 use warren_daemon::escape::{escape, escape_bytes, unescape};
 
@@ -182,10 +182,17 @@ pub fn open_beneath<P: NixPath + ?Sized>(
     } else {
         flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY
     };
-    let how = OpenHow::new().flags(flags).resolve(resolve);
     let mut tries = 0;
     loop {
-        match openat2(dir, relative, how) {
+        let opened = warren_jail::openat2(
+            warren_jail::Dir::Fd(dir),
+            relative,
+            flags.bits(),
+            0,
+            resolve.bits(),
+        )
+        .map_err(|e| Errno::from_raw(e.raw_os_error().unwrap_or(nix::libc::EIO)));
+        match opened {
             Err(Errno::EAGAIN) if tries < EAGAIN_RETRIES => tries += 1,
             other => return other,
         }

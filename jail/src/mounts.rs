@@ -3,13 +3,14 @@
 //! cloned tree (open_tree), attached with move_mount onto a target resolved under the new root
 //! with RESOLVE_NO_SYMLINKS | RESOLVE_BENEATH.
 
-use std::io::Write;
+use std::io::{self, Write};
 use std::os::fd::{AsFd, OwnedFd};
 
 use nix::mount::{MntFlags, MsFlags};
 
-use super::binds::make_target;
-use super::sys::{self, Dir};
+use crate::binds::PreparedBind;
+use crate::mount_api as sys;
+use crate::openat2::{Dir, openat2};
 
 const RESOLVE: u64 = libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_BENEATH;
 
@@ -27,7 +28,7 @@ pub fn make_root_private() -> Result<(), String> {
         MsFlags::MS_REC | MsFlags::MS_PRIVATE,
         None::<&str>,
     )
-    .map_err(ctx("making / private"))
+    .map_err(|e| e.to_string())
 }
 
 /// Step 2b: a fresh tmpfs that becomes `/`. It is attached over `/tmp` of this (private) mount
@@ -38,16 +39,16 @@ pub fn tmpfs_root() -> Result<OwnedFd, String> {
         &[("mode", "0755"), ("size", "16m")],
         libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV,
     )
-    .map_err(ctx("root tmpfs"))?;
-    let anchor = sys::openat2(
+    .map_err(ctx("creating"))?;
+    let anchor = openat2(
         Dir::Cwd,
         "/tmp",
         libc::O_PATH | libc::O_DIRECTORY,
         0,
         libc::RESOLVE_NO_SYMLINKS,
     )
-    .map_err(ctx("root anchor /tmp"))?;
-    sys::move_mount(root.as_fd(), anchor.as_fd()).map_err(ctx("attaching root tmpfs"))?;
+    .map_err(ctx("anchor /tmp"))?;
+    sys::move_mount(root.as_fd(), anchor.as_fd()).map_err(ctx("attaching"))?;
     Ok(root)
 }
 
@@ -165,7 +166,7 @@ const PROC_MASKED_FILES: &[&str] = &[
 const PROC_MASKED_DIRS: &[&str] = &["acpi", "scsi", "asound"];
 
 fn open_existing(root: &OwnedFd, path: &str) -> Result<Option<OwnedFd>, String> {
-    match sys::openat2(Dir::Fd(root.as_fd()), path, libc::O_PATH, 0, RESOLVE) {
+    match openat2(Dir::Fd(root.as_fd()), path, libc::O_PATH, 0, RESOLVE) {
         Ok(fd) => Ok(Some(fd)),
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
         Err(e) => Err(format!("{path}: {e}")),
@@ -212,8 +213,13 @@ pub fn mount_proc(root: &OwnedFd) -> Result<(), String> {
     Ok(())
 }
 
-/// Step 2f: a tmpfs /tmp and a writable HOME owned by the payload's uid.
-pub fn mount_tmp_and_home(root: &OwnedFd, uid: u32, size: Option<u64>) -> Result<(), String> {
+/// Step 2f: a tmpfs /tmp and a writable `home` owned by the payload's uid.
+pub fn mount_tmp_and_home(
+    root: &OwnedFd,
+    home: &str,
+    uid: u32,
+    size: Option<u64>,
+) -> Result<(), String> {
     let size = size.map_or_else(|| "256m".to_string(), |s| s.to_string());
     let attrs = libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
     attach_new_fs(
@@ -226,7 +232,7 @@ pub fn mount_tmp_and_home(root: &OwnedFd, uid: u32, size: Option<u64>) -> Result
     let id = uid.to_string();
     attach_new_fs(
         root,
-        crate::HOME,
+        home,
         "tmpfs",
         &[
             ("mode", "0700"),
@@ -242,9 +248,9 @@ pub fn mount_tmp_and_home(root: &OwnedFd, uid: u32, size: Option<u64>) -> Result
 /// Step 2g (part): the /etc files written fresh for this namespace: passwd and group with the
 /// agent's entry, hosts, hostname. Host files (ld.so.cache, nsswitch.conf, certs, …) are binds
 /// prepared by the launcher; /etc is never bound whole.
-pub fn write_etc(root: &OwnedFd, uid: u32) -> Result<(), String> {
+pub fn write_etc(root: &OwnedFd, uid: u32, home: &str, hostname: &str) -> Result<(), String> {
     let etc = make_target(root, "/etc", true).map_err(ctx("/etc"))?;
-    let etc = sys::openat2(
+    let etc = openat2(
         Dir::Fd(etc.as_fd()),
         ".",
         libc::O_PATH | libc::O_DIRECTORY,
@@ -252,7 +258,6 @@ pub fn write_etc(root: &OwnedFd, uid: u32) -> Result<(), String> {
         RESOLVE,
     )
     .map_err(ctx("/etc"))?;
-    let home = crate::HOME;
     let files = [
         (
             "passwd",
@@ -268,15 +273,12 @@ pub fn write_etc(root: &OwnedFd, uid: u32) -> Result<(), String> {
         ),
         (
             "hosts",
-            format!(
-                "127.0.0.1\tlocalhost\n::1\tlocalhost\n127.0.1.1\t{}\n",
-                crate::HOSTNAME
-            ),
+            format!("127.0.0.1\tlocalhost\n::1\tlocalhost\n127.0.1.1\t{hostname}\n"),
         ),
-        ("hostname", format!("{}\n", crate::HOSTNAME)),
+        ("hostname", format!("{hostname}\n")),
     ];
     for (name, body) in files {
-        let fd = sys::openat2(
+        let fd = openat2(
             Dir::Fd(etc.as_fd()),
             name,
             libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
@@ -303,4 +305,68 @@ pub fn pivot(root: &OwnedFd) -> Result<(), String> {
         false,
     )
     .map_err(ctx("root read-only"))
+}
+
+/// Creates (if missing) and opens `path` under `root` without following any symlink or leaving
+/// the root; the last component is a directory or an empty file to mount a file on.
+pub fn make_target(root: &OwnedFd, path: &str, is_dir: bool) -> io::Result<OwnedFd> {
+    const RESOLVE: u64 = libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_BENEATH;
+    let comps: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+    let Some((last, parents)) = comps.split_last() else {
+        return openat2(Dir::Fd(root.as_fd()), ".", libc::O_PATH, 0, RESOLVE);
+    };
+    let mut dir = openat2(Dir::Fd(root.as_fd()), ".", libc::O_PATH, 0, RESOLVE)?;
+    for comp in parents {
+        mkdir_at(&dir, comp)?;
+        dir = openat2(
+            Dir::Fd(dir.as_fd()),
+            *comp,
+            libc::O_PATH | libc::O_DIRECTORY,
+            0,
+            RESOLVE,
+        )?;
+    }
+    if is_dir {
+        mkdir_at(&dir, last)?;
+        openat2(
+            Dir::Fd(dir.as_fd()),
+            *last,
+            libc::O_PATH | libc::O_DIRECTORY,
+            0,
+            RESOLVE,
+        )
+    } else {
+        // O_CREAT without O_EXCL: an existing file is fine; a symlink is refused by RESOLVE.
+        drop(openat2(
+            Dir::Fd(dir.as_fd()),
+            *last,
+            libc::O_CREAT | libc::O_WRONLY,
+            0o644,
+            RESOLVE,
+        )?);
+        openat2(Dir::Fd(dir.as_fd()), *last, libc::O_PATH, 0, RESOLVE)
+    }
+}
+
+fn mkdir_at(dir: &OwnedFd, name: &str) -> io::Result<()> {
+    match nix::sys::stat::mkdirat(
+        dir.as_fd(),
+        name,
+        nix::sys::stat::Mode::from_bits_truncate(0o755),
+    ) {
+        Ok(()) | Err(nix::errno::Errno::EEXIST) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Step 2c: attaches every prepared bind, parents before children.
+pub fn attach_binds(root: &OwnedFd, binds: &mut [PreparedBind]) -> Result<(), String> {
+    binds.sort_by(|a, b| a.path.cmp(&b.path));
+    for b in binds.iter() {
+        let target =
+            make_target(root, &b.path, b.is_dir).map_err(|e| format!("target {}: {e}", b.path))?;
+        sys::move_mount(b.tree.as_fd(), target.as_fd())
+            .map_err(|e| format!("attaching at {}: {e}", b.path))?;
+    }
+    Ok(())
 }

@@ -4,12 +4,24 @@
 //! abstract-socket and signal scopes always. Anything short of
 //! FullyEnforced is refused unless the operator passed `--weaker-landlock`.
 
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
 use landlock::{
     ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, NetPort, PathBeneath, PathFd,
     Ruleset, RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
 };
 
-use crate::spec::Net;
+/// The network a confined process has, as Landlock sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Network {
+    /// No network at all: TCP bind and connect denied (the namespace has only a down `lo`).
+    None,
+    /// `lo` up, TCP unrestricted on it (there is nothing else).
+    Loopback,
+    /// TCP connect to this port only (the egress proxy's listener), no bind.
+    Proxy { port: u16 },
+}
 
 pub const LANDLOCK_ABI: ABI = ABI::V7;
 
@@ -23,7 +35,7 @@ pub struct View {
     /// request). Files there may be read and written (a call file is written, then read) but
     /// nothing may be created, removed or linked; the bridge and the server decide the rest.
     pub ninep: Vec<std::os::fd::OwnedFd>,
-    pub net: Net,
+    pub net: Network,
 }
 
 /// Restricts the calling thread (and what it forks and execs). Returns a one-line status.
@@ -35,7 +47,7 @@ pub fn restrict(view: &View, weaker_landlock: bool) -> Result<String, String> {
         .map_err(|e| format!("landlock fs: {e}"))?
         .scope(Scope::from_all(abi))
         .map_err(|e| format!("landlock scope: {e}"))?;
-    if matches!(view.net, Net::None | Net::Proxy) {
+    if matches!(view.net, Network::None | Network::Proxy { .. }) {
         ruleset = ruleset
             .handle_access(AccessNet::from_all(abi))
             .map_err(|e| format!("landlock net: {e}"))?;
@@ -43,11 +55,11 @@ pub fn restrict(view: &View, weaker_landlock: bool) -> Result<String, String> {
     let mut created = ruleset
         .create()
         .map_err(|e| format!("landlock create: {e}"))?;
-    if view.net == Net::Proxy {
+    if let Network::Proxy { port } = view.net {
         // TCP connect to the proxy's port only (on any address: the network namespace has
         // nothing but `lo`); no bind at all.
         created = created
-            .add_rule(NetPort::new(crate::spec::PROXY_PORT, AccessNet::ConnectTcp))
+            .add_rule(NetPort::new(port, AccessNet::ConnectTcp))
             .map_err(|e| format!("landlock net rule: {e}"))?;
     }
     let rules = view
@@ -65,7 +77,7 @@ pub fn restrict(view: &View, weaker_landlock: bool) -> Result<String, String> {
         let ruleset = ruleset.ok_or("landlock ruleset has no fd")?;
         let access = (AccessFs::from_read(abi) | AccessFs::WriteFile | AccessFs::Truncate).bits();
         for fd in &view.ninep {
-            super::sys::landlock_add_path_rule(
+            landlock_add_path_rule(
                 std::os::fd::AsFd::as_fd(&ruleset),
                 std::os::fd::AsFd::as_fd(fd),
                 access,
@@ -115,6 +127,41 @@ fn accept(ruleset: RulesetStatus, weaker_landlock: bool, line: String) -> Result
              (pass --weaker-landlock to accept it, loudly)"
         )),
     }
+}
+
+/// `landlock_add_rule(ruleset, LANDLOCK_RULE_PATH_BENEATH, {access, parent})`, without the
+/// `fstat` of `parent` the landlock crate makes: on a FUSE root that stat waits for the bridge's
+/// INIT (or fails if the server is gone), while the kernel itself only looks at the dentry's type.
+fn landlock_add_path_rule(
+    ruleset: BorrowedFd<'_>,
+    parent: BorrowedFd<'_>,
+    access: u64,
+) -> io::Result<()> {
+    const LANDLOCK_RULE_PATH_BENEATH: libc::c_int = 1;
+    #[repr(C, packed)]
+    struct PathBeneathAttr {
+        allowed_access: u64,
+        parent_fd: i32,
+    }
+    let attr = PathBeneathAttr {
+        allowed_access: access,
+        parent_fd: parent.as_raw_fd(),
+    };
+    // SAFETY: the kernel reads the packed attr (uapi struct landlock_path_beneath_attr) from a
+    // pointer to a live local; both fds are borrowed and stay open for the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_add_rule,
+            ruleset.as_raw_fd(),
+            LANDLOCK_RULE_PATH_BENEATH,
+            &attr as *const PathBeneathAttr,
+            0u32,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -21,8 +21,6 @@ use seccompiler::{
     SeccompRule, TargetArch,
 };
 
-use super::sys;
-
 /// open_tree_attr (Linux 6.15), not yet in libc 0.2.
 const SYS_OPEN_TREE_ATTR: i64 = 467;
 
@@ -241,7 +239,7 @@ pub fn install() -> Result<(), String> {
     install_relaxed(Relaxed::default())
 }
 
-/// What a tool worker needs beyond a namespace's payload (see nsd/src/worker.rs).
+/// What a tool worker needs beyond a namespace's payload (see `crate::setup`).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Relaxed {
     /// CLONE_NEW* flags `clone` may use (the shell's worker: CLONE_NEWUSER | CLONE_NEWPID, a pid
@@ -258,10 +256,28 @@ pub fn install_relaxed(relaxed: Relaxed) -> Result<(), String> {
     let eperm = eperm_filter(allowed)?;
     let enosys = enosys_filter(relaxed.openat2)?;
     let families = socket_family_filter()?;
-    sys::seccomp_install(&x32_kill_program()).map_err(|e| format!("seccomp x32 filter: {e}"))?;
+    seccomp_install(&x32_kill_program()).map_err(|e| format!("seccomp x32 filter: {e}"))?;
     seccompiler::apply_filter(&eperm).map_err(|e| format!("seccomp deny-list: {e}"))?;
     seccompiler::apply_filter(&enosys).map_err(|e| format!("seccomp enosys filter: {e}"))?;
     seccompiler::apply_filter(&families)
         .map_err(|e| format!("seccomp socket-family filter: {e}"))?;
+    Ok(())
+}
+
+/// Installs a classic BPF seccomp program. The caller has set no_new_privs.
+fn seccomp_install(program: &[libc::sock_filter]) -> std::io::Result<()> {
+    let prog = libc::sock_fprog {
+        len: program.len() as u16,
+        filter: program.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: `prog` points at `program`, which outlives the call; the kernel copies it.
+    crate::syscall_ret::check(unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            0,
+            &prog as *const libc::sock_fprog,
+        )
+    })?;
     Ok(())
 }
