@@ -274,16 +274,7 @@ mod tests {
 
     const STRANGER: u32 = 4242;
 
-    /// A base directory with `mode` (tests run as root, as CI does).
-    fn base(mode: u32) -> tempfile::TempDir {
-        assert!(
-            nix::unistd::geteuid().is_root(),
-            "needs root (CI runs as root)"
-        );
-        let t = tempfile::tempdir().unwrap();
-        std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(mode)).unwrap();
-        t
-    }
+    use warren_test_support::dirs::with_mode as base;
 
     fn mode_of(p: &Path) -> u32 {
         std::fs::symlink_metadata(p).unwrap().mode() & 0o7777

@@ -38,6 +38,7 @@ impl MountServer for Recorder {
 #[test]
 fn mount_line_becomes_a_fuse_mount_handed_to_the_server() {
     need_root();
+    warren_test_support::kernel::require_fuse();
     let out = tempdir("wfuse");
     std::fs::set_permissions(
         out.path(),
@@ -96,6 +97,7 @@ impl MountServer for Refuser {
 #[test]
 fn an_unserved_mount_means_the_command_never_runs() {
     need_root();
+    warren_test_support::kernel::require_fuse();
     let out = tempdir("wfusr");
     std::fs::set_permissions(
         out.path(),

@@ -229,13 +229,7 @@ fn diod() -> &'static str {
 }
 
 fn bridge_next_to_nsd() -> PathBuf {
-    let bridge = Path::new(NSD).with_file_name("warren-bridge");
-    assert!(
-        bridge.exists(),
-        "{} missing: build the workspace (cargo build -p warren-bridge)",
-        bridge.display()
-    );
-    bridge
+    warren_test_support::bins::bin("warren-bridge")
 }
 
 /// A diod exporting a 3 MB file and a small one, listening on `listen` (a socket path or

@@ -6,7 +6,6 @@
 mod common;
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::Path;
 
 use common::*;
 use warren_daemon::Dirs;
@@ -256,12 +255,8 @@ fn a_sample_of_random_children_built_for_real_reach_nothing_outside_the_parent()
 #[test]
 fn narrowing_from_inside_a_namespace() {
     need_root();
-    let bridge = Path::new(NSD).with_file_name("warren-bridge");
-    assert!(
-        bridge.exists(),
-        "{} missing: build the workspace (cargo build -p warren-bridge)",
-        bridge.display()
-    );
+    // nsd starts the bridge for the namespace's 9P mounts: it must be built.
+    warren_test_support::bins::bin("warren-bridge");
     let nsd = start_nsd("wnrw");
     let t = tempdir("wnr");
     let d = t.path().join("data");

@@ -10,7 +10,7 @@
 //! Run: `cargo bench -p warren-receiptd --bench receipts`. Prints a table and the ratios.
 
 use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use ed25519_dalek::{Signer, SigningKey};
@@ -105,26 +105,24 @@ fn daemon_appends(dir: &Path, mode: &str, writers: usize) -> f64 {
     let base = dir.join(format!("{mode}-{writers}"));
     std::fs::create_dir_all(base.join("run")).unwrap();
     let socket = base.join("run/receipts.sock");
-    let child = Command::new(env!("CARGO_BIN_EXE_warren-receiptd"))
-        .arg("--runtime-dir")
-        .arg(base.join("run"))
-        .arg("--data-dir")
-        .arg(base.join("data"))
-        .arg("--secrets-dir")
-        .arg(base.join("secrets"))
-        .args([
-            "--min-free-mb",
-            "0",
-            "--rate",
-            "1e12",
-            "--burst",
-            "1e12",
-            "--durable",
-            mode,
-        ])
-        .env("WARREN_LOG", "warn")
-        .spawn()
-        .unwrap();
+    let child = warren_test_support::daemons::receiptd(
+        &base.join("run"),
+        &base.join("data"),
+        &base.join("secrets"),
+    )
+    .args([
+        "--min-free-mb",
+        "0",
+        "--rate",
+        "1e12",
+        "--burst",
+        "1e12",
+        "--durable",
+        mode,
+    ])
+    .env("WARREN_LOG", "warn")
+    .spawn()
+    .unwrap();
     let _daemon = Daemon(child);
     while std::os::unix::net::UnixStream::connect(&socket).is_err() {
         std::thread::sleep(Duration::from_millis(10));

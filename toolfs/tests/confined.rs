@@ -10,6 +10,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
 use common::*;
 use tools_support::{pids_with_arg, unique_sleep, wait_no_process_with_arg};
+use warren_test_support::wire::frame_as_nobody;
 use warren_toolfs::Status;
 
 /// A granted shell connection whose one root, seen by the tool at `/work`, is a fresh dir with

@@ -9,7 +9,6 @@
 //! writes and that the watch sees it.
 
 mod common;
-mod race_support;
 mod tools_support;
 
 use std::path::Path;
@@ -17,9 +16,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
-use race_support::*;
 use serde_json::json;
 use tools_support::*;
+use warren_test_support::race::*;
 
 const CALLS: usize = 10_000;
 const WORKERS: usize = 4;

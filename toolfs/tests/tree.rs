@@ -4,6 +4,7 @@ mod common;
 
 use common::*;
 use warren_9p::{Errno, oflags};
+use warren_test_support::wire::frame_as_nobody;
 
 /// Every tool name toolfs knows, as the operator socket lists them.
 async fn all_tool_names(d: &Daemon) -> Vec<String> {

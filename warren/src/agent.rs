@@ -160,7 +160,7 @@ pub fn agent_then(
     asks: AsksMode,
     started: impl FnOnce(&warren_ns::launch::client::Launched),
 ) -> Result<ExitCode> {
-    let agentd = crate::supervise::libexec_dir()?.join("warren-agentd");
+    let agentd = warren_supervisor::libexec_dir()?.join("warren-agentd");
     if !agentd.is_file() {
         eprintln!(
             "warren agent: {} is missing (build warren-agentd)",

@@ -127,15 +127,15 @@ pub fn demo() -> Result<ExitCode> {
         "starting the daemons under {}",
         base.path().display()
     ));
-    match crate::supervise::bring_up_with_env(&dirs, &env)? {
-        crate::supervise::Up::Started(pid) => println!("warren is up: supervisor pid {pid}"),
-        crate::supervise::Up::Already(_) => {
+    match warren_supervisor::bring_up_with_env(&dirs, &env)? {
+        warren_supervisor::Up::Started(pid) => println!("warren is up: supervisor pid {pid}"),
+        warren_supervisor::Up::Already(_) => {
             bail!("{} has daemons up already", base.path().display())
         }
     }
     let result = run_demo(&dirs, base.path()).and_then(|_| act2.run(&dirs, &model));
     step("stopping the daemons");
-    let _ = crate::supervise::down_with(&dirs, true);
+    let _ = warren_supervisor::down_with(&dirs, true, crate::down::settle_namespaces);
     drop(model);
     result.map(|()| ExitCode::SUCCESS)
 }

@@ -46,7 +46,7 @@ fn has_fs(name: &str) -> bool {
 
 /// When warren is up here: whether each daemon is up, and why one is down.
 fn daemons_check(dirs: &warren_daemon::Dirs) -> Option<Check> {
-    let states = crate::supervise::daemon_states(dirs)?;
+    let states = warren_supervisor::daemon_states(dirs)?;
     let down: Vec<String> = states
         .iter()
         .filter_map(|s| Some(format!("{} down: {}", s.name, s.down_because()?)))

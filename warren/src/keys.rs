@@ -44,7 +44,7 @@ pub fn show(dirs: &Dirs) -> Result<ExitCode> {
 /// and its listening socket).
 pub fn export(listen: &str, auth_deadline: Option<&str>) -> Result<ExitCode> {
     use std::os::unix::process::CommandExt;
-    let binary = crate::supervise::libexec_dir()?.join("warren-exportfs");
+    let binary = warren_supervisor::libexec_dir()?.join("warren-exportfs");
     let mut cmd = std::process::Command::new(&binary);
     cmd.arg("--listen").arg(listen);
     if let Some(d) = auth_deadline {

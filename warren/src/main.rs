@@ -10,6 +10,7 @@ mod attach;
 mod completions;
 mod demo;
 mod doctor;
+mod down;
 mod files;
 mod keys;
 mod log;
@@ -20,7 +21,6 @@ mod ps;
 mod receipts;
 mod run;
 mod sh;
-mod supervise;
 
 use std::process::ExitCode;
 
@@ -197,13 +197,6 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Run the daemons in the foreground and restart any that dies (what `up` starts).
-    #[command(hide = true)]
-    Supervise {
-        /// The fd on which to say "ready" (or why not) once the daemons answer.
-        #[arg(long)]
-        ready_fd: Option<i32>,
-    },
 }
 
 #[derive(Subcommand)]
@@ -253,9 +246,11 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let dirs = warren_daemon::Dirs::from_env();
     let result = match cli.command {
-        Command::Up => supervise::up(&dirs),
-        Command::Down { force } => supervise::down_with(&dirs, force),
-        Command::Status { json } => supervise::status(&dirs, json),
+        Command::Up => warren_supervisor::up(&dirs),
+        Command::Down { force } => {
+            warren_supervisor::down_with(&dirs, force, down::settle_namespaces)
+        }
+        Command::Status { json } => warren_supervisor::status(&dirs, json),
         Command::Run { asks, args } => run::run(&dirs, &args, asks),
         Command::Agent { asks, args } => agent::agent(&dirs, &args, asks),
         Command::Demo => demo::demo(),
@@ -307,7 +302,6 @@ fn main() -> ExitCode {
         Command::Sh { spec } => sh::sh(&dirs, spec.as_deref()),
         Command::Completions { shell } => completions::completions(Cli::command(), shell),
         Command::Man { dir } => completions::man(Cli::command(), dir.as_deref()),
-        Command::Supervise { ready_fd } => supervise::supervise(&dirs, ready_fd),
         Command::Ls { path } => files::run(files::ls(&dirs, &path)),
         Command::Cat { path } => files::run(files::cat(&dirs, &path)),
         Command::Write { path, data } => files::run(files::write(&dirs, &path, data)),

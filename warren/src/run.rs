@@ -54,18 +54,18 @@ pub fn run_spec(
 /// status, once the reason is said (`who` names the command in it).
 pub fn ensure_nsd(dirs: &Dirs, who: &str) -> Result<(), ExitCode> {
     if !nsd_answers(dirs) {
-        match crate::supervise::bring_up(dirs) {
+        match warren_supervisor::bring_up(dirs) {
             Err(e) => {
                 eprintln!("warren: {who}: no daemons are up, and starting them failed: {e:#}");
                 return Err(ExitCode::from(125));
             }
             // Up, but nsd is not: the supervisor closed its sockets until its next try.
-            Ok(crate::supervise::Up::Already(_)) if !nsd_answers(dirs) => {
-                let why = crate::supervise::daemon_states(dirs)
+            Ok(warren_supervisor::Up::Already(_)) if !nsd_answers(dirs) => {
+                let why = warren_supervisor::daemon_states(dirs)
                     .unwrap_or_default()
                     .iter()
                     .find(|s| s.name == "nsd")
-                    .and_then(crate::supervise::DaemonState::down_because)
+                    .and_then(warren_supervisor::DaemonState::down_because)
                     .unwrap_or_else(|| "its run socket does not answer".into());
                 eprintln!("warren: {who}: nsd is down: {why} (see `warren status`)");
                 return Err(ExitCode::from(125));

@@ -7,10 +7,10 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use common::llm::Script;
 use common::{Warren, approve_every_ask, wait_until};
 use serde_json::{Value, json};
 use warren_daemon::identity::Role;
+use warren_test_support::llm_script::Script;
 
 /// `warren agent` with the operator answering its asks, in the namespace `spec` builds, then
 /// `rest` (options, the task).
@@ -85,7 +85,7 @@ fn an_agent_summarises_a_repository_and_every_call_is_receipted() {
         .unwrap();
     let (repo, out) = repo(base.path());
     let summary = format!("{out}/SUMMARY.md");
-    let script = Script::start(
+    let script = Script::openai(
         base.path(),
         &json!([
             {"tool_calls": [
@@ -299,7 +299,7 @@ fn the_budget_stops_a_model_that_never_finishes() {
                                        "arguments": {"path": "README.md"}}],
                        "usage": {"prompt_tokens": 4000, "completion_tokens": 1000}});
     let slow = json!({"text": "too late", "delay_ms": 5000});
-    let script = Script::start(
+    let script = Script::openai(
         base.path(),
         &json!([{"tool_calls": flood}, again, again, again, heavy, slow]),
     );
@@ -354,7 +354,7 @@ fn the_calls_of_one_turn_run_concurrently() {
         .tempdir_in("/tmp")
         .unwrap();
     let (repo, out) = repo(base.path());
-    let script = Script::start(
+    let script = Script::openai(
         base.path(),
         &json!([
             {"tool_calls": [
@@ -424,7 +424,7 @@ fn model_calls_are_decided_by_the_gate_and_charged_to_the_budgets() {
     // call reaches the gate and only the model calls spend the budget.
     let turn = json!({"tool_calls": [{"id": "n", "name": "nope", "arguments": {}}],
                       "usage": {"prompt_tokens": 1, "completion_tokens": 1}});
-    let script = Script::start(base.path(), &Value::Array(vec![turn; 30]));
+    let script = Script::openai(base.path(), &Value::Array(vec![turn; 30]));
     let w = Warren::up_with(&[("WARREN_LLM_URL", &script.url()), ("WARREN_LLM_MODEL", "m")]);
     let spec = base.path().join("agent.ns");
     let agent = |spec_text: &str| {
@@ -516,7 +516,7 @@ fn a_restarted_llmfs_serves_the_running_namespace_again() {
         .prefix("wllmr")
         .tempdir_in("/tmp")
         .unwrap();
-    let script = Script::start(
+    let script = Script::openai(
         script_dir.path(),
         &json!([{"text": "before"}, {"text": "after"}]),
     );

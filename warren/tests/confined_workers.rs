@@ -5,8 +5,6 @@
 //! Needs root, /dev/fuse and the workspace's binaries.
 
 mod common;
-#[path = "../../toolfs/tests/race_support/mod.rs"]
-mod race_support;
 
 use std::os::unix::fs::MetadataExt;
 use std::sync::Arc;
@@ -155,8 +153,8 @@ fn racing_fs_writes_from_inside_warren_run_never_land_outside_the_root() {
         .tempdir_in("/tmp")
         .unwrap();
     let uid = Role::Worker.uid();
-    let outside = race_support::make_outside(base.path(), uid);
-    let root = race_support::make_root(base.path(), &outside, uid);
+    let outside = warren_test_support::race::make_outside(base.path(), uid);
+    let root = warren_test_support::race::make_root(base.path(), &outside, uid);
     let root_path = root.to_str().unwrap().to_string();
     let spec = w.base.path().join("race.ns");
     std::fs::write(
@@ -183,15 +181,15 @@ for i in range({CALLS}):
 print(json.dumps(counts))
 print(json.dumps(first))
 EOF"#,
-        files = race_support::FILES,
+        files = warren_test_support::race::FILES,
     );
-    let before = race_support::snapshot(&outside);
+    let before = warren_test_support::race::snapshot(&outside);
     let stop = Arc::new(AtomicBool::new(false));
     let swaps = Arc::new(AtomicU64::new(0));
     let swapping = {
         let (root, outside, stop, swaps) =
             (root.clone(), outside.clone(), stop.clone(), swaps.clone());
-        std::thread::spawn(move || race_support::swapper(root, outside, stop, swaps))
+        std::thread::spawn(move || warren_test_support::race::swapper(root, outside, stop, swaps))
     };
     let started = std::time::Instant::now();
     let (code, out, err) = w.sh(
@@ -221,7 +219,7 @@ EOF"#,
         swaps.load(Ordering::Relaxed) > 0,
         "the swapper never swapped"
     );
-    race_support::assert_untouched(&outside, &before);
+    warren_test_support::race::assert_untouched(&outside, &before);
 }
 
 /// Attack (write identity × narrowing): a namespace granted `fs_write -w R`, where R is

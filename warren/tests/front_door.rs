@@ -15,13 +15,7 @@ impl Warren {
             nix::unistd::geteuid().is_root(),
             "warren up needs root (it starts daemons under their own uids): scripts/test runs as root"
         );
-        let bin = PathBuf::from(env!("CARGO_BIN_EXE_warren"));
-        let toolfs = bin.with_file_name("warren-toolfs");
-        assert!(
-            toolfs.exists(),
-            "{} is missing: build the workspace (cargo build --workspace) before these tests",
-            toolfs.display()
-        );
+        warren_test_support::bins::bin("warren-toolfs");
         let base = tempfile::Builder::new()
             .prefix("wfd")
             .tempdir_in("/tmp")
@@ -520,15 +514,16 @@ fn approvals_with_no_terminal_lists_the_open_asks_and_says_why_it_stops() {
 fn up_fails_cleanly_when_a_daemon_cannot_start() {
     let w = Warren::new();
     let libexec = tempfile::tempdir().unwrap();
-    let real = PathBuf::from(env!("CARGO_BIN_EXE_warren"));
     for b in [
+        "warren-supervisor",
         "warren-gate",
         "warren-toolfs",
         "warren-nsd",
         "warren-bridge",
         "warren-tool-worker",
     ] {
-        std::os::unix::fs::symlink(real.with_file_name(b), libexec.path().join(b)).unwrap();
+        std::os::unix::fs::symlink(warren_test_support::bins::bin(b), libexec.path().join(b))
+            .unwrap();
     }
     let broken = libexec.path().join("warren-receiptd");
     std::fs::write(&broken, "#!/bin/sh\necho 'cannot start' >&2\nexit 3\n").unwrap();

@@ -21,11 +21,11 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use common::llm::Script;
 use common::{Warren, approve_every_ask};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use warren_daemon::identity::Role;
+use warren_test_support::llm_script::Script;
 
 #[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
@@ -253,7 +253,7 @@ fn run_all(tasks: &[Task], confined: bool) -> Vec<Run> {
         turns.push(json!({"text": "Done."}));
     }
     let script_dir = tempfile::tempdir().unwrap();
-    let script = Script::start(script_dir.path(), &Value::Array(turns));
+    let script = Script::openai(script_dir.path(), &Value::Array(turns));
     let w = Warren::up_with(&[
         ("WARREN_LLM_URL", &script.url()),
         ("WARREN_LLM_MODEL", "compromised"),

@@ -742,7 +742,7 @@ fn a_whole_server_mount_serves_its_resources_as_read_only_files() {
 #[test]
 fn the_agent_calls_a_mounted_mcp_servers_tool() {
     let script_dir = tempfile::tempdir().unwrap();
-    let script = llm::Script::start(
+    let script = warren_test_support::llm_script::Script::openai(
         script_dir.path(),
         &serde_json::json!([
             {"tool_calls": [{"id": "m1", "name": "mcp__everything__echo",

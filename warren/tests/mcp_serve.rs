@@ -26,12 +26,7 @@ fn python() -> PathBuf {
 }
 
 fn server_built() {
-    let server = Path::new(env!("CARGO_BIN_EXE_warren")).with_file_name("warren-mcp-server");
-    assert!(
-        server.exists(),
-        "{}: build it (cargo build -p warren-mcpserve)",
-        server.display()
-    );
+    warren_test_support::bins::bin("warren-mcp-server");
 }
 
 /// The SDK client running SCENARIO against `warren mcp serve FLAGS…`, with `env` added.

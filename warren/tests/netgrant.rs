@@ -9,8 +9,6 @@
 //! one way for its six tests.
 
 mod common;
-#[path = "../../servers/netproxy/tests/common/tls.rs"]
-mod tls;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -520,7 +518,7 @@ fn a_shell_tool_given_the_network_fetches_through_the_proxy_and_one_without_cann
 /// server (`WARREN_NETPROXY_DNS`), and no hosts file.
 struct Internet {
     ip: String,
-    _tls: tls::TlsServer,
+    _tls: warren_test_support::tls::TlsServer,
     http: World,
     /// `ca.pem` (readable by a payload) and the server's key and files.
     dir: tempfile::TempDir,
@@ -534,7 +532,8 @@ impl Internet {
         let ip = link.inside_ip.clone();
         let dir = common::tempdir_with_mode("wnetw", 0o755);
         let (path, at) = (dir.path().to_path_buf(), ip.clone());
-        let tls = link.inside(move || tls::tls_server(&path, &format!("{at}:443")));
+        let tls =
+            link.inside(move || warren_test_support::tls::tls_server(&path, &format!("{at}:443")));
         let at = ip.clone();
         let (http, dns) = link.inside(move || {
             (
@@ -627,7 +626,7 @@ fn the_internet_is_reached_by_name_over_https_and_nothing_else_gets_out() {
     assert_eq!(status, 0, "{out}\n{err}");
     assert_eq!(
         line_of(&out, "https:"),
-        tls::BODY.trim_end(),
+        warren_test_support::tls::BODY.trim_end(),
         "{out}\n{err}"
     );
     assert_eq!(line_of(&out, "other:"), "403", "{out}\n{err}");
@@ -756,7 +755,11 @@ fn an_mcp_server_given_the_network_fetches_its_listed_host_and_one_without_canno
         assert_eq!(env["status"], "ok", "{env}");
     }
     let content = |i: usize| got[i]["content"].as_str().unwrap().to_string();
-    assert_eq!(content(0), format!("body:{}", tls::BODY), "{out}");
+    assert_eq!(
+        content(0),
+        format!("body:{}", warren_test_support::tls::BODY),
+        "{out}"
+    );
     assert_eq!(content(1), "status:403", "{out}");
     // No proxy variables and only `lo`: the name does not even resolve.
     assert!(content(2).starts_with("failed:"), "{out}");

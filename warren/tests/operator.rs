@@ -139,13 +139,16 @@ fn the_systemd_unit_names_real_binaries_and_flags() {
     let exec = value("ExecStart");
     assert_eq!(exec.len(), 1, "{exec:?}");
     let words: Vec<&str> = exec[0].split_whitespace().collect();
-    assert_eq!(Path::new(words[0]).file_name().unwrap(), "warren");
+    assert_eq!(
+        Path::new(words[0]).file_name().unwrap(),
+        "warren-supervisor"
+    );
     assert!(Path::new(words[0]).is_absolute());
-    // The subcommand and flags parse: `--help` after them succeeds only if they do.
-    let mut help = warren();
+    let supervisor = warren_test_support::bins::bin("warren-supervisor");
+    // The flags parse: `--help` after them succeeds only if they do.
+    let mut help = Command::new(&supervisor);
     help.args(&words[1..]).arg("--help");
     stdout_of(&mut help);
-    assert_eq!(words[1], "supervise");
     assert_eq!(value("Type"), ["notify"]);
 
     let defaults = [
@@ -169,7 +172,7 @@ fn the_systemd_unit_names_real_binaries_and_flags() {
     // verify checks that ExecStart exists: point it at the binary under test.
     let dir = tempfile::tempdir().unwrap();
     let copy = dir.path().join("warren.service");
-    std::fs::write(&copy, unit.replace(words[0], env!("CARGO_BIN_EXE_warren"))).unwrap();
+    std::fs::write(&copy, unit.replace(words[0], supervisor.to_str().unwrap())).unwrap();
     // verify also checks that `Documentation=man:warren(1)` resolves: give it the pages
     // `warren man --dir` writes, as a package would install them.
     let man1 = dir.path().join("man/man1");
@@ -197,7 +200,7 @@ fn the_supervisor_tells_systemd_it_is_ready() {
     let notify = w.base.path().join("notify");
     let socket = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
     let mut supervisor = w
-        .cmd(&["supervise"])
+        .supervisor()
         .env("NOTIFY_SOCKET", &notify)
         .stdout(Stdio::null())
         .stderr(Stdio::null())

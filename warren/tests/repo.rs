@@ -1,5 +1,6 @@
 //! Rules of the repository itself, checked on its files: the README's test command is the one
-//! `.ci/run` runs and sets up a fresh machine by itself, and no test returns early as a pass.
+//! `.ci/run` runs and sets up a fresh machine by itself, no test returns early as a pass, and
+//! the tests that need FUSE are the ones scripts/test leaves out without it.
 
 use std::path::{Path, PathBuf};
 
@@ -94,4 +95,109 @@ fn no_test_returns_early_as_a_pass() {
         "skip-and-return paths:\n{}",
         found.join("\n")
     );
+}
+
+/// The tests that need FUSE are the ones scripts/test leaves out on a host without it: every
+/// test binary that calls `require_fuse()` (test-support), directly or through a helper of its
+/// crate's `tests/common`, is in scripts/test's FUSE filter, and every binary the filter names
+/// exists. So a host without FUSE reports each such test as skipped, never as failed or passed.
+#[test]
+fn every_test_needing_fuse_is_in_scripts_tests_fuse_filter() {
+    let script = read("scripts/test");
+    let line = script
+        .lines()
+        .find_map(|l| l.strip_prefix("fuse_tests='"))
+        .expect("scripts/test has its fuse_tests filter");
+    let listed: std::collections::BTreeSet<String> = line
+        .split("binary_id(")
+        .skip(1)
+        .map(|s| s.split(')').next().unwrap().to_string())
+        .collect();
+    let mut needing = std::collections::BTreeSet::new();
+    let mut known = std::collections::BTreeSet::new();
+    for tests in crate_test_dirs() {
+        let (package, dir) = tests;
+        // The helpers of this crate's tests/common that require FUSE.
+        let mut helpers = vec!["require_fuse".to_string()];
+        for common in rs_files(&dir.join("common")) {
+            let text = std::fs::read_to_string(common).unwrap();
+            for chunk in text.split("fn ").skip(1) {
+                let name: String = chunk
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if chunk.contains("require_fuse()") && !name.is_empty() {
+                    helpers.push(name);
+                }
+            }
+        }
+        for file in rs_files(&dir) {
+            if file.ends_with("warren/tests/repo.rs") {
+                continue;
+            }
+            let binary = file.file_stem().unwrap().to_string_lossy().into_owned();
+            let id = format!("{package}::{binary}");
+            known.insert(id.clone());
+            let text = std::fs::read_to_string(&file).unwrap();
+            if helpers.iter().any(|h| calls(&text, h)) {
+                needing.insert(id);
+            }
+        }
+    }
+    let missing: Vec<_> = needing.difference(&listed).collect();
+    assert!(
+        missing.is_empty(),
+        "these test binaries need FUSE but scripts/test's fuse_tests does not list them: {missing:?}"
+    );
+    let unknown: Vec<_> = listed.difference(&known).collect();
+    assert!(
+        unknown.is_empty(),
+        "scripts/test's fuse_tests names test binaries that do not exist: {unknown:?}"
+    );
+}
+
+/// Whether `text` calls `name(` (not as part of a longer name, not its definition).
+fn calls(text: &str, name: &str) -> bool {
+    let call = format!("{name}(");
+    text.match_indices(&call).any(|(i, _)| {
+        let before = text[..i].chars().next_back();
+        !before.is_some_and(|c| c.is_alphanumeric() || c == '_') && !text[..i].ends_with("fn ")
+    })
+}
+
+/// Every workspace crate's package name and its `tests/` dir (the crates with one).
+fn crate_test_dirs() -> Vec<(String, PathBuf)> {
+    let mut out = Vec::new();
+    let mut stack = vec![repo_root()];
+    while let Some(dir) = stack.pop() {
+        let manifest = dir.join("Cargo.toml");
+        if let Ok(text) = std::fs::read_to_string(&manifest)
+            && let Some(name) = text
+                .lines()
+                .find_map(|l| l.strip_prefix("name = \""))
+                .map(|n| n.trim_end_matches('"').to_string())
+            && dir.join("tests").is_dir()
+        {
+            out.push((name, dir.join("tests")));
+        }
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            if path.is_dir() && !name.starts_with('.') && name != "target" && name != "fuzz" {
+                stack.push(path);
+            }
+        }
+    }
+    out
+}
+
+/// The `.rs` files directly in `dir` (none if it does not exist).
+fn rs_files(dir: &std::path::Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rs"))
+        .collect()
 }

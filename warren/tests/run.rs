@@ -303,14 +303,8 @@ fn nsd_builds_warren_runs_namespace_and_it_dies_with_the_launcher() {
 /// runs the command through nsd, and leaves the daemons up.
 #[test]
 fn warren_run_starts_the_daemons_when_none_are_up() {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "warren run needs root: scripts/test runs as root"
-    );
-    assert!(
-        std::path::Path::new("/dev/fuse").exists(),
-        "this kernel has no FUSE (/dev/fuse is missing): scripts/test skips this test on such a host"
-    );
+    warren_test_support::kernel::require_root();
+    warren_test_support::kernel::require_fuse();
     let base = tempfile::Builder::new()
         .prefix("wrup")
         .tempdir_in("/tmp")

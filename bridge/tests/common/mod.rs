@@ -80,14 +80,8 @@ pub async fn client_for(server: &Server) -> io::Result<warren_9p::Client> {
 /// The bridge tests mount FUSE as root. Fails, saying why, on a host that cannot: scripts/test
 /// leaves these tests out (nextest counts them as skipped) when the kernel has no FUSE.
 pub fn need_fuse() {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "the bridge tests mount FUSE and need root (scripts/test runs as root)"
-    );
-    assert!(
-        Path::new("/dev/fuse").exists(),
-        "this kernel has no FUSE (/dev/fuse is missing): scripts/test skips this test on such a host"
-    );
+    warren_test_support::kernel::require_root();
+    warren_test_support::kernel::require_fuse();
 }
 
 /// The bridge serving the test tree at `<tmp>/m`.

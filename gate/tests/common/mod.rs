@@ -4,74 +4,27 @@
 #![allow(dead_code)]
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
 
 use serde_json::Value;
 use warren_9p::{Client, Errno, Fid, oflags};
 use warren_gate::control::{ControlRecord, hand_over};
 use warren_gate::gate::Answer;
+use warren_test_support::daemons::{self, Process};
+use warren_test_support::receipts;
 
 pub const S1: &str = "11111111111111111111111111111111";
 pub const S2: &str = "22222222222222222222222222222222";
 pub const S3: &str = "33333333333333333333333333333333";
-
-/// The receiptd binary: next to ours in the target dir, built once per test process.
-fn receiptd_bin() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let gate = PathBuf::from(env!("CARGO_BIN_EXE_warren-gate"));
-            let bin = gate.parent().unwrap().join("warren-receiptd");
-            // Build it in the profile these tests were built in (the dir our binary is in).
-            let release = gate
-                .parent()
-                .and_then(|d| d.file_name())
-                .is_some_and(|n| n == "release");
-            let mut args = vec!["build", "-p", "warren-receiptd", "--bin", "warren-receiptd"];
-            if release {
-                args.push("--release");
-            }
-            let status = Command::new(env!("CARGO"))
-                .args(&args)
-                .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-                .status()
-                .expect("run cargo to build warren-receiptd");
-            assert!(status.success(), "cargo build -p warren-receiptd failed");
-            assert!(bin.exists(), "{} missing after the build", bin.display());
-            bin
-        })
-        .clone()
-}
 
 pub struct Env {
     _dir: tempfile::TempDir,
     pub base: PathBuf,
     pub runtime: PathBuf,
     pub gate_data: PathBuf,
-    gate: Option<Child>,
-    receiptd: Option<Child>,
+    gate: Option<Process>,
+    receiptd: Option<Process>,
     gate_args: Vec<String>,
-}
-
-fn wait_for_socket(path: &Path, child: &mut Child, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return;
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("{what} exited before listening: {status}");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what} did not listen on {} within 30 s",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 impl Env {
@@ -113,54 +66,28 @@ impl Env {
     }
 
     pub fn start_receiptd(&mut self) {
-        let mut child = Command::new(receiptd_bin())
-            .arg("--runtime-dir")
-            .arg(&self.runtime)
-            .arg("--data-dir")
-            .arg(self.base.join("rdata"))
-            .arg("--secrets-dir")
-            .arg(self.base.join("secrets"))
-            .arg("--gate-uid")
-            .arg(nix::unistd::geteuid().as_raw().to_string())
-            .env("WARREN_LOG", "warn")
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("start warren-receiptd");
-        wait_for_socket(
-            &self.runtime.join("receipts.sock"),
-            &mut child,
-            "warren-receiptd",
+        let mut cmd = daemons::receiptd(
+            &self.runtime,
+            &self.base.join("rdata"),
+            &self.base.join("secrets"),
         );
-        self.receiptd = Some(child);
+        cmd.arg("--gate-uid")
+            .arg(nix::unistd::geteuid().as_raw().to_string());
+        self.receiptd = Some(Process::start(cmd, &[&self.runtime.join("receipts.sock")]));
     }
 
     pub fn start_gate(&mut self) {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_warren-gate"))
-            .arg("--runtime-dir")
-            .arg(&self.runtime)
-            .arg("--data-dir")
-            .arg(&self.gate_data)
-            .args(&self.gate_args)
-            .env("WARREN_LOG", "warn")
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("start warren-gate");
-        wait_for_socket(&self.runtime.join("gate.sock"), &mut child, "warren-gate");
-        self.gate = Some(child);
+        let mut cmd = daemons::gate(&self.runtime, &self.gate_data);
+        cmd.args(&self.gate_args);
+        self.gate = Some(Process::start(cmd, &[&self.runtime.join("gate.sock")]));
     }
 
     pub fn kill_gate(&mut self) {
-        if let Some(mut c) = self.gate.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.gate.take();
     }
 
     pub fn kill_receiptd(&mut self) {
-        if let Some(mut c) = self.receiptd.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.receiptd.take();
     }
 
     /// An operator attach on `gate.sock`.
@@ -205,32 +132,12 @@ impl Env {
 
     /// The receipt bodies (each DSSE envelope's payload) in receiptd's log for `scope`.
     pub async fn receipt_bodies(&self, scope: &str) -> Vec<Value> {
-        use base64::Engine as _;
-        self.receipts_log(scope)
-            .await
-            .split(|b| *b == b'\n')
-            .filter(|l| !l.is_empty())
-            .map(|line| {
-                let envelope: Value = serde_json::from_slice(line).unwrap();
-                let payload = base64::engine::general_purpose::STANDARD
-                    .decode(envelope["payload"].as_str().unwrap())
-                    .unwrap();
-                serde_json::from_slice(&payload).unwrap()
-            })
-            .collect()
+        receipts::bodies(&self.runtime.join("receipts.sock"), scope).await
     }
 
     /// receiptd's log for `scope` (empty while it has none).
     pub async fn receipts_log(&self, scope: &str) -> Vec<u8> {
-        let c = Client::connect_unix(self.runtime.join("receipts.sock"))
-            .await
-            .expect("connect receipts.sock");
-        let root = c.attach("test", "").await.unwrap();
-        let Ok(log) = root.walk(&[scope, "log"]).await else {
-            return Vec::new();
-        };
-        log.open(oflags::RDONLY).await.unwrap();
-        log.read_to_end(0).await.unwrap()
+        receipts::log(&self.runtime.join("receipts.sock"), scope).await
     }
 }
 

@@ -4,26 +4,21 @@
 
 pub mod escape;
 
-use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::Duration;
+use std::process::{Command, Output};
 
 use warren_daemon::Dirs;
+use warren_test_support::daemons::{self, Process};
 
 pub const NSD: &str = env!("CARGO_BIN_EXE_warren-nsd");
-/// The hostile probe (`warren-probe`, a binary of warren-ns): built next to `warren-nsd` by
-/// `cargo build --workspace --bins`, which `scripts/test` runs before the suite.
+/// The escape suite's probe (`tests/probe`), found as every test finds the workspace's binaries.
 pub fn probe_path() -> &'static str {
     static PROBE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-        let path = Path::new(NSD).with_file_name("warren-probe");
-        assert!(
-            path.exists(),
-            "{} is not built: run `cargo build --workspace --bins` first (scripts/test does)",
-            path.display()
-        );
-        path.to_string_lossy().into_owned()
+        warren_test_support::bins::bin("warren-probe")
+            .into_os_string()
+            .into_string()
+            .expect("a UTF-8 path")
     });
     &PROBE
 }
@@ -132,16 +127,9 @@ pub fn exists(p: &str) -> bool {
 
 /// A real `warren-nsd serve` in a temp runtime dir of its own; killed when dropped.
 pub struct Nsd {
-    pub child: Child,
+    pub child: Process,
     pub dirs: Dirs,
     _base: tempfile::TempDir,
-}
-
-impl Drop for Nsd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Starts `warren-nsd serve` under a fresh temp dir named `prefix…` and returns once its run
@@ -150,21 +138,9 @@ pub fn start_nsd(prefix: &str) -> Nsd {
     let base = tempdir(prefix);
     let dirs = Dirs::under(base.path());
     std::fs::create_dir_all(&dirs.runtime).unwrap();
-    let mut child = Command::new(NSD)
-        .arg("serve")
-        .env("WARREN_RUNTIME_DIR", &dirs.runtime)
-        .env("WARREN_DATA_DIR", &dirs.data)
-        .env("WARREN_SECRETS_DIR", &dirs.secrets)
-        .stdin(Stdio::null())
-        .spawn()
-        .unwrap();
+    let cmd = daemons::nsd(&dirs.runtime, &dirs.data, &dirs.secrets);
     let run = warren_ns::launch::socket_path(&dirs);
-    while UnixStream::connect(&run).is_err() || UnixStream::connect(dirs.socket("ns")).is_err() {
-        if let Some(st) = child.try_wait().unwrap() {
-            panic!("warren-nsd serve exited: {st}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let child = Process::start(cmd, &[&run, &dirs.socket("ns")]);
     Nsd {
         child,
         dirs,

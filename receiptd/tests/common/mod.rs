@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 use warren_receiptd::{AppendRequest, Kind, Log, LogConfig, Role};
+use warren_test_support::daemons::Process;
 
 /// A short temp dir under /tmp (socket paths must fit in 108 bytes).
 pub fn tmp() -> tempfile::TempDir {
@@ -65,28 +66,26 @@ pub fn registry(base: &Path) -> Vec<u8> {
 
 /// A receiptd process on its own dirs under `base`.
 pub struct Daemon {
-    pub child: std::process::Child,
+    pub child: Process,
     pub socket: PathBuf,
 }
 
 pub fn daemon_cmd(base: &Path, extra: &[&str]) -> std::process::Command {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_warren-receiptd"));
-    cmd.arg("--runtime-dir")
-        .arg(base.join("run"))
-        .arg("--data-dir")
-        .arg(base.join("data"))
-        .arg("--secrets-dir")
-        .arg(base.join("secrets"))
-        .args([
-            "--min-free-mb",
-            "0",
-            "--rate",
-            "1000000",
-            "--burst",
-            "1000000",
-        ])
-        .args(extra)
-        .env("WARREN_LOG", "warn");
+    let mut cmd = warren_test_support::daemons::receiptd(
+        &base.join("run"),
+        &base.join("data"),
+        &base.join("secrets"),
+    );
+    cmd.args([
+        "--min-free-mb",
+        "0",
+        "--rate",
+        "1000000",
+        "--burst",
+        "1000000",
+    ])
+    .args(extra)
+    .env("WARREN_LOG", "warn");
     cmd
 }
 
@@ -95,25 +94,12 @@ impl Daemon {
         Daemon::spawn(daemon_cmd(base, extra), base)
     }
 
-    pub fn spawn(mut cmd: std::process::Command, base: &Path) -> Daemon {
+    pub fn spawn(cmd: std::process::Command, base: &Path) -> Daemon {
         std::fs::create_dir_all(base.join("run")).unwrap();
         let socket = base.join("run").join("receipts.sock");
         let _ = std::fs::remove_file(&socket);
-        let child = cmd.spawn().expect("spawn warren-receiptd");
-        let d = Daemon { child, socket };
-        d.wait_ready();
-        d
-    }
-
-    /// Waits until the socket accepts (readiness, not a timing assertion).
-    fn wait_ready(&self) {
-        for _ in 0..1000 {
-            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        panic!("receiptd did not come up at {}", self.socket.display());
+        let child = Process::start(cmd, &[&socket]);
+        Daemon { child, socket }
     }
 
     pub fn kill9(&mut self) {
@@ -130,13 +116,6 @@ impl Daemon {
         .unwrap();
         let status = self.child.wait().unwrap();
         assert!(status.success(), "receiptd exited with {status}");
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -6,7 +6,6 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use base64::Engine;
 use common::{Llmfs, Script, error_of, lines, tmp};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -28,17 +27,7 @@ async fn receipts(socket: &std::path::Path, scope: &str, n: usize) -> Vec<Value>
         if let Ok(fid) = root.walk(&[scope, "log"]).await {
             fid.open(oflags::RDONLY).await.unwrap();
             let log = fid.read_to_end(0).await.unwrap();
-            let bodies: Vec<Value> = log
-                .split(|b| *b == b'\n')
-                .filter(|l| !l.is_empty())
-                .map(|l| {
-                    let env: Value = serde_json::from_slice(l).unwrap();
-                    let payload = base64::engine::general_purpose::STANDARD
-                        .decode(env["payload"].as_str().unwrap())
-                        .unwrap();
-                    serde_json::from_slice(&payload).unwrap()
-                })
-                .collect();
+            let bodies = warren_test_support::receipts::bodies_of(&log);
             if bodies.len() >= n {
                 return bodies;
             }

@@ -24,7 +24,7 @@ struct Args {
     /// Serve `<runtime>/netproxy.ctl` (root peers only): nsd hands over each `net proxy`
     /// namespace's listener with its policy; the gate (`WARREN_GATE_FD`) decides each
     /// destination's first use and every connection becomes an `effect` receipt. How
-    /// `warren supervise` runs it.
+    /// `warren-supervisor` runs it.
     #[arg(long, conflicts_with_all = ["listen", "allow", "policy", "session"])]
     control: bool,
     /// An allowed destination, `HOST[:PORT][=ADDR,…]` (repeatable; see docs/network.md).
@@ -165,7 +165,7 @@ fn records(args: &Args) -> anyhow::Result<Records> {
     })
 }
 
-/// `--control`: the daemon `warren supervise` runs (see [`warren_netproxy::grant`]).
+/// `--control`: the daemon `warren-supervisor` runs (see [`warren_netproxy::grant`]).
 fn control(args: Args) -> anyhow::Result<()> {
     use warren_proto::gate::GateClient;
     use warren_toolfs::gate;

@@ -21,24 +21,7 @@ fn frame_as_nobody(ctl: &std::path::Path) -> String {
     };
     wide(ctl.parent().unwrap(), 0o755);
     wide(ctl, 0o666);
-    let script = format!(
-        "import socket\ns=socket.socket(socket.AF_UNIX)\ns.connect({:?})\nr=b'{{}}'\n\
-         try:\n  s.sendall(len(r).to_bytes(4,'little')+r)\n  print('answer' if s.recv(100) else 'closed')\n\
-         except (BrokenPipeError, ConnectionResetError):\n  print('closed')\n",
-        ctl.to_str().unwrap()
-    );
-    let out = std::process::Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
-        .args(["/usr/bin/python3", "-c", &script])
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(
-        said == "answer" || said == "closed",
-        "{said:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    said
+    warren_test_support::wire::frame_as_nobody(ctl, "{}")
 }
 
 #[test]

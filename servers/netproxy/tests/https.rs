@@ -5,8 +5,8 @@
 
 mod common;
 
-use common::tls::{BODY, tls_server};
 use common::{Proxy, curl, stderr, stdout};
+use warren_test_support::tls::{BODY, tls_server};
 
 #[test]
 fn https_through_connect_and_socks5h_checks_the_servers_certificate() {

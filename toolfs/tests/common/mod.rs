@@ -2,7 +2,6 @@
 //! connections to it (operator socket, or handed over with a grant on the control socket).
 #![allow(dead_code)]
 
-pub mod approver;
 pub mod stack;
 
 pub use stack::Stack;
@@ -10,11 +9,12 @@ pub use stack::Stack;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use warren_9p::{Client, Fid, oflags};
+use warren_test_support::daemons::Process;
 use warren_toolfs::{Envelope, GrantRecord, ToolGrant};
 
 /// What grant records name as the worker ids (nsd chooses the real ones: [`nsd_worker_uid`]).
@@ -27,7 +27,7 @@ pub fn nsd_worker_uid() -> u32 {
 }
 
 pub struct Daemon {
-    child: Child,
+    child: Process,
     pub dir: tempfile::TempDir,
     /// receiptd and the gate, when this toolfs was given a gate.
     pub stack: Option<Stack>,
@@ -86,36 +86,26 @@ impl Daemon {
     /// Starts the real binary with `extra` flags; returns once both sockets answer.
     fn spawn(dir: tempfile::TempDir, extra: &[&str], gate_fd: Option<&str>) -> Daemon {
         let log = std::fs::File::create(dir.path().join("toolfs.log")).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_warren-toolfs"));
-        cmd.arg("--runtime-dir")
-            .arg(dir.path().join("run"))
-            .arg("--echo-journal")
+        let mut cmd = warren_test_support::daemons::toolfs(&dir.path().join("run"));
+        cmd.arg("--echo-journal")
             .arg(dir.path().join("echo.journal"))
             .args(extra)
             .env("WARREN_LOG", "info")
-            .env_remove("WARREN_GATE_FD")
-            .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
         if let Some(fd) = gate_fd {
             cmd.env("WARREN_GATE_FD", fd);
         }
-        let child = cmd.spawn().unwrap();
-        let d = Daemon {
+        let run = dir.path().join("run");
+        let log = dir.path().join("toolfs.log");
+        let sockets = [run.join("toolfs.ctl"), run.join("tool.sock")];
+        let child = Process::start_logged(cmd, &[&sockets[0], &sockets[1]], Some(&log));
+        Daemon {
             child,
             dir,
             stack: None,
             gate_fd: None,
-        };
-        for _ in 0..500 {
-            if UnixStream::connect(d.ctl()).is_ok()
-                && UnixStream::connect(d.operator_sock()).is_ok()
-            {
-                return d;
-            }
-            std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("warren-toolfs did not come up; log:\n{}", d.log());
     }
 
     pub fn stack(&self) -> &Stack {
@@ -162,7 +152,7 @@ impl Daemon {
     }
 
     pub fn is_running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
+        self.child.is_running()
     }
 
     /// A connection to the operator socket, attached.
@@ -192,13 +182,6 @@ impl Daemon {
             .unwrap();
         let root = client.attach("nobody", "/everything").await.unwrap();
         (client, root)
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -369,35 +352,4 @@ pub fn digest(bytes: &[u8]) -> String {
 
 pub fn path_str(p: &Path) -> &str {
     p.to_str().unwrap()
-}
-
-/// Sends one length-prefixed `frame` to the unix socket at `socket` as uid 65534 (a peer no
-/// control socket accepts) and says what came back: "answer", or "closed" when the server hung
-/// up without one. Python, so the peer really is another process with other credentials.
-pub fn frame_as_nobody(socket: &Path, frame: &str) -> String {
-    let script = format!(
-        "import socket\ns=socket.socket(socket.AF_UNIX)\ns.connect({:?})\nr={:?}.encode()\n\
-         try:\n  s.sendall(len(r).to_bytes(4,'little')+r)\n  print('answer' if s.recv(100) else 'closed')\n\
-         except (BrokenPipeError, ConnectionResetError):\n  print('closed')\n",
-        path_str(socket),
-        frame
-    );
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "/usr/bin/python3",
-            "-c",
-            &script,
-        ])
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(
-        said == "answer" || said == "closed",
-        "{said:?}, stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    said
 }

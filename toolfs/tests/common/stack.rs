@@ -6,123 +6,42 @@
 
 use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
 
-use base64::Engine;
 use serde_json::Value;
 use warren_9p::{Client, Errno, Fid, oflags};
 use warren_gate::control::{ControlRecord, RecordKind, hand_over};
+use warren_test_support::daemons::{self, Process};
+use warren_test_support::receipts;
 
 /// The gate's uid in these tests (warren's own gate uid: no passwd entry needed).
 pub fn gate_uid() -> u32 {
     warren_daemon::identity::Role::Gate.uid()
 }
 
-/// `warren-gate`, `warren-receiptd` and `warren-nsd`, next to our binary in the target dir. They are built
-/// (in our profile) once per build of this test binary: a marker newer than the test binary
-/// says it was done, so the many test processes of one run do not each take cargo's lock.
-fn sibling_bins() -> (PathBuf, PathBuf, PathBuf) {
-    static BUILT: OnceLock<(PathBuf, PathBuf, PathBuf)> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let ours = PathBuf::from(env!("CARGO_BIN_EXE_warren-toolfs"));
-            let dir = ours.parent().unwrap().to_path_buf();
-            let (gate, receiptd, nsd) = (
-                dir.join("warren-gate"),
-                dir.join("warren-receiptd"),
-                dir.join("warren-nsd"),
-            );
-            let marker = dir.join(".toolfs-tests-stack-built");
-            let test_bin = std::env::current_exe().unwrap();
-            let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-            let fresh = gate.exists()
-                && receiptd.exists()
-                && nsd.exists()
-                && mtime(&marker).is_some_and(|m| Some(m) >= mtime(&test_bin));
-            if !fresh {
-                let mut args = vec![
-                    "build",
-                    "-p",
-                    "warren-gate",
-                    "--bin",
-                    "warren-gate",
-                    "-p",
-                    "warren-receiptd",
-                    "--bin",
-                    "warren-receiptd",
-                    "-p",
-                    "warren-nsd",
-                    "--bin",
-                    "warren-nsd",
-                ];
-                if dir.file_name().is_some_and(|n| n == "release") {
-                    args.push("--release");
-                }
-                let status = Command::new(env!("CARGO"))
-                    .args(&args)
-                    .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
-                    .status()
-                    .expect("run cargo to build warren-gate, warren-receiptd and warren-nsd");
-                assert!(status.success(), "cargo {args:?} failed");
-                std::fs::write(&marker, b"").unwrap();
-            }
-            (gate, receiptd, nsd)
-        })
-        .clone()
-}
-
 pub struct Stack {
     pub runtime: PathBuf,
     base: PathBuf,
-    receiptd: Option<Child>,
-    gate: Option<Child>,
+    receiptd: Option<Process>,
+    gate: Option<Process>,
     /// nsd serving only what these tests need of it: the worker socket (it builds every tool
     /// worker; toolfs has no other way to get one).
-    nsd: Option<Child>,
-}
-
-fn wait_for_socket(path: &Path, child: &mut Child, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::os::unix::net::UnixStream::connect(path).is_err() {
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("{what} exited before listening: {status}");
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what} did not listen within 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    nsd: Option<Process>,
 }
 
 /// Starts `warren-nsd serve` for `runtime` (logging to `<base>/nsd.log`) and waits for its
 /// worker socket.
-fn spawn_nsd(base: &Path, runtime: &Path) -> Child {
+fn spawn_nsd(base: &Path, runtime: &Path) -> Process {
     let log = std::fs::File::create(base.join("nsd.log")).unwrap();
-    let mut child = Command::new(sibling_bins().2)
-        .arg("serve")
-        .env("WARREN_RUNTIME_DIR", runtime)
-        .env("WARREN_DATA_DIR", base.join("rdata"))
-        .env("WARREN_SECRETS_DIR", base.join("secrets"))
-        .env(
-            "WARREN_TOOL_WORKER",
-            env!("CARGO_BIN_EXE_warren-tool-worker"),
-        )
-        .env("WARREN_LOG", "info")
-        .stdin(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start warren-nsd");
-    wait_for_socket(&runtime.join("nsd-workers.ctl"), &mut child, "warren-nsd");
-    child
+    let mut cmd = daemons::nsd(runtime, &base.join("rdata"), &base.join("secrets"));
+    cmd.env("WARREN_LOG", "info").stderr(log);
+    Process::start(cmd, &[&runtime.join("nsd-workers.ctl")])
 }
 
 /// nsd alone in a temp dir of its own: for tests that play toolfs's part on its worker socket.
 pub struct Nsd {
-    child: Child,
+    _process: Process,
     pub dir: tempfile::TempDir,
 }
 
@@ -134,8 +53,11 @@ impl Nsd {
             .unwrap();
         let runtime = dir.path().join("run");
         std::fs::create_dir(&runtime).unwrap();
-        let child = spawn_nsd(dir.path(), &runtime);
-        Nsd { child, dir }
+        let process = spawn_nsd(dir.path(), &runtime);
+        Nsd {
+            _process: process,
+            dir,
+        }
     }
 
     pub fn control(&self) -> PathBuf {
@@ -156,13 +78,6 @@ impl Nsd {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("nsd.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Nsd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -202,50 +117,30 @@ impl Stack {
 
     /// (Re)starts receiptd with `extra` arguments (after [`Stack::kill_receiptd`]).
     pub fn start_receiptd(&mut self, extra: &[&str]) {
-        let mut child = Command::new(sibling_bins().1)
-            .arg("--runtime-dir")
-            .arg(&self.runtime)
-            .arg("--data-dir")
-            .arg(self.base.join("rdata"))
-            .arg("--secrets-dir")
-            .arg(self.base.join("secrets"))
-            .args(["--gate-uid", &gate_uid().to_string()])
+        let mut cmd = daemons::receiptd(
+            &self.runtime,
+            &self.base.join("rdata"),
+            &self.base.join("secrets"),
+        );
+        cmd.args(["--gate-uid", &gate_uid().to_string()])
             // toolfs runs as root in these tests, unless a test names another uid.
             .args(if extra.contains(&"--toolfs-uid") {
                 &[][..]
             } else {
                 &["--toolfs-uid", "0"][..]
             })
-            .args(extra)
-            .env("WARREN_LOG", "warn")
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("start warren-receiptd");
-        wait_for_socket(
-            &self.runtime.join("receipts.sock"),
-            &mut child,
-            "warren-receiptd",
-        );
-        self.receiptd = Some(child);
+            .args(extra);
+        self.receiptd = Some(Process::start(cmd, &[&self.runtime.join("receipts.sock")]));
     }
 
     fn start_gate(&mut self) {
-        use std::os::unix::process::CommandExt;
-        let mut child = Command::new(sibling_bins().0)
-            .arg("--runtime-dir")
-            .arg(&self.runtime)
-            .arg("--data-dir")
-            .arg(self.base.join("gate"))
-            .uid(gate_uid())
-            .gid(gate_uid())
-            .env("WARREN_LOG", "warn")
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("start warren-gate");
-        for sock in ["gate.sock", "gate.ctl"] {
-            wait_for_socket(&self.runtime.join(sock), &mut child, "warren-gate");
-        }
-        self.gate = Some(child);
+        let mut cmd = daemons::gate(&self.runtime, &self.base.join("gate"));
+        cmd.uid(gate_uid()).gid(gate_uid());
+        let sockets = ["gate.sock", "gate.ctl"].map(|s| self.runtime.join(s));
+        self.gate = Some(Process::start(
+            cmd,
+            &sockets.each_ref().map(|p| p.as_path()),
+        ));
     }
 
     /// The real `warren-nsd serve` (root, as the supervisor runs it) in this runtime dir, with
@@ -255,14 +150,11 @@ impl Stack {
     }
 
     pub fn kill_nsd(&mut self) {
-        if let Some(mut c) = self.nsd.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.nsd.take();
     }
 
     pub fn nsd_pid(&self) -> Option<u32> {
-        self.nsd.as_ref().map(Child::id)
+        self.nsd.as_ref().map(Process::id)
     }
 
     pub fn nsd_log(&self) -> String {
@@ -282,27 +174,21 @@ impl Stack {
     }
 
     pub fn kill_gate(&mut self) {
-        if let Some(mut c) = self.gate.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.gate.take();
     }
 
     /// The gate's pid, while it runs.
     pub fn gate_pid(&self) -> Option<u32> {
-        self.gate.as_ref().map(Child::id)
+        self.gate.as_ref().map(Process::id)
     }
 
     /// receiptd's pid, while it runs.
     pub fn receiptd_pid(&self) -> Option<u32> {
-        self.receiptd.as_ref().map(Child::id)
+        self.receiptd.as_ref().map(Process::id)
     }
 
     pub fn kill_receiptd(&mut self) {
-        if let Some(mut c) = self.receiptd.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.receiptd.take();
     }
 
     /// An operator attach on `gate.sock`.
@@ -323,7 +209,10 @@ impl Stack {
                 .enable_all()
                 .build()
                 .unwrap();
-            rt.block_on(super::approver::allow_every_ask(sock, Some(ready)));
+            rt.block_on(warren_test_support::approver::allow_every_ask(
+                sock,
+                Some(ready),
+            ));
         });
         watching
             .recv_timeout(std::time::Duration::from_secs(60))
@@ -332,33 +221,12 @@ impl Stack {
 
     /// The bodies of the receipts in `scope`, in log order.
     pub async fn receipts(&self, scope: &str) -> Vec<Value> {
-        self.envelopes(scope)
-            .await
-            .iter()
-            .map(|entry| {
-                let payload = base64::engine::general_purpose::STANDARD
-                    .decode(entry["payload"].as_str().expect("a DSSE payload"))
-                    .unwrap();
-                serde_json::from_slice(&payload).unwrap()
-            })
-            .collect()
+        receipts::bodies(&self.runtime.join("receipts.sock"), scope).await
     }
 
     /// The DSSE envelopes of `scope`'s log, in order (none for an unknown scope).
     pub async fn envelopes(&self, scope: &str) -> Vec<Value> {
-        let c = Client::connect_unix(self.runtime.join("receipts.sock"))
-            .await
-            .expect("connect receipts.sock");
-        let root = c.attach("test", "").await.unwrap();
-        let Ok(log) = root.walk(&[scope, "log"]).await else {
-            return Vec::new();
-        };
-        log.open(oflags::RDONLY).await.unwrap();
-        let text = log.read_to_end(0).await.unwrap();
-        text.split(|b| *b == b'\n')
-            .filter(|l| !l.is_empty())
-            .map(|line| serde_json::from_slice(line).unwrap())
-            .collect()
+        receipts::envelopes(&self.runtime.join("receipts.sock"), scope).await
     }
 }
 

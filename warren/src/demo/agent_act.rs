@@ -141,7 +141,7 @@ impl AgentAct {
     /// The model: the operator's (`WARREN_LLM_URL`) if given, else `warren-llm-script` started
     /// on the script (before the daemons, which must be told its address).
     pub fn start_model(&self) -> Result<Model> {
-        let libexec = crate::supervise::libexec_dir()?;
+        let libexec = warren_supervisor::libexec_dir()?;
         for bin in ["warren-agentd", "warren-llm-script"] {
             if !libexec.join(bin).is_file() {
                 bail!(

@@ -3,14 +3,12 @@
 //! Needs root, /dev/fuse and the workspace's binaries.
 #![allow(dead_code)]
 
-#[path = "../../../toolfs/tests/common/approver.rs"]
-pub mod approver;
-pub mod llm;
 pub mod netns;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
+use warren_test_support::{bins, kernel};
 
 pub struct Warren {
     pub base: tempfile::TempDir,
@@ -25,20 +23,15 @@ impl Warren {
 
     /// As `up`, with `env` set for `warren up` (the supervisor and its daemons inherit it).
     pub fn up_with(env: &[(&str, &str)]) -> Warren {
-        assert!(
-            nix::unistd::geteuid().is_root(),
-            "warren run needs root (namespaces, FUSE mounts, uid changes): scripts/test runs as root"
-        );
-        assert!(
-            Path::new("/dev/fuse").exists(),
-            "this kernel has no FUSE (/dev/fuse is missing): scripts/test skips this test on such a host"
-        );
-        let bin = PathBuf::from(env!("CARGO_BIN_EXE_warren"));
-        for b in ["warren-toolfs", "warren-bridge", "warren-tool-worker"] {
-            assert!(
-                bin.with_file_name(b).exists(),
-                "{b} missing: build the workspace first"
-            );
+        kernel::require_root();
+        kernel::require_fuse();
+        for b in [
+            "warren-supervisor",
+            "warren-toolfs",
+            "warren-bridge",
+            "warren-tool-worker",
+        ] {
+            bins::bin(b);
         }
         let base = tempfile::Builder::new()
             .prefix("wrun")
@@ -63,9 +56,20 @@ impl Warren {
     }
 
     pub fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_warren"));
-        c.args(args)
-            .env("WARREN_RUNTIME_DIR", self.runtime())
+        let mut c = self.program(Path::new(env!("CARGO_BIN_EXE_warren")));
+        c.args(args);
+        c
+    }
+
+    /// `warren-supervisor` on this warren's directories, as systemd starts it.
+    pub fn supervisor(&self) -> Command {
+        self.program(&bins::bin("warren-supervisor"))
+    }
+
+    /// `program` with this warren's directories in its environment and stdin closed.
+    fn program(&self, program: &Path) -> Command {
+        let mut c = Command::new(program);
+        c.env("WARREN_RUNTIME_DIR", self.runtime())
             .env("WARREN_DATA_DIR", self.base.path().join("data"))
             .env("WARREN_SECRETS_DIR", self.base.path().join("secrets"))
             .stdin(std::process::Stdio::null());
@@ -209,7 +213,10 @@ pub fn approve_every_ask(w: &Warren) -> tokio::runtime::Runtime {
         .build()
         .unwrap();
     let (ready, watching) = std::sync::mpsc::channel();
-    rt.spawn(approver::allow_every_ask(sock, Some(ready)));
+    rt.spawn(warren_test_support::approver::allow_every_ask(
+        sock,
+        Some(ready),
+    ));
     watching
         .recv_timeout(Duration::from_secs(60))
         .expect("the approver never started watching the gate's events");

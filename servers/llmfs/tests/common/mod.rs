@@ -1,13 +1,13 @@
 //! The scripted backend and llmfs as processes, and a 9P client's view of a session.
 #![allow(dead_code)]
 
-use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
 use warren_9p::{Client, Errno, Fid, oflags};
+use warren_test_support::daemons::{self, Process};
+pub use warren_test_support::llm_script::Script;
 
 /// The key the tests' llmfs reads from its key file.
 pub const KEY: &str = "sk-test-0123456789";
@@ -20,59 +20,9 @@ pub fn tmp() -> tempfile::TempDir {
         .expect("temp dir")
 }
 
-/// A running `warren-llm-script`.
-pub struct Script {
-    child: Child,
-    pub port: u16,
-    pub log: PathBuf,
-}
-
-impl Script {
-    /// Starts the scripted backend with `turns` (`api`: `openai` or `anthropic`).
-    pub fn start(dir: &Path, api: &str, turns: Value) -> Script {
-        let script = dir.join("script.json");
-        std::fs::write(&script, turns.to_string()).unwrap();
-        let log = dir.join("requests.jsonl");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_warren-llm-script"))
-            .arg("--script")
-            .arg(&script)
-            .arg("--log")
-            .arg(&log)
-            .args(["--api", api])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn warren-llm-script");
-        let mut first = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut first)
-            .unwrap();
-        let port = first
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("warren-llm-script printed {first:?}, not its port"));
-        Script { child, port, log }
-    }
-
-    /// The requests it received, in order.
-    pub fn requests(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    }
-}
-
-impl Drop for Script {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// A running `warren-llmfs` on `<dir>/run/llm.sock`.
 pub struct Llmfs {
-    child: Child,
+    _process: Process,
     pub socket: PathBuf,
 }
 
@@ -93,34 +43,14 @@ impl Llmfs {
         std::fs::create_dir_all(&secrets).unwrap();
         std::fs::write(secrets.join("llm.key"), format!("{KEY}\n")).unwrap();
         let socket = run.join("llm.sock");
-        let child = Command::new(env!("CARGO_BIN_EXE_warren-llmfs"))
-            .arg("--runtime-dir")
-            .arg(&run)
-            .args(["--backoff-ms", "10"])
-            .args(extra)
-            .env("WARREN_SECRETS_DIR", &secrets)
-            .env("WARREN_LLM_URL", format!("http://127.0.0.1:{port}"))
-            .env("WARREN_LLM_API", api)
-            .env("WARREN_LOG", "warn")
-            .spawn()
-            .expect("spawn warren-llmfs");
-        let mut fs = Llmfs { child, socket };
-        fs.wait_ready();
-        fs
-    }
-
-    /// Waits until the socket accepts (readiness, not a timing assertion).
-    fn wait_ready(&mut self) {
-        for _ in 0..1000 {
-            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
-                return;
-            }
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("warren-llmfs exited: {status}");
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        let url = format!("http://127.0.0.1:{port}");
+        let mut cmd = daemons::llmfs(&run, &secrets, &url, api);
+        cmd.args(["--backoff-ms", "10"]).args(extra);
+        let process = Process::start(cmd, &[&socket]);
+        Llmfs {
+            _process: process,
+            socket,
         }
-        panic!("warren-llmfs did not come up at {}", self.socket.display());
     }
 
     pub async fn connect(&self) -> Conn {
@@ -159,13 +89,6 @@ impl Llmfs {
             _client: client,
             root,
         }
-    }
-}
-
-impl Drop for Llmfs {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -3,16 +3,15 @@
 
 #![allow(dead_code)]
 
-pub mod tls;
-
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use warren_test_support::daemons::Process;
 
 /// Bytes one connection of the test server read and wrote, all of them (it reads to EOF).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -131,7 +130,7 @@ fn serve_one(mut conn: TcpStream) -> Option<Exchange> {
 
 /// The daemon, killed when dropped.
 pub struct Proxy {
-    child: Child,
+    child: Process,
     pub addr: SocketAddr,
     pub records: PathBuf,
     _dir: tempfile::TempDir,
@@ -171,15 +170,8 @@ impl Proxy {
             cmd.arg("--allow").arg(a);
         }
         cmd.args(extra(dir.path()));
-        let mut child = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        cmd.stderr(Stdio::inherit());
+        let (child, line) = Process::start_saying(cmd);
         let addr = line
             .trim()
             .strip_prefix("listening tcp:")
@@ -217,14 +209,7 @@ impl Proxy {
     }
 
     pub fn is_running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.is_running()
     }
 }
 

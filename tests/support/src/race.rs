@@ -1,7 +1,6 @@
 //! The symlink-swap race's fixtures: a watched tree outside a tool's root, the root
-//! with symlinks ready to be exchanged into it, the swapper, and the watch. Shared by toolfs's
-//! tools_race.rs and, by `#[path]`, warren's test of the same race from inside `warren run`.
-#![allow(dead_code)]
+//! with symlinks ready to be exchanged into it, the swapper, and the watch: toolfs's
+//! tools_race.rs and warren's test of the same race from inside `warren run`.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, symlink};

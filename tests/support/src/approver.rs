@@ -1,6 +1,5 @@
-//! An operator that allows every ask the gate shows, as one watching `events` would. Shared by
-//! toolfs's tests (through `common`) and, by `#[path]`, warren's confined_workers.rs.
-#![allow(dead_code)]
+//! An operator that allows every ask the gate shows, as one watching `events` would (toolfs's
+//! gated stack and warren's front-door tests).
 
 use std::path::PathBuf;
 

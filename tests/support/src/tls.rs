@@ -1,6 +1,5 @@
 //! A TLS server for `api.test` with a test CA made by rcgen: `openssl s_server` serving a file.
-//! Shared by netproxy's HTTPS test and warren's network-grant tests (`#[path]`).
-#![allow(dead_code)]
+//! netproxy's HTTPS test and warren's network-grant tests.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

@@ -1,12 +1,14 @@
-//! The scripted model (`warren-llm-script`, built with the workspace) for the agent's tests: a
-//! real OpenAI-compatible HTTP server replaying a script, logging every request it got.
+//! The scripted model (`warren-llm-script`): a real HTTP server (OpenAI- or
+//! Anthropic-compatible) replaying a script, logging every request it got.
 
+use std::borrow::Borrow;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use serde_json::Value;
 
+/// A running `warren-llm-script`, killed when dropped.
 pub struct Script {
     child: Child,
     pub port: u16,
@@ -14,23 +16,18 @@ pub struct Script {
 }
 
 impl Script {
-    /// Starts the scripted backend with `turns` (files in `dir`).
-    pub fn start(dir: &Path, turns: &Value) -> Script {
-        let bin = PathBuf::from(env!("CARGO_BIN_EXE_warren")).with_file_name("warren-llm-script");
-        assert!(
-            bin.exists(),
-            "{} missing: build the workspace first",
-            bin.display()
-        );
+    /// Starts the scripted backend with `turns` (written to `dir/script.json`; its request log
+    /// is `dir/requests.jsonl`), speaking `api` (`openai` or `anthropic`).
+    pub fn start(dir: &Path, api: &str, turns: impl Borrow<Value>) -> Script {
         let script = dir.join("script.json");
-        std::fs::write(&script, turns.to_string()).unwrap();
+        std::fs::write(&script, turns.borrow().to_string()).unwrap();
         let log = dir.join("requests.jsonl");
-        let mut child = Command::new(bin)
+        let mut child = Command::new(crate::bins::bin("warren-llm-script"))
             .arg("--script")
             .arg(&script)
             .arg("--log")
             .arg(&log)
-            .args(["--api", "openai"])
+            .args(["--api", api])
             .stdout(Stdio::piped())
             .spawn()
             .expect("spawn warren-llm-script");
@@ -43,6 +40,11 @@ impl Script {
             .parse()
             .unwrap_or_else(|_| panic!("warren-llm-script printed {first:?}, not its port"));
         Script { child, port, log }
+    }
+
+    /// [`Script::start`] speaking OpenAI's API.
+    pub fn openai(dir: &Path, turns: &Value) -> Script {
+        Script::start(dir, "openai", turns)
     }
 
     pub fn url(&self) -> String {
