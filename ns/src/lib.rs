@@ -5,6 +5,7 @@
 //! namespaces for others is `warren-nsd`; the steps and their reasons are `docs/confinement.md`.
 
 pub mod cli;
+pub mod cli_spec;
 pub mod confine;
 pub mod covers;
 pub mod handles;
@@ -17,10 +18,11 @@ pub mod spec;
 #[cfg(test)]
 mod testutil;
 
+pub use cli_spec::{CliGrants, spec_from_cli};
 pub use confine::fuse::MountServer;
 pub use confine::guard::ProtectedDirs;
 pub use covers::{Widened, Widening, covers};
-pub use run::{CliGrants, PayloadStdio, RunOptions, Running, run, spawn, spec_from_cli};
+pub use run::{PayloadStdio, RunOptions, Running, run, spawn};
 pub use spec::{Spec, SpecError, parse};
 
 /// The payload's writable home directory.
