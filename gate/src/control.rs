@@ -264,13 +264,8 @@ fn accept(
     fds: Vec<OwnedFd>,
     limits: &Limits,
 ) -> Result<(), String> {
-    let mut fds = fds.into_iter();
-    let conn = fds.next().ok_or("no connection fd came with the record")?;
-    if fds.next().is_some() {
-        return Err("one fd (the connection) per record".into());
-    }
-    let record: ControlRecord =
-        serde_json::from_slice(record).map_err(|e| format!("bad record: {e}"))?;
+    let (record, conn): (ControlRecord, OwnedFd) =
+        warren_proto::control::one_connection(record, fds)?;
     let scope = scope_of(&record)?;
     let st = nix::sys::stat::fstat(&conn).map_err(|e| format!("connection fd: {e}"))?;
     if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {

@@ -18,7 +18,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use warren_9p::synthetic::{RpcReply, dir_entries, stat, walk};
-use warren_9p::{DirEntry, Errno, FileTree, GetAttrMask, QId, QIdType, Result, Stat, Time, oflags};
+use warren_9p::{DirEntry, Errno, FileTree, GetAttrMask, QId, Result, Stat, Time, oflags};
 
 use crate::escape::escape;
 use crate::events::Cursor;
@@ -61,15 +61,7 @@ impl Node {
         } else {
             h.finish() | 1
         };
-        QId {
-            typ: if self.is_dir() {
-                QIdType::DIR
-            } else {
-                QIdType::FILE
-            },
-            version: 0,
-            path,
-        }
+        warren_9p::synthetic::qid(self.is_dir(), 0, path)
     }
 
     fn mode(&self) -> u32 {

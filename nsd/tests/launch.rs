@@ -49,7 +49,7 @@ fn ns_read(dirs: &Dirs, path: &str) -> Result<String, warren_9p::Errno> {
         let f = root.walk_path(path).await?;
         f.open(warren_9p::oflags::RDONLY).await?;
         if path.is_empty() {
-            let names: Vec<String> = f.readdir_all().await?.into_iter().map(|e| e.name).collect();
+            let names: Vec<String> = f.read_dir_names().await?;
             return Ok(names.join("\n"));
         }
         Ok(String::from_utf8_lossy(&f.read_to_end(0).await?).into_owned())

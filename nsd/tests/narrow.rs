@@ -28,13 +28,7 @@ fn ns_read(dirs: &Dirs, path: &str) -> String {
         let f = root.walk_path(path).await.unwrap();
         f.open(warren_9p::oflags::RDONLY).await.unwrap();
         if path.is_empty() {
-            let names: Vec<String> = f
-                .readdir_all()
-                .await
-                .unwrap()
-                .into_iter()
-                .map(|e| e.name)
-                .collect();
+            let names: Vec<String> = f.read_dir_names().await.unwrap();
             return names.join("\n");
         }
         String::from_utf8_lossy(&f.read_to_end(0).await.unwrap()).into_owned()

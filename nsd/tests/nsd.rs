@@ -86,12 +86,7 @@ async fn ns_tree_clones_runs_waits_and_kills() {
     let names: Vec<String> = {
         let f = root.walk_path("").await.unwrap();
         f.open(oflags::RDONLY).await.unwrap();
-        f.readdir_all()
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|e| e.name)
-            .collect()
+        f.read_dir_names().await.unwrap()
     };
     assert_eq!(names, vec!["clone", "1", "2"], "{names:?}");
     assert_eq!(read_file(&root, "3/status").await, Err(Errno::ENOENT));

@@ -546,6 +546,16 @@ impl Fid {
         Ok(())
     }
 
+    /// The names in an opened directory, in the server's order.
+    pub async fn read_dir_names(&self) -> Result<Vec<String>> {
+        Ok(self
+            .readdir_all()
+            .await?
+            .into_iter()
+            .map(|e| e.name)
+            .collect())
+    }
+
     /// Every entry of an opened directory.
     pub async fn readdir_all(&self) -> Result<Vec<DirEntry>> {
         let mut out: Vec<DirEntry> = Vec::new();

@@ -25,6 +25,16 @@ pub fn stat(mode: u32, size: u64, time: Time) -> Stat {
     }
 }
 
+/// The qid of a synthetic directory (`dir`) or file, at `path` (the tree's own stable number for
+/// it) and `version`.
+pub fn qid(dir: bool, version: u32, path: u64) -> QId {
+    QId {
+        typ: if dir { QIdType::DIR } else { QIdType::FILE },
+        version,
+        path,
+    }
+}
+
 /// The epoch, for trees whose files have no meaningful time.
 pub const EPOCH: Time = Time { sec: 0, nsec: 0 };
 

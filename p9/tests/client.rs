@@ -67,13 +67,7 @@ async fn reads_writes_lists_and_walks_long_paths() {
 
     let dir = root.walk(&[]).await.unwrap();
     dir.open(oflags::RDONLY).await.unwrap();
-    let names: Vec<String> = dir
-        .readdir_all()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.name)
-        .collect();
+    let names: Vec<String> = dir.read_dir_names().await.unwrap();
     assert_eq!(names, ["hello", "block", "log", "dir"]);
 }
 

@@ -4,14 +4,30 @@
 //! are in each daemon's module.
 
 use std::io::{self, BufRead, BufReader};
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 /// The one-line answer to a handed-over record, as every control socket writes it: `ok`, or
 /// `error: <why>` on one line.
+/// A record that hands over one connection: the record parsed, and its one fd (none, or more
+/// than one, is refused).
+pub fn one_connection<R: DeserializeOwned>(
+    record: &[u8],
+    fds: Vec<OwnedFd>,
+) -> Result<(R, OwnedFd), String> {
+    let mut fds = fds.into_iter();
+    let conn = fds.next().ok_or("no connection fd came with the record")?;
+    if fds.next().is_some() {
+        return Err("one fd (the connection) per record".into());
+    }
+    let record = serde_json::from_slice(record).map_err(|e| format!("bad record: {e}"))?;
+    Ok((record, conn))
+}
+
 pub fn reply_line(result: &Result<(), String>) -> String {
     match result {
         Ok(()) => "ok\n".to_owned(),

@@ -37,13 +37,7 @@ pub async fn serve_control(shared: Arc<Shared>, listener: UnixListener) {
 }
 
 fn accept(shared: Arc<Shared>, record: &[u8], fds: Vec<OwnedFd>) -> Result<(), String> {
-    let mut fds = fds.into_iter();
-    let conn = fds.next().ok_or("no connection fd came with the record")?;
-    if fds.next().is_some() {
-        return Err("one fd (the connection) per record".into());
-    }
-    let record: ViewRecord =
-        serde_json::from_slice(record).map_err(|e| format!("bad record: {e}"))?;
+    let (record, conn): (ViewRecord, OwnedFd) = warren_proto::control::one_connection(record, fds)?;
     if record.version != VIEW_VERSION {
         return Err(format!("view record version {}", record.version));
     }

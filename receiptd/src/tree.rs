@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::json;
 use warren_9p::synthetic::{RpcReply, walk};
-use warren_9p::{DirEntry, Errno, FileTree, GetAttrMask, QId, QIdType, Result, Stat, Time};
+use warren_9p::{DirEntry, Errno, FileTree, GetAttrMask, QId, Result, Stat, Time};
 
 use crate::access::{AppendError, Role};
 use crate::batch::{self, Batcher};
@@ -146,15 +146,7 @@ impl Node {
     fn qid(&self) -> QId {
         let mut h = DefaultHasher::new();
         self.hash(&mut h);
-        QId {
-            typ: if self.is_dir() {
-                QIdType::DIR
-            } else {
-                QIdType::FILE
-            },
-            version: 0,
-            path: h.finish(),
-        }
+        warren_9p::synthetic::qid(self.is_dir(), 0, h.finish())
     }
 
     fn mode(&self) -> u32 {

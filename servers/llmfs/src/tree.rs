@@ -171,15 +171,11 @@ impl LlmTree {
             Node::Dir(s) => format!("/{}", s.token()),
             Node::File(s, f) => format!("/{}/{}", s.token(), f.name()),
         };
-        QId {
-            typ: if matches!(node, Node::Root | Node::Dir(_)) {
-                QIdType::DIR
-            } else {
-                QIdType::FILE
-            },
-            version: 0,
-            path: fnv1a(path.as_bytes()),
-        }
+        warren_9p::synthetic::qid(
+            matches!(node, Node::Root | Node::Dir(_)),
+            0,
+            fnv1a(path.as_bytes()),
+        )
     }
 
     fn entries(&self, node: &Node) -> Vec<(String, Node)> {
