@@ -163,15 +163,18 @@ fn clear_inherited_caps() -> io::Result<()> {
     Ok(())
 }
 
-/// Sets exactly `groups`. A process that may not (no CAP_SETGID: it is unprivileged already)
-/// cannot gain a group either, and keeps the ones it has. Whether they were set.
+/// Sets exactly `groups`. A process that may not (no CAP_SETGID) and is no longer root is
+/// unprivileged already: it cannot gain a group either, and keeps the ones it has. A root
+/// process that may not is refused: it would keep root's groups (gid 0 among them) through a
+/// drop that reported success. Whether they were set.
 fn set_groups(groups: &[u32]) -> io::Result<bool> {
     let groups: Vec<Gid> = groups.iter().map(|&g| Gid::from_raw(g)).collect();
     match setgroups(&groups) {
         Ok(()) => Ok(true),
         Err(Errno::EPERM)
-            if !caps::has_cap(None, CapSet::Effective, Capability::CAP_SETGID)
-                .map_err(caps_error)? =>
+            if !nix::unistd::geteuid().is_root()
+                && !caps::has_cap(None, CapSet::Effective, Capability::CAP_SETGID)
+                    .map_err(caps_error)? =>
         {
             Ok(false)
         }

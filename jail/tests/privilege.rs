@@ -62,3 +62,43 @@ fn uid_or_gid_zero_is_refused_before_anything_changes() {
     }
     assert!(nix::unistd::geteuid().is_root());
 }
+
+/// A process still at uid 0 that cannot set its groups (no CAP_SETGID in its effective set, say
+/// a unit's capability bounding set without it) must not come out of the drop with root's
+/// supplementary groups: either the drop fails, or the groups are gone. Only a process that is
+/// not root any more may keep the groups it cannot change (it cannot gain any either).
+#[test]
+fn root_without_cap_setgid_does_not_keep_its_groups_through_the_drop() {
+    setgroups(&[Gid::from_raw(0), Gid::from_raw(4)]).expect("setgroups: the test runs as root");
+    let mut cmd = Command::new("/bin/cat");
+    cmd.arg("/proc/self/status");
+    // SAFETY: runs in the forked child before exec and makes syscalls only (setresgid,
+    // capget/capset): the state a root process without CAP_SETGID starts the drop in (its gid
+    // already the target's, so setresgid itself needs no capability).
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            let g = Gid::from_raw(65533);
+            nix::unistd::setresgid(g, g, g)?;
+            caps::drop(None, caps::CapSet::Effective, caps::Capability::CAP_SETGID)
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            Ok(())
+        });
+    }
+    BeforeExec::new()
+        .drop_to(Identity::new(65534, 65533))
+        .install(&mut cmd);
+    match cmd.output() {
+        // Refused at setgroups (the errno is all a failed pre_exec carries back): fail closed.
+        Err(e) => assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}"),
+        Ok(out) => {
+            assert!(out.status.success(), "{out:?}");
+            let status = String::from_utf8(out.stdout).unwrap();
+            assert_eq!(field(&status, "Uid"), "65534 65534 65534 65534");
+            assert_eq!(
+                field(&status, "Groups"),
+                "",
+                "root's supplementary groups survived a drop that reported success"
+            );
+        }
+    }
+}
