@@ -264,15 +264,9 @@ fn accept(
     fds: Vec<OwnedFd>,
     limits: &Limits,
 ) -> Result<(), String> {
-    let (record, conn): (ControlRecord, OwnedFd) =
+    let (record, stream): (ControlRecord, UnixStream) =
         warren_proto::control::one_connection(record, fds)?;
     let scope = scope_of(&record)?;
-    let st = nix::sys::stat::fstat(&conn).map_err(|e| format!("connection fd: {e}"))?;
-    if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
-        return Err("the fd is not a socket".into());
-    }
-    let stream = UnixStream::from(conn);
-    stream.set_nonblocking(true).map_err(|e| e.to_string())?;
     let stream = tokio::net::UnixStream::from_std(stream).map_err(|e| e.to_string())?;
     let label = scope.label();
     let tree = Arc::new(GateTree::new(gate.clone(), scope));

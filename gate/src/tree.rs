@@ -388,12 +388,6 @@ fn daemon_decides(daemon: &str, tool: &str) -> std::result::Result<(), String> {
     }
 }
 
-fn slice(data: &[u8], offset: u64, count: u32) -> Vec<u8> {
-    let start = (offset as usize).min(data.len());
-    let end = start.saturating_add(count as usize).min(data.len());
-    data[start..end].to_vec()
-}
-
 fn json_line(v: &impl serde::Serialize) -> Vec<u8> {
     let mut out = serde_json::to_vec(v).unwrap_or_default();
     out.push(b'\n');
@@ -471,7 +465,7 @@ impl FileTree for GateTree {
                     let answer = self.gate.wait(id, self.conn).await?;
                     fid.outcome = Some(json_line(&answer));
                 }
-                Ok(slice(
+                Ok(warren_9p::synthetic::slice(
                     fid.outcome.as_deref().unwrap_or_default(),
                     offset,
                     count,
@@ -490,7 +484,7 @@ impl FileTree for GateTree {
             Node::Decide | Node::Ctl(_) => Ok(fid.reply.read(offset, count)),
             // `rules` reads its snapshot until a write on this open has answered.
             _ if !fid.reply.is_empty() => Ok(fid.reply.read(offset, count)),
-            _ => Ok(slice(&fid.data, offset, count)),
+            _ => Ok(warren_9p::synthetic::slice(&fid.data, offset, count)),
         }
     }
 

@@ -143,12 +143,6 @@ impl Refusal {
     }
 }
 
-fn slice(bytes: &[u8], offset: u64, count: u32) -> Vec<u8> {
-    let start = (offset.min(bytes.len() as u64)) as usize;
-    let end = (start + count as usize).min(bytes.len());
-    bytes[start..end].to_vec()
-}
-
 impl Nsd {
     /// nsd's tree for root. Namespaces started by nsd get /dev/null stdio unless `opts.stdio`
     /// says otherwise.
@@ -476,7 +470,7 @@ impl FileTree for Nsd {
                 if offset > 0
                     && let Some(taken) = &fid.answer
                 {
-                    return Ok(slice(taken, offset, count));
+                    return Ok(warren_9p::synthetic::slice(taken, offset, count));
                 }
                 let space = self.space(id)?;
                 let text = match kind {
@@ -493,7 +487,7 @@ impl FileTree for Nsd {
                         end.line()
                     }
                 };
-                let out = slice(text.as_bytes(), offset, count);
+                let out = warren_9p::synthetic::slice(text.as_bytes(), offset, count);
                 fid.answer = Some(text.into_bytes());
                 Ok(out)
             }

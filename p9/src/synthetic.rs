@@ -35,6 +35,16 @@ pub fn qid(dir: bool, version: u32, path: u64) -> QId {
     }
 }
 
+/// Up to `count` bytes of a file's whole contents at `offset` (none past the end): a read of a
+/// file a tree holds in memory.
+pub fn slice(bytes: &[u8], offset: u64, count: u32) -> Vec<u8> {
+    let start = usize::try_from(offset)
+        .unwrap_or(usize::MAX)
+        .min(bytes.len());
+    let end = start.saturating_add(count as usize).min(bytes.len());
+    bytes[start..end].to_vec()
+}
+
 /// The epoch, for trees whose files have no meaningful time.
 pub const EPOCH: Time = Time { sec: 0, nsec: 0 };
 

@@ -13,19 +13,25 @@ use serde::de::DeserializeOwned;
 
 /// The one-line answer to a handed-over record, as every control socket writes it: `ok`, or
 /// `error: <why>` on one line.
-/// A record that hands over one connection: the record parsed, and its one fd (none, or more
-/// than one, is refused).
+/// A record that hands over one connection: the record parsed, and its one fd as a
+/// non-blocking Unix stream (none, more than one, or an fd that is not a socket is refused).
 pub fn one_connection<R: DeserializeOwned>(
     record: &[u8],
     fds: Vec<OwnedFd>,
-) -> Result<(R, OwnedFd), String> {
+) -> Result<(R, UnixStream), String> {
     let mut fds = fds.into_iter();
     let conn = fds.next().ok_or("no connection fd came with the record")?;
     if fds.next().is_some() {
         return Err("one fd (the connection) per record".into());
     }
     let record = serde_json::from_slice(record).map_err(|e| format!("bad record: {e}"))?;
-    Ok((record, conn))
+    let st = nix::sys::stat::fstat(&conn).map_err(|e| format!("connection fd: {e}"))?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return Err("the fd is not a socket".into());
+    }
+    let stream = UnixStream::from(conn);
+    stream.set_nonblocking(true).map_err(|e| e.to_string())?;
+    Ok((record, stream))
 }
 
 pub fn reply_line(result: &Result<(), String>) -> String {

@@ -37,17 +37,12 @@ pub async fn serve_control(shared: Arc<Shared>, listener: UnixListener) {
 }
 
 fn accept(shared: Arc<Shared>, record: &[u8], fds: Vec<OwnedFd>) -> Result<(), String> {
-    let (record, conn): (ViewRecord, OwnedFd) = warren_proto::control::one_connection(record, fds)?;
+    let (record, stream): (ViewRecord, UnixStream) =
+        warren_proto::control::one_connection(record, fds)?;
     if record.version != VIEW_VERSION {
         return Err(format!("view record version {}", record.version));
     }
     crate::receipt::check_scope(&record.scope)?;
-    let st = nix::sys::stat::fstat(&conn).map_err(|e| format!("connection fd: {e}"))?;
-    if st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
-        return Err("the fd is not a socket".into());
-    }
-    let stream = UnixStream::from(conn);
-    stream.set_nonblocking(true).map_err(|e| e.to_string())?;
     let stream = tokio::net::UnixStream::from_std(stream).map_err(|e| e.to_string())?;
     let scope = record.scope;
     tracing::info!(%scope, "serving a read-only view");

@@ -297,15 +297,6 @@ fn resources_dir(form: ResultForm) -> &'static str {
     }
 }
 
-/// `count` bytes of `bytes` from `offset` (none past the end).
-fn slice(bytes: &[u8], offset: u64, count: u32) -> Vec<u8> {
-    let start = usize::try_from(offset)
-        .unwrap_or(usize::MAX)
-        .min(bytes.len());
-    let end = start.saturating_add(count as usize).min(bytes.len());
-    bytes[start..end].to_vec()
-}
-
 /// FNV-1a: stable across connections, runs and builds (unlike std's randomly keyed hasher).
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
@@ -417,10 +408,10 @@ impl FileTree for ToolTree {
         match &mut fid.open {
             None => Err(Errno::EBADF),
             Some(Opened::Call(call)) => call.read(&self.dispatcher, offset, count).await,
-            Some(Opened::Bytes(bytes)) => Ok(slice(bytes, offset, count)),
+            Some(Opened::Bytes(bytes)) => Ok(warren_9p::synthetic::slice(bytes, offset, count)),
             Some(Opened::Plain) => {
                 let bytes = self.static_bytes(fid.node).ok_or(Errno::EISDIR)?;
-                Ok(slice(bytes, offset, count))
+                Ok(warren_9p::synthetic::slice(bytes, offset, count))
             }
         }
     }

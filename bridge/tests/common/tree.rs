@@ -135,12 +135,6 @@ impl Drop for FlushWitness {
     }
 }
 
-fn slice(data: &[u8], offset: u64, count: u32) -> Vec<u8> {
-    let start = (offset.min(data.len() as u64)) as usize;
-    let end = (start + count as usize).min(data.len());
-    data[start..end].to_vec()
-}
-
 impl TestTree {
     fn qid(&self, node: &Node) -> Result<QId> {
         let (typ, path) = match node {
@@ -250,7 +244,7 @@ impl FileTree for TestTree {
     async fn read(&self, fid: &mut TreeFid, offset: u64, count: u32) -> Result<Vec<u8>> {
         match &fid.node {
             Node::Root => Err(Errno::EISDIR),
-            Node::Static => Ok(slice(STATIC_TEXT, offset, count)),
+            Node::Static => Ok(warren_9p::synthetic::slice(STATIC_TEXT, offset, count)),
             Node::Call => {
                 if fid.result.is_none() {
                     // Cancel-safe: flushed before this point, the call is withdrawn (no result).
@@ -264,7 +258,7 @@ impl FileTree for TestTree {
                     self.0.stats.calls_run.fetch_add(1, Ordering::SeqCst);
                 }
                 let result = fid.result.as_deref().unwrap_or_default();
-                Ok(slice(
+                Ok(warren_9p::synthetic::slice(
                     result,
                     offset.saturating_sub(fid.first_read_offset),
                     count,
@@ -282,7 +276,7 @@ impl FileTree for TestTree {
             Node::Scratch => Ok(Vec::new()),
             Node::Created(name) => {
                 let created = self.0.created.lock().unwrap();
-                Ok(slice(
+                Ok(warren_9p::synthetic::slice(
                     &created.get(name).ok_or(Errno::ENOENT)?.data,
                     offset,
                     count,

@@ -271,14 +271,6 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-fn slice(bytes: &[u8], offset: u64, count: u32) -> Vec<u8> {
-    let start = usize::try_from(offset)
-        .unwrap_or(usize::MAX)
-        .min(bytes.len());
-    let end = start.saturating_add(count as usize).min(bytes.len());
-    bytes[start..end].to_vec()
-}
-
 #[async_trait::async_trait]
 impl FileTree for LlmTree {
     type Fid = LlmFid;
@@ -355,16 +347,28 @@ impl FileTree for LlmTree {
             return Err(Errno::EBADF);
         };
         match (&fid.node, open) {
-            (_, Opened::New(token)) => Ok(slice(token, offset, count)),
+            (_, Opened::New(token)) => Ok(warren_9p::synthetic::slice(token, offset, count)),
             (Node::File(s, _), Opened::Ask(ask)) => {
                 self.start_pending(s, ask, offset)?;
                 Self::read_reply(s, ask, offset, count).await
             }
-            (Node::File(s, File::Ctl), _) => Ok(slice(s.control_text().as_bytes(), offset, count)),
-            (Node::File(s, File::Usage), _) => Ok(slice(s.usage_text().as_bytes(), offset, count)),
+            (Node::File(s, File::Ctl), _) => Ok(warren_9p::synthetic::slice(
+                s.control_text().as_bytes(),
+                offset,
+                count,
+            )),
+            (Node::File(s, File::Usage), _) => Ok(warren_9p::synthetic::slice(
+                s.usage_text().as_bytes(),
+                offset,
+                count,
+            )),
             (Node::File(s, f), _) => {
                 let which = f.setting().ok_or(Errno::EINVAL)?;
-                Ok(slice(&s.read_setting(which), offset, count))
+                Ok(warren_9p::synthetic::slice(
+                    &s.read_setting(which),
+                    offset,
+                    count,
+                ))
             }
             _ => Err(Errno::EISDIR),
         }
