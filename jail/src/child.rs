@@ -9,6 +9,7 @@ use std::process::Command;
 
 use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal, signal, sigprocmask};
 
+use crate::fds::keep_across_exec;
 use crate::privilege::{Identity, drop_to};
 
 /// The steps a child takes before its exec; [`BeforeExec::install`] puts them on a `Command`.
@@ -79,7 +80,7 @@ impl BeforeExec {
             nix::unistd::setsid()?;
         }
         for &fd in &self.keep_fds {
-            clear_cloexec(fd)?;
+            keep_across_exec(fd)?;
         }
         if let Some(who) = &self.identity {
             // Only an errno crosses back to the parent's spawn, so the step's own errno.
@@ -103,15 +104,5 @@ fn reset_signals() -> io::Result<()> {
         unsafe { signal(sig, SigHandler::SigDfl) }?;
     }
     sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
-    Ok(())
-}
-
-/// Clears FD_CLOEXEC on the number `fd` (EBADF if it is not open: the spawn fails).
-fn clear_cloexec(fd: RawFd) -> io::Result<()> {
-    // SAFETY: fcntl(F_SETFD) takes plain integers and touches no memory; on a number that is
-    // not open it fails with EBADF.
-    if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
     Ok(())
 }

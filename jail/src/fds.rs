@@ -2,7 +2,7 @@
 //! exec. One function closes everything but a keep-list, for every profile.
 
 use std::io;
-use std::os::fd::{BorrowedFd, RawFd};
+use std::os::fd::RawFd;
 
 use crate::syscall_ret::check;
 
@@ -49,12 +49,12 @@ pub fn dup_onto(fd: RawFd, target: RawFd) -> io::Result<()> {
     Ok(())
 }
 
-/// Clears close-on-exec on `fd`, which is meant to cross the exec (a tool worker's channel and
-/// root handles).
-pub fn keep_across_exec(fd: BorrowedFd<'_>) -> io::Result<()> {
-    nix::fcntl::fcntl(
-        fd,
-        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
-    )?;
+/// Clears close-on-exec on the number `fd`, which is meant to cross the exec (a tool worker's
+/// channel and root handles; a spawned child's kept fds, from its `pre_exec`). EBADF if it is
+/// not open.
+pub fn keep_across_exec(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl(F_SETFD) takes plain integers and touches no memory; on a number that is
+    // not open it fails with EBADF.
+    check(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } as libc::c_long)?;
     Ok(())
 }

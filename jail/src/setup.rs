@@ -355,7 +355,7 @@ fn try_exec(plan: &Plan) -> Result<Infallible, SetupError> {
     fds::cloexec_from(3).at(Step::KeepFds)?;
     let mut argv = cmd.argv.clone();
     for fd in &cmd.pass {
-        fds::keep_across_exec(fd.as_fd()).at(Step::KeepFds)?;
+        fds::keep_across_exec(fd.as_raw_fd()).at(Step::KeepFds)?;
         argv.push(CString::new(fd.as_raw_fd().to_string()).at(Step::KeepFds)?);
     }
     nix::unistd::execve(&program, &argv, &cmd.env)
