@@ -44,7 +44,7 @@ pub fn wait_exit_code(child: Pid) -> std::io::Result<i32> {
         .ok_or_else(|| std::io::Error::other(format!("unexpected wait status {status:?}")))
 }
 
-pub fn status_code(status: WaitStatus) -> Option<i32> {
+fn status_code(status: WaitStatus) -> Option<i32> {
     match status {
         WaitStatus::Exited(_, code) => Some(code),
         WaitStatus::Signaled(_, sig, _) => Some(128 + sig as i32),

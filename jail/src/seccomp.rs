@@ -25,7 +25,7 @@ use seccompiler::{
 const SYS_OPEN_TREE_ATTR: i64 = 467;
 
 /// Denied with EPERM.
-pub fn eperm_syscalls() -> Vec<(&'static str, i64)> {
+fn eperm_syscalls() -> Vec<(&'static str, i64)> {
     vec![
         ("mount", libc::SYS_mount),
         ("umount2", libc::SYS_umount2),
@@ -64,7 +64,7 @@ pub fn eperm_syscalls() -> Vec<(&'static str, i64)> {
 }
 
 /// Answered with ENOSYS ("not here"), so callers fall back or give up cleanly.
-pub fn enosys_syscalls() -> Vec<(&'static str, i64)> {
+fn enosys_syscalls() -> Vec<(&'static str, i64)> {
     vec![
         ("clone3", libc::SYS_clone3),
         ("io_uring_setup", libc::SYS_io_uring_setup),
@@ -220,7 +220,7 @@ fn jump(code: u32, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
 }
 
 /// Kill on a foreign arch or an x32 number; allow everything else (the other filters decide).
-pub fn x32_kill_program() -> Vec<libc::sock_filter> {
+fn x32_kill_program() -> Vec<libc::sock_filter> {
     use libc::{BPF_ABS, BPF_JEQ, BPF_JMP, BPF_JSET, BPF_K, BPF_LD, BPF_RET, BPF_W};
     let (arch_off, nr_off) = (4, 0); // struct seccomp_data { int nr; __u32 arch; … }
     vec![
