@@ -9,10 +9,45 @@ use std::os::fd::{AsFd, OwnedFd};
 
 use common::*;
 use warren_daemon::Dirs;
-use warren_ns::launch::client::{LaunchOptions, launch};
+use warren_ns::launch::client::{LaunchOptions, Launched, launch};
 
 const SYSTEM: &str =
     "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
+
+/// Runs the probe (`/probe/p.py` under `tree`) as a parent namespace with `data` at /data (its
+/// `c` writable), the probe at /probe and `mount ns /ns`; asserts it exited 0 and returns what it
+/// printed, with the parent's handle.
+fn run_probe_parent(
+    dirs: &Dirs,
+    tree: &std::path::Path,
+    data: &std::path::Path,
+) -> (Launched, String) {
+    let out_path = tree.join("out.txt");
+    let stdout: OwnedFd = std::fs::File::create(&out_path).unwrap().into();
+    let stdin: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
+    let stderr: OwnedFd = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/null")
+        .unwrap()
+        .into();
+    let text = format!(
+        "{SYSTEM}bind -r {d} /data\nbind -w {d}/c /data/c\nbind -r {p} /probe\nmount ns /ns\n",
+        d = data.display(),
+        p = tree.join("probe").display()
+    );
+    let parent = launch(
+        dirs,
+        &warren_ns::parse("<test>", &text).unwrap(),
+        &["/usr/bin/python3".to_string(), "/probe/p.py".to_string()],
+        &LaunchOptions::default(),
+        [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()],
+    )
+    .unwrap();
+    let code = parent.wait().unwrap();
+    let out = std::fs::read_to_string(&out_path).unwrap();
+    assert_eq!(code, 0, "parent failed:\n{out}");
+    (parent, out)
+}
 
 /// Reads `/ns/<path>` over 9P on nsd's operator socket.
 fn ns_read(dirs: &Dirs, path: &str) -> String {
@@ -178,25 +213,7 @@ fn a_sample_of_random_children_built_for_real_reach_nothing_outside_the_parent()
         lines.push_str(&format!("s{i}\t{}\n", spec.join(";")));
     }
     std::fs::write(t.path().join("probe/specs"), &lines).unwrap();
-    let out_path = t.path().join("out.txt");
-    let stdout: OwnedFd = std::fs::File::create(&out_path).unwrap().into();
-    let null: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
-    let text = format!(
-        "{SYSTEM}bind -r {d} /data\nbind -w {d}/c /data/c\nbind -r {p} /probe\nmount ns /ns\n",
-        d = d.display(),
-        p = t.path().join("probe").display()
-    );
-    let parent = launch(
-        &nsd.dirs,
-        &warren_ns::parse("<test>", &text).unwrap(),
-        &["/usr/bin/python3".to_string(), "/probe/p.py".to_string()],
-        &LaunchOptions::default(),
-        [null.as_fd(), stdout.as_fd(), null.as_fd()],
-    )
-    .unwrap();
-    let code = parent.wait().unwrap();
-    let out = std::fs::read_to_string(&out_path).unwrap();
-    assert_eq!(code, 0, "parent failed:\n{out}");
+    let (_parent, out) = run_probe_parent(&nsd.dirs, t.path(), &d);
 
     // Everything under the parent's binds of the test's tree on the host (its /data and
     // /probe), never following a symlink.
@@ -267,31 +284,7 @@ fn narrowing_from_inside_a_namespace() {
     .unwrap();
     std::fs::create_dir(t.path().join("probe")).unwrap();
     std::fs::write(t.path().join("probe/p.py"), PROBE_PY).unwrap();
-    let out_path = t.path().join("out.txt");
-    let stdout: OwnedFd = std::fs::File::create(&out_path).unwrap().into();
-    let stdin: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
-    let stderr: OwnedFd = std::fs::OpenOptions::new()
-        .write(true)
-        .open("/dev/null")
-        .unwrap()
-        .into();
-    let text = format!(
-        "{SYSTEM}bind -r {d} /data\nbind -w {d}/c /data/c\nbind -r {p} /probe\nmount ns /ns\n",
-        d = d.display(),
-        p = t.path().join("probe").display()
-    );
-    let parent = launch(
-        &nsd.dirs,
-        &warren_ns::parse("<test>", &text).unwrap(),
-        &["/usr/bin/python3".to_string(), "/probe/p.py".to_string()],
-        &LaunchOptions::default(),
-        [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()],
-    )
-    .unwrap();
-    // While the parent runs, the operator sees it (its children come later).
-    let code = parent.wait().unwrap();
-    let out = std::fs::read_to_string(&out_path).unwrap();
-    assert_eq!(code, 0, "parent failed:\n{out}");
+    let (parent, out) = run_probe_parent(&nsd.dirs, t.path(), &d);
     let said = |name: &str| {
         out.lines()
             .find_map(|l| l.strip_prefix(&format!("{name} ")))
