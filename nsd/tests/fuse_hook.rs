@@ -35,11 +35,10 @@ impl MountServer for Recorder {
     }
 }
 
-#[test]
-fn mount_line_becomes_a_fuse_mount_handed_to_the_server() {
-    need_root();
-    warren_test_support::kernel::require_fuse();
-    let out = tempdir("wfuse");
+/// A world-writable output directory (the command runs unprivileged) and a spec that binds it
+/// at /out, with the system directories and one `mount tool /tool TOOL` line.
+fn out_dir_and_spec(prefix: &str, tool: &str) -> (tempfile::TempDir, warren_ns::Spec) {
+    let out = tempdir(prefix);
     std::fs::set_permissions(
         out.path(),
         std::os::unix::fs::PermissionsExt::from_mode(0o777),
@@ -50,10 +49,18 @@ fn mount_line_becomes_a_fuse_mount_handed_to_the_server() {
         "fuse.ns",
         &format!(
             "bind -r /usr /usr\nbind -r /lib /lib\nbind -r /lib64 /lib64\nbind -r /bin /bin\n\
-             bind -w {o} /out\nmount tool /tool echo fs_read\n"
+             bind -w {o} /out\nmount tool /tool {tool}\n"
         ),
     )
     .unwrap();
+    (out, spec)
+}
+
+#[test]
+fn mount_line_becomes_a_fuse_mount_handed_to_the_server() {
+    need_root();
+    warren_test_support::kernel::require_fuse();
+    let (out, spec) = out_dir_and_spec("wfuse", "echo fs_read");
     let script = "grep ' /tool ' /proc/self/mountinfo > /out/mountinfo; ls /tool 2> /out/ls; echo done > /out/done";
     let recorder = Arc::new(Recorder::default());
     let opts = RunOptions {
@@ -98,21 +105,7 @@ impl MountServer for Refuser {
 fn an_unserved_mount_means_the_command_never_runs() {
     need_root();
     warren_test_support::kernel::require_fuse();
-    let out = tempdir("wfusr");
-    std::fs::set_permissions(
-        out.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o777),
-    )
-    .unwrap();
-    let o = out.path().display().to_string();
-    let spec = parse(
-        "fuse.ns",
-        &format!(
-            "bind -r /usr /usr\nbind -r /lib /lib\nbind -r /lib64 /lib64\nbind -r /bin /bin\n\
-             bind -w {o} /out\nmount tool /tool echo\n"
-        ),
-    )
-    .unwrap();
+    let (out, spec) = out_dir_and_spec("wfusr", "echo");
     let opts = RunOptions {
         mount_server: Some(Arc::new(Refuser)),
         ..RunOptions::default()
