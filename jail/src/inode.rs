@@ -1,11 +1,13 @@
 //! Identities of host paths as the kernel knows them: (st_dev, st_ino) plus the mount id.
 //! warren compares paths by these, never by their strings.
 
-use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, open, openat};
+use nix::sys::stat::Mode;
 
 /// What a path resolves to: the file (dev, ino) and the mount it was reached through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,21 +24,9 @@ impl Ident {
     }
 }
 
-fn cstr(path: &Path) -> io::Result<CString> {
-    CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))
-}
-
 /// Opens `path` as an O_PATH handle, following symlinks (host paths are the operator's words).
 pub fn open_path(path: &Path) -> io::Result<OwnedFd> {
-    let c = cstr(path)?;
-    // SAFETY: `c` is a valid NUL-terminated string; the returned fd, if any, is owned by us.
-    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a freshly opened descriptor nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    Ok(open(path, OFlag::O_PATH | OFlag::O_CLOEXEC, Mode::empty())?)
 }
 
 /// (dev, ino, mount id) of an open handle.
@@ -71,26 +61,16 @@ pub fn ancestry(fd: BorrowedFd<'_>) -> io::Result<Vec<Ident>> {
     let mut cur: Option<OwnedFd> = None;
     loop {
         let base = cur.as_ref().map_or(fd, |f| f.as_fd());
-        // SAFETY: valid dirfd and NUL-terminated path; the fd returned is owned below.
-        let up = unsafe {
-            libc::openat(
-                base.as_raw_fd(),
-                c"..".as_ptr(),
-                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            )
-        };
-        let up = if up < 0 {
-            let e = io::Error::last_os_error();
-            // A non-directory's parent: reopen through /proc's view of the path is not
-            // needed; ENOTDIR means `fd` is a file, so take its containing directory by name.
-            if e.raw_os_error() == Some(libc::ENOTDIR) && cur.is_none() {
-                parent_of_file(fd)?
-            } else {
-                return Err(e);
-            }
-        } else {
-            // SAFETY: freshly opened, owned by nobody else.
-            unsafe { OwnedFd::from_raw_fd(up) }
+        let up = match openat(
+            base,
+            "..",
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(up) => up,
+            // ENOTDIR: `fd` is a file, so take its containing directory by name.
+            Err(Errno::ENOTDIR) if cur.is_none() => parent_of_file(fd)?,
+            Err(e) => return Err(e.into()),
         };
         let id = ident(up.as_fd())?;
         if chain
@@ -115,20 +95,12 @@ fn parent_of_file(fd: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     let file_name = name
         .file_name()
         .ok_or_else(|| io::Error::other("no file name"))?;
-    let c = CString::new(file_name.as_bytes()).map_err(io::Error::other)?;
-    // SAFETY: valid dirfd and NUL-terminated name.
-    let again = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
-    if again < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: freshly opened, owned here.
-    let again = unsafe { OwnedFd::from_raw_fd(again) };
+    let again = openat(
+        &dir,
+        file_name,
+        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
     if !ident(again.as_fd())?.same_file(&ident(fd)?) {
         return Err(io::Error::other("file moved while resolving its parent"));
     }
