@@ -81,13 +81,6 @@ pub fn enforcement(limits: &Limits, id: &str) -> io::Result<Enforcement> {
     Ok(Enforcement::Cgroup(cg))
 }
 
-impl Cgroup {
-    /// Moves the calling process in (before it unshares its cgroup namespace).
-    pub fn enter_self(&self) -> io::Result<()> {
-        write(&self.dir.join("cgroup.procs"), "0")
-    }
-}
-
 impl Drop for Cgroup {
     fn drop(&mut self) {
         let _ = std::fs::write(self.dir.join("cgroup.kill"), "1");
