@@ -4,6 +4,8 @@
 use std::io;
 use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
+use crate::syscall_ret::check;
+
 /// Fails unless `fd` names an open descriptor (F_GETFD; EBADF otherwise).
 fn check_open(fd: RawFd) -> io::Result<()> {
     if fd < 0 {
@@ -14,9 +16,7 @@ fn check_open(fd: RawFd) -> io::Result<()> {
     }
     // SAFETY: fcntl(F_GETFD) takes plain integers, touches no memory and only reads the
     // descriptor's flags; a number that is not open fails with EBADF.
-    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    check(unsafe { libc::fcntl(fd, libc::F_GETFD) } as libc::c_long)?;
     Ok(())
 }
 
