@@ -62,3 +62,18 @@ pub fn into_blocking(sock: UnixStream) -> io::Result<std::os::unix::net::UnixStr
     sock.set_nonblocking(false)?;
     Ok(sock)
 }
+
+/// [`next_peer`], made blocking ([`into_blocking`]) for a connection served on a thread of its
+/// own; a stream that cannot be is logged as `<socket>: <why>` and dropped.
+pub async fn next_blocking_peer(
+    listener: &UnixListener,
+    socket: &str,
+    refused: impl Fn(&UnixStream) -> Option<String>,
+) -> std::os::unix::net::UnixStream {
+    loop {
+        match into_blocking(next_peer(listener, socket, &refused).await) {
+            Ok(sock) => return sock,
+            Err(e) => tracing::warn!("{socket}: {e}"),
+        }
+    }
+}

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 
 use tokio::net::UnixListener;
 use warren_daemon::Dirs;
-use warren_daemon::accept::{into_blocking, next_peer, refusal};
+use warren_daemon::accept::{next_blocking_peer, refusal};
 use warren_daemon::identity::Role;
 use warren_daemon::peer::PeerCred;
 use warren_proto::export::keys::PublicKey;
@@ -44,17 +44,10 @@ fn exportfs_or_root(cred: &PeerCred) -> Option<String> {
 /// Serves the export socket for ever, each request on a thread of its own.
 pub async fn accept_loop(listener: UnixListener, dirs: Dirs, peers: PathBuf) {
     loop {
-        let sock = next_peer(&listener, "export socket", |s| {
+        let sock = next_blocking_peer(&listener, "export socket", |s| {
             refusal(s.as_fd(), exportfs_or_root)
         })
         .await;
-        let sock = match into_blocking(sock) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!("export socket: {e}");
-                continue;
-            }
-        };
         let (dirs, peers) = (dirs.clone(), peers.clone());
         std::thread::spawn(move || {
             let result = serve(&sock, &dirs, &peers);

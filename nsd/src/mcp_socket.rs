@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tokio::net::UnixListener;
-use warren_daemon::accept::{into_blocking, next_peer, refusal};
+use warren_daemon::accept::{next_blocking_peer, refusal};
 use warren_daemon::identity::Role;
 use warren_daemon::peer::{PeerCred, peer_cred};
 use warren_proto::mcp::Transport;
@@ -41,19 +41,12 @@ fn mcpfs_or_root(cred: &PeerCred) -> Option<String> {
 pub async fn accept_loop(listener: UnixListener, nsd: Nsd, config_dir: PathBuf, secrets: PathBuf) {
     let nsd = Arc::new(nsd);
     loop {
-        let sock = next_peer(&listener, "mcp socket", |s| {
+        let sock = next_blocking_peer(&listener, "mcp socket", |s| {
             refusal(s.as_fd(), mcpfs_or_root)
         })
         .await;
         let Ok(cred) = peer_cred(sock.as_fd()) else {
             continue;
-        };
-        let sock = match into_blocking(sock) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!("mcp socket: {e}");
-                continue;
-            }
         };
         let (nsd, config_dir, secrets) = (nsd.clone(), config_dir.clone(), secrets.clone());
         std::thread::spawn(move || serve(&sock, cred, &nsd, &config_dir, &secrets));

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::net::UnixListener;
-use warren_daemon::accept::{into_blocking, next_peer};
+use warren_daemon::accept::next_blocking_peer;
 use warren_daemon::operator::OperatorPolicy;
 use warren_daemon::peer::{PeerCred, peer_cred};
 
@@ -36,16 +36,9 @@ pub async fn accept_loop(
     nsd.set_bridge(bridge.clone());
     let nsd = Arc::new(nsd);
     loop {
-        let sock = next_peer(&listener, "run socket", |s| policy.refusal(s)).await;
+        let sock = next_blocking_peer(&listener, "run socket", |s| policy.refusal(s)).await;
         let Ok(cred) = peer_cred(sock.as_fd()) else {
             continue;
-        };
-        let sock = match into_blocking(sock) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!("run socket: {e}");
-                continue;
-            }
         };
         let nsd = nsd.clone();
         std::thread::spawn(move || serve_launcher(&sock, cred, &nsd.for_operator(cred.uid)));

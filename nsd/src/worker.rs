@@ -28,7 +28,7 @@ use std::time::Instant;
 
 use nix::unistd::ForkResult;
 use warren_daemon::Dirs;
-use warren_daemon::accept::{into_blocking, next_peer, refusal};
+use warren_daemon::accept::{next_blocking_peer, refusal};
 use warren_daemon::identity::Role;
 use warren_daemon::peer::PeerCred;
 use warren_proto::worker::protocol::RootConfig;
@@ -335,17 +335,10 @@ impl WorkerFactory {
     /// each connection on a blocking thread, one request after another, each answered in turn.
     pub async fn serve(self: Arc<Self>, listener: tokio::net::UnixListener) {
         loop {
-            let sock = next_peer(&listener, "worker socket", |s| {
+            let sock = next_blocking_peer(&listener, "worker socket", |s| {
                 refusal(s.as_fd(), toolfs_or_root)
             })
             .await;
-            let sock = match into_blocking(sock) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!("worker socket: {e}");
-                    continue;
-                }
-            };
             let factory = self.clone();
             tokio::task::spawn_blocking(move || factory.connection(sock));
         }
