@@ -27,7 +27,7 @@ pub fn main() -> ExitCode {
         Ok(args) => args,
         Err(e) => return not_for_people(&e),
     };
-    if let Err(e) = check_is_socket(args.socket_fd) {
+    if let Err(e) = check_kind(args.socket_fd, SFlag::S_IFSOCK, "a socket") {
         return not_for_people(&format!(
             "fd {} is not the toolfs socket ({e})",
             args.socket_fd
@@ -67,10 +67,11 @@ fn not_for_people(problem: &str) -> ExitCode {
     ExitCode::from(2)
 }
 
-fn check_is_socket(fd: RawFd) -> io::Result<()> {
+/// Fails unless inherited `fd` is open and of file type `kind` (`what` names it in the error).
+fn check_kind(fd: RawFd, kind: SFlag, what: &str) -> io::Result<()> {
     let st = warren_jail::inherited::inspect(fd, |fd| fstat(fd))??;
-    if st.st_mode & SFlag::S_IFMT.bits() != SFlag::S_IFSOCK.bits() {
-        return Err(io::Error::other("not a socket"));
+    if st.st_mode & SFlag::S_IFMT.bits() != kind.bits() {
+        return Err(io::Error::other(format!("not {what}")));
     }
     Ok(())
 }
@@ -121,12 +122,8 @@ fn start(socket: &mut UnixStream, args: &WorkerArgs) -> io::Result<(String, Tool
     }
     let root_fds = args.root_fds.clone();
     for &fd in &root_fds {
-        let st = warren_jail::inherited::inspect(fd, |fd| fstat(fd))
-            .and_then(|st| st.map_err(io::Error::from))
+        check_kind(fd, SFlag::S_IFDIR, "a directory")
             .map_err(|e| io::Error::other(format!("root fd {fd}: {e}")))?;
-        if st.st_mode & SFlag::S_IFMT.bits() != SFlag::S_IFDIR.bits() {
-            return Err(io::Error::other(format!("root fd {fd} is not a directory")));
-        }
     }
     let mut keep = vec![args.socket_fd];
     keep.extend(&root_fds);
