@@ -11,7 +11,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use warren_daemon::Dirs;
 use warren_ns::launch::client::{LaunchOptions, Launched, launch};
 use warren_ns::launch::{Reply, Request, VERSION};
 
@@ -33,33 +32,6 @@ fn devnull(write: bool) -> OwnedFd {
         .open("/dev/null")
         .unwrap()
         .into()
-}
-
-/// Reads `/ns/<path>` over 9P on nsd's operator socket.
-fn ns_read(dirs: &Dirs, path: &str) -> Result<String, warren_9p::Errno> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let client = warren_9p::Client::connect_unix(dirs.socket("ns"))
-            .await
-            .unwrap();
-        let root = client.attach("root", "").await?;
-        let f = root.walk_path(path).await?;
-        f.open(warren_9p::oflags::RDONLY).await?;
-        if path.is_empty() {
-            let names: Vec<String> = f.read_dir_names().await?;
-            return Ok(names.join("\n"));
-        }
-        Ok(String::from_utf8_lossy(&f.read_to_end(0).await?).into_owned())
-    })
-}
-
-fn info_field(info: &str, key: &str) -> Option<String> {
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("{key} ")))
-        .map(str::to_string)
 }
 
 fn ppid(pid: u32) -> u32 {

@@ -49,33 +49,6 @@ fn run_probe_parent(
     (parent, out)
 }
 
-/// Reads `/ns/<path>` over 9P on nsd's operator socket.
-fn ns_read(dirs: &Dirs, path: &str) -> String {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let client = warren_9p::Client::connect_unix(dirs.socket("ns"))
-            .await
-            .unwrap();
-        let root = client.attach("root", "").await.unwrap();
-        let f = root.walk_path(path).await.unwrap();
-        f.open(warren_9p::oflags::RDONLY).await.unwrap();
-        if path.is_empty() {
-            let names: Vec<String> = f.read_dir_names().await.unwrap();
-            return names.join("\n");
-        }
-        String::from_utf8_lossy(&f.read_to_end(0).await.unwrap()).into_owned()
-    })
-}
-
-fn info_field(info: &str, key: &str) -> Option<String> {
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("{key} ")))
-        .map(str::to_string)
-}
-
 /// The parent's payload: each `clone NAME SPEC` writes SPEC to its own /ns/clone and reads on
 /// the same fd from where the write ended, printing `NAME <id>` or, when that read fails,
 /// `NAME refused errno=N REASON` with the reason the next read answers (`one-line` if it is one
@@ -380,12 +353,12 @@ fn narrowing_from_inside_a_namespace() {
     assert_eq!(said("listing"), format!("{a} {b} clone"));
 
     // The operator's view shows the children, with their parent and their own sessions.
-    let listing = ns_read(&nsd.dirs, "");
+    let listing = ns_read(&nsd.dirs, "").unwrap();
     for id in [a, b] {
         assert!(listing.lines().any(|l| l == id.to_string()), "{listing}");
     }
-    let info_a = ns_read(&nsd.dirs, &format!("{a}/info"));
-    let info_b = ns_read(&nsd.dirs, &format!("{b}/info"));
+    let info_a = ns_read(&nsd.dirs, &format!("{a}/info")).unwrap();
+    let info_b = ns_read(&nsd.dirs, &format!("{b}/info")).unwrap();
     assert_eq!(info_field(&info_a, "parent"), Some(parent.id.to_string()));
     assert_eq!(info_field(&info_a, "origin").as_deref(), Some("clone"));
     let sa = info_field(&info_a, "session").expect("child a's session");
@@ -397,7 +370,7 @@ fn narrowing_from_inside_a_namespace() {
     assert_ne!(sb, parent.session);
     assert_ne!(sa, sb);
     // The child's spec reads in its own words (paths in the parent's view), never a handle.
-    let spec_a = ns_read(&nsd.dirs, &format!("{a}/spec"));
+    let spec_a = ns_read(&nsd.dirs, &format!("{a}/spec")).unwrap();
     assert!(spec_a.contains("/data/a /a"), "{spec_a}");
     assert!(!spec_a.contains("/proc/self/fd"), "{spec_a}");
 }

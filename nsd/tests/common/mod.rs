@@ -147,3 +147,31 @@ pub fn start_nsd(prefix: &str) -> Nsd {
         _base: base,
     }
 }
+
+/// Reads `/ns/<path>` over 9P on nsd's operator socket.
+pub fn ns_read(dirs: &Dirs, path: &str) -> Result<String, warren_9p::Errno> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = warren_9p::Client::connect_unix(dirs.socket("ns"))
+            .await
+            .unwrap();
+        let root = client.attach("root", "").await?;
+        let f = root.walk_path(path).await?;
+        f.open(warren_9p::oflags::RDONLY).await?;
+        if path.is_empty() {
+            let names: Vec<String> = f.read_dir_names().await?;
+            return Ok(names.join("\n"));
+        }
+        Ok(String::from_utf8_lossy(&f.read_to_end(0).await?).into_owned())
+    })
+}
+
+/// The value of `key` in an `info` file (`key value` lines).
+pub fn info_field(info: &str, key: &str) -> Option<String> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key} ")))
+        .map(str::to_string)
+}
