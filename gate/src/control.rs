@@ -6,7 +6,7 @@
 //! - `{"version":1,"kind":"namespace","session":…,"namespace":…,"descendants":[…],"lineage":[…]}`
 //!   (nsd; `kind` may be left out) — sees and answers its listed strict descendants' asks,
 //!   `allow once`/`deny` only; `lineage` is the namespace's chain up to its subtree's root
-//!   (`crate::lineage`), checked and kept (it widens nothing it sees);
+//!   (`warren_proto::lineage`), checked and kept (it widens nothing it sees);
 //! - `{"version":1,"kind":"operator","confirmed_tty":true}` (the front door, for
 //!   `warren approvals` or `warren run` on a terminal) — the only kind of connection that may
 //!   answer `allow session` or `allow always`; an optional `"name"` (e.g. `"warren run"`) is
