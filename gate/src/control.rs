@@ -14,7 +14,7 @@
 //! - `{"version":1,"kind":"channel","name":"peer:<fingerprint>","sessions":[…],"cap":"write"}`
 //!   (nsd, for a peer whose entry says `asks:remote`) — a named, capped answer channel: sees the
 //!   listed sessions' asks only, answers `allow once`/`deny` only, and allows no call above its
-//!   `cap`, which may itself be no higher than `write` ([`crate::scope::CHANNEL_CAP_MAX`]);
+//!   `cap`, which may itself be no higher than `write` ([`CHANNEL_CAP_MAX`]);
 //!   receipts name it as who answered;
 //! - `{"version":1,"kind":"daemon","name":"toolfs"}`, or another of [`DECIDING_DAEMONS`] (the supervisor) — `decide`,
 //!   `wait`, `withdraw`.

@@ -19,7 +19,7 @@ use warren_proto::lineage::Lineage;
 use warren_proto::receipts::Ack;
 
 /// The tool name a model call is decided as (the gate's tier table has it).
-pub use warren_gate::request::LLM_TOOL;
+use warren_gate::request::LLM_TOOL;
 
 /// One namespace's connection's way through the gate.
 pub struct ModelGate {
