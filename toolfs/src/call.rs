@@ -229,9 +229,7 @@ impl CallOpen {
                     let Some(rel) = offset.checked_sub(o0) else {
                         return Err(Errno::EINVAL);
                     };
-                    let start = usize::try_from(rel).unwrap_or(usize::MAX).min(result.len());
-                    let end = start.saturating_add(count as usize).min(result.len());
-                    return Ok(result[start..end].to_vec());
+                    return Ok(warren_9p::synthetic::slice(result, rel, count));
                 }
             }
         }
