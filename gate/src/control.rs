@@ -6,7 +6,7 @@
 //! - `{"version":1,"kind":"namespace","session":…,"namespace":…,"descendants":[…],"lineage":[…]}`
 //!   (nsd; `kind` may be left out) — sees and answers its listed strict descendants' asks,
 //!   `allow once`/`deny` only; `lineage` is the namespace's chain up to its subtree's root
-//!   (`crate::lineage`), checked and kept (it widens nothing it sees);
+//!   (`warren_proto::lineage`), checked and kept (it widens nothing it sees);
 //! - `{"version":1,"kind":"operator","confirmed_tty":true}` (the front door, for
 //!   `warren approvals` or `warren run` on a terminal) — the only kind of connection that may
 //!   answer `allow session` or `allow always`; an optional `"name"` (e.g. `"warren run"`) is
@@ -14,7 +14,7 @@
 //! - `{"version":1,"kind":"channel","name":"peer:<fingerprint>","sessions":[…],"cap":"write"}`
 //!   (nsd, for a peer whose entry says `asks:remote`) — a named, capped answer channel: sees the
 //!   listed sessions' asks only, answers `allow once`/`deny` only, and allows no call above its
-//!   `cap`, which may itself be no higher than `write` ([`crate::scope::CHANNEL_CAP_MAX`]);
+//!   `cap`, which may itself be no higher than `write` ([`CHANNEL_CAP_MAX`]);
 //!   receipts name it as who answered;
 //! - `{"version":1,"kind":"daemon","name":"toolfs"}`, or another of [`DECIDING_DAEMONS`] (the supervisor) — `decide`,
 //!   `wait`, `withdraw`.

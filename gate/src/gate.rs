@@ -16,10 +16,11 @@ use warren_9p::Errno;
 use crate::events::Events;
 use crate::policy::tier::{ToolClass, classify};
 use crate::policy::{Basis, Evaluation, Verdict, evaluate, risk};
-use crate::receipts::{Ack, DecisionRecord, ReceiptSink};
+use crate::receipts::{DecisionRecord, ReceiptSink};
 use crate::request::DecideRequest;
 use crate::scope::{Scope, Verb};
 use crate::store::{Closing, DecisionRow, NewPending, PendingRow, Store};
+use warren_proto::receipts::Ack;
 
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -40,7 +41,7 @@ impl Default for Config {
         Config {
             ask_ttl: Duration::from_secs(600),
             max_open_asks: 16,
-            subtree_asks: crate::lineage::DEFAULT_SUBTREE_ASKS,
+            subtree_asks: warren_proto::lineage::DEFAULT_SUBTREE_ASKS,
             orphan_grace: Duration::from_secs(30),
         }
     }

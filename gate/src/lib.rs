@@ -14,8 +14,5 @@ pub mod scope;
 pub mod store;
 pub mod tree;
 
-/// The namespace chain nsd's records carry (the records live in `warren-proto`).
-pub use warren_proto::lineage;
-
 pub use gate::{Answer, Config, Gate};
 pub use policy::{ContextState, Verdict};

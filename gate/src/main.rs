@@ -43,7 +43,7 @@ struct Args {
     max_open_asks: usize,
     /// Open asks per namespace subtree (a clone's count against every namespace above it) where
     /// no spec sets `limit asks=`; one more is denied (basis `budget:asks`).
-    #[arg(long, default_value_t = warren_gate::lineage::DEFAULT_SUBTREE_ASKS)]
+    #[arg(long, default_value_t = warren_proto::lineage::DEFAULT_SUBTREE_ASKS)]
     subtree_asks: u64,
     /// An ask whose caller's connection closed is orphaned unless waited on again within this.
     #[arg(long, default_value_t = 30_000)]

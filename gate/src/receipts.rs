@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::{Value, json};
 use warren_9p::Client;
-pub use warren_proto::receipts::Ack;
+use warren_proto::receipts::Ack;
 use warren_proto::receipts::Appender;
 
 /// How long a connection attempt may take before the decision is denied.

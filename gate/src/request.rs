@@ -11,9 +11,9 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
-use crate::lineage::Lineage;
 use crate::policy::ContextState;
 use crate::policy::tier::{Tier, check_name};
+use warren_proto::lineage::Lineage;
 
 /// The canonicalisation version bound into every fingerprint.
 pub const CANON_VERSION: u32 = 1;
@@ -103,7 +103,7 @@ fn check_model_call_args(args: &Value) -> Result<(), String> {
     }
 }
 
-pub use warren_proto::gate::check_session;
+use warren_proto::gate::check_session;
 
 /// Parses and checks one request. Malformed input is refused, never repaired.
 pub fn parse(bytes: &[u8]) -> Result<DecideRequest, String> {
@@ -190,11 +190,10 @@ pub fn fingerprint(tool: &str, args: &Value, session: &str) -> String {
     hex::encode(Sha256::digest(&bytes))
 }
 
-pub use warren_proto::gate::{encode, encode_in};
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use warren_proto::gate::{encode, encode_in};
 
     /// A tier is named only for an MCP server's tool, and round-trips.
     #[test]

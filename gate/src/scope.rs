@@ -8,7 +8,7 @@ use warren_9p::Errno;
 use crate::policy::Tier;
 
 /// The highest tier a [`Scope::Channel`] answer may ever allow (the record's bound).
-pub use warren_proto::gate::CHANNEL_CAP_MAX;
+use warren_proto::gate::CHANNEL_CAP_MAX;
 
 /// A connection's standing, fixed when the connection was accepted; nothing it sends changes it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -23,13 +23,13 @@ use warren_9p::{DirEntry, Errno, FileTree, GetAttrMask, QId, Result, Stat, Time,
 use crate::escape::escape;
 use crate::events::Cursor;
 use crate::gate::{ConnId, Gate, now_ms};
-use crate::lineage::{Lineage, Member, command_text};
 use crate::policy::rules::RuleEdit;
 use crate::policy::tier::CORE_TOOLS;
 use crate::policy::{Tier, ToolClass, engine::default_for};
 use crate::request;
 use crate::scope::{Scope, Verb};
 use crate::store::PendingRow;
+use warren_proto::lineage::{Lineage, Member, command_text};
 
 /// How many hex digits of the fingerprint `request` shows.
 pub const FP_SHOWN: usize = 16;

@@ -12,7 +12,6 @@ use std::os::fd::AsFd;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 use warren_9p::{Client, Errno, Fid, oflags};
 
 use crate::control::ReplyForm;
@@ -88,7 +87,7 @@ impl Appender {
     /// Appends one request (JSON bytes); returns its seq and hash once receiptd acknowledged it
     /// (after the WAL commit, or after the covering fdatasync under `--durable=fsync`).
     pub async fn append(&self, request: &[u8]) -> Result<Ack, Refusal> {
-        receipt(&self.call(request).await?)
+        parse(&self.call(request).await?)
     }
 
     /// Appends requests as one batch (`specs/receipts.md` §7): all of them or, refused, none.
@@ -103,20 +102,20 @@ impl Appender {
             batch.extend_from_slice(r);
         }
         batch.push(b']');
-        let reply = self.call(&batch).await?;
-        match reply {
-            Value::Array(acks) if acks.len() == requests.len() => {
-                acks.iter().map(receipt).collect()
-            }
-            other => Err(unexpected(&other)),
+        let acks: Vec<Ack> = parse(&self.call(&batch).await?)?;
+        if acks.len() != requests.len() {
+            return Err(Refusal {
+                errno: Errno::EPROTO,
+                message: format!("{} acks for {} requests", acks.len(), requests.len()),
+            });
         }
+        Ok(acks)
     }
 
-    /// One write and its reply, parsed; a refusal carries receiptd's reason.
-    async fn call(&self, request: &[u8]) -> Result<Value, Refusal> {
+    /// One write and its reply; a refusal carries receiptd's reason.
+    async fn call(&self, request: &[u8]) -> Result<Vec<u8>, Refusal> {
         // One round trip: the write and the read are pipelined on the fid.
-        let reply = self
-            .fid
+        self.fid
             .call(request)
             .await
             .map_err(|(errno, said)| Refusal {
@@ -126,27 +125,14 @@ impl Appender {
                 } else {
                     String::from_utf8_lossy(&said).into_owned()
                 },
-            })?;
-        serde_json::from_slice(&reply).map_err(|e| Refusal {
-            errno: Errno::EPROTO,
-            message: format!("reply is not JSON: {e}"),
-        })
+            })
     }
 }
 
-fn receipt(ack: &Value) -> Result<Ack, Refusal> {
-    match (ack["seq"].as_u64(), ack["hash"].as_str()) {
-        (Some(seq), Some(hash)) => Ok(Ack {
-            seq,
-            hash: hash.to_owned(),
-        }),
-        _ => Err(unexpected(ack)),
-    }
-}
-
-fn unexpected(reply: &Value) -> Refusal {
-    Refusal {
+/// A reply read straight into its acks (no JSON tree in between: this is every call's path).
+fn parse<T: serde::de::DeserializeOwned>(reply: &[u8]) -> Result<T, Refusal> {
+    serde_json::from_slice(reply).map_err(|e| Refusal {
         errno: Errno::EPROTO,
-        message: format!("unexpected reply {reply}"),
-    }
+        message: format!("unexpected reply {}: {e}", String::from_utf8_lossy(reply)),
+    })
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use ed25519_dalek::{Signer, SigningKey};
 use serde_json::json;
-use warren_receiptd::client::Appender;
+use warren_proto::receipts::Appender;
 use warren_receiptd::{AppendRequest, Log, LogConfig, Role};
 
 const SIGNS: usize = 20_000;

@@ -1,10 +1,9 @@
 //! Reading `/receipts` through receiptd (the operator's `warren log` and `warren receipts`). The
-//! append client is `warren_proto::receipts` ([`Appender`]).
+//! append client is `warren_proto::receipts::Appender`.
 
 use std::path::Path;
 
 use warren_9p::{Client, Fid, oflags};
-pub use warren_proto::receipts::{Ack, Appender, Refusal};
 
 async fn read_file(client: &Client, path: &str) -> warren_9p::Result<Vec<u8>> {
     let root = client.attach("receipts", "").await?;

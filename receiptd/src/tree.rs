@@ -367,9 +367,7 @@ impl FileTree for ReceiptsTree {
             Node::Append | Node::Ctl => return Ok(fid.reply.read(offset, count)),
             _ => fid.content.as_ref().ok_or(Errno::EBADF)?,
         };
-        let start = (offset as usize).min(data.len());
-        let end = start.saturating_add(count as usize).min(data.len());
-        Ok(data[start..end].to_vec())
+        Ok(warren_9p::synthetic::slice(data, offset, count))
     }
 
     async fn write(&self, fid: &mut FidState, _offset: u64, data: &[u8]) -> Result<u32> {

@@ -10,7 +10,7 @@ use common::*;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use warren_9p::{Client, Errno, oflags};
-use warren_receiptd::client::Appender;
+use warren_proto::receipts::Appender;
 use warren_receiptd::verify::EXIT_VERIFIED;
 use warren_receiptd::{keys::Registry, verify};
 

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 use common::*;
-use warren_receiptd::client::Appender;
+use warren_proto::receipts::Appender;
 
 const APPENDS: u64 = 40;
 

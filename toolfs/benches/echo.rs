@@ -44,7 +44,7 @@ async fn bare_hops(runtime: &std::path::Path, n: usize) -> (f64, f64) {
         );
     }
     let decide = t.elapsed().as_secs_f64() * 1e6 / n as f64;
-    let appender = warren_receiptd::client::Appender::connect(&runtime.join("receipts.sock"))
+    let appender = warren_proto::receipts::Appender::connect(&runtime.join("receipts.sock"))
         .await
         .unwrap();
     let t = Instant::now();

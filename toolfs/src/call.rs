@@ -229,9 +229,7 @@ impl CallOpen {
                     let Some(rel) = offset.checked_sub(o0) else {
                         return Err(Errno::EINVAL);
                     };
-                    let start = usize::try_from(rel).unwrap_or(usize::MAX).min(result.len());
-                    let end = start.saturating_add(count as usize).min(result.len());
-                    return Ok(result[start..end].to_vec());
+                    return Ok(warren_9p::synthetic::slice(result, rel, count));
                 }
             }
         }
@@ -245,7 +243,7 @@ impl CallOpen {
             Some(why) => Err(why.clone()),
             None => args::prepare(&self.args, &self.tool.def.validator).map_err(|e| e.to_string()),
         };
-        let prepared = match parsed {
+        let mut prepared = match parsed {
             Ok(a) => a,
             Err(why) => {
                 // Untrusted: the reason may quote the arguments.
@@ -265,7 +263,9 @@ impl CallOpen {
             ask: Arc::default(),
             armed: true,
         };
-        let answer = self.decide(dispatcher, &prepared, &mut withdrawal).await;
+        let answer = self
+            .decide(dispatcher, &mut prepared, &mut withdrawal)
+            .await;
         if answer.decision != Verdict::Allow {
             withdrawal.armed = false;
             tracing::info!(conn = %dispatcher.grant().label, tool = name, basis = %answer.basis, "call denied");
@@ -324,7 +324,7 @@ impl CallOpen {
     async fn decide(
         &self,
         dispatcher: &Arc<Dispatcher>,
-        prepared: &Arguments,
+        prepared: &mut Arguments,
         withdrawal: &mut Withdrawal,
     ) -> Answer {
         let name = self.tool.def.gate_name.as_str();
@@ -334,7 +334,9 @@ impl CallOpen {
         *lock(&withdrawal.ask) = AskState::Deciding;
         let deciding = {
             let (dispatcher, ask) = (dispatcher.clone(), withdrawal.ask.clone());
-            let (name, args) = (name.to_owned(), prepared.canonical.clone());
+            // The arguments go to the task and come back with the answer (no copy per call);
+            // only an allow reads them again, and a task that failed is a deny.
+            let (name, args) = (name.to_owned(), std::mem::take(&mut prepared.canonical));
             let args_digest = withdrawal.args_digest.clone();
             let tier = self.tool.def.gate_tier;
             tokio::spawn(async move {
@@ -371,12 +373,16 @@ impl CallOpen {
                         "flushed before it started",
                     );
                 }
-                answer
+                (answer, args)
             })
         };
-        let mut answer = deciding
-            .await
-            .unwrap_or_else(|e| unavailable(format!("the gate's decision failed in toolfs: {e}")));
+        let mut answer = match deciding.await {
+            Ok((answer, args)) => {
+                prepared.canonical = args;
+                answer
+            }
+            Err(e) => unavailable(format!("the gate's decision failed in toolfs: {e}")),
+        };
         if answer.decision == Verdict::Ask {
             answer = match answer.pending {
                 Some(id) => {

@@ -20,8 +20,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc};
 use warren_gate::policy::Tier;
-use warren_gate::receipts::Ack;
-use warren_receiptd::client::Appender;
+use warren_proto::receipts::Ack;
+use warren_proto::receipts::Appender;
 
 /// Receipts queued and not yet written, at most; a call finding the queue full is refused.
 pub const QUEUE_CAP: usize = 4096;

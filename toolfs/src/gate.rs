@@ -4,7 +4,7 @@
 
 use std::os::fd::OwnedFd;
 
-pub use warren_proto::gate::client::{GATE_FD_ENV, NO_GATE};
+use warren_proto::gate::client::GATE_FD_ENV;
 
 /// Takes the fd named by `WARREN_GATE_FD`, if the variable is set: it must be an open socket.
 /// It is made close-on-exec so no worker inherits it. Call before any other fd is opened.

@@ -178,8 +178,8 @@ async fn bad_grants_are_refused_whole() {
 
     // A lineage must start with the record's own session and namespace.
     let mut foreign = record(&["echo"]);
-    foreign.lineage = Some(warren_gate::lineage::Lineage(vec![
-        warren_gate::lineage::Member {
+    foreign.lineage = Some(warren_proto::lineage::Lineage(vec![
+        warren_proto::lineage::Member {
             session: "f".repeat(32),
             namespace: foreign.namespace.clone(),
             ..Default::default()

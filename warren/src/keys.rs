@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use warren_daemon::Dirs;
 use warren_daemon::identity::Role;
-use warren_exportfs::keys::{HostKey, host_key_path};
+use warren_proto::export::keys::{HostKey, host_key_path};
 
 /// Makes this host's Ed25519 key in the secrets dir (root's, 0600), never over one that exists.
 pub fn init(dirs: &Dirs) -> Result<ExitCode> {

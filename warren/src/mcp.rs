@@ -229,7 +229,7 @@ fn receipt_acceptances(dirs: &Dirs, server: &str, accepted: &[&Definition]) -> R
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let appender = warren_receiptd::client::Appender::connect(&dirs.socket("receipts"))
+        let appender = warren_proto::receipts::Appender::connect(&dirs.socket("receipts"))
             .await
             .context("receiptd, to receipt the acceptance (nothing was accepted)")?;
         for d in accepted {

@@ -6,7 +6,7 @@ use std::io::BufRead;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use warren_receiptd::client::Appender;
+use warren_proto::receipts::Appender;
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);

@@ -14,12 +14,12 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 use warren_gate::Verdict;
-use warren_gate::lineage::Lineage;
-use warren_gate::receipts::Ack;
 use warren_proto::gate::GateClient;
+use warren_proto::lineage::Lineage;
+use warren_proto::receipts::Ack;
 
 /// The tool name a model call is decided as (the gate's tier table has it).
-pub use warren_gate::request::LLM_TOOL;
+use warren_gate::request::LLM_TOOL;
 
 /// One namespace's connection's way through the gate.
 pub struct ModelGate {

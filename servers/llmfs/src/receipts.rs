@@ -17,7 +17,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use warren_9p::Errno;
-use warren_receiptd::client::{Appender, Refusal};
+use warren_proto::receipts::{Appender, Refusal};
 
 pub const QUEUE_CAP: usize = 1024;
 const RETRY_FIRST: Duration = Duration::from_millis(10);

@@ -666,7 +666,7 @@ mod tests {
     /// lineage with every budget set, the largest counts and decision — is far below it.
     #[test]
     fn the_largest_query_receipt_fits_receiptd() {
-        use warren_gate::lineage::{Budget, Lineage, MAX_DEPTH, Member};
+        use warren_proto::lineage::{Budget, Lineage, MAX_DEPTH, Member};
         let lineage = Lineage(
             (0..MAX_DEPTH)
                 .map(|i| Member {
@@ -693,7 +693,7 @@ mod tests {
                 completion_tokens: u64::MAX,
             },
             Some(&Admitted {
-                decision: Some(warren_gate::receipts::Ack {
+                decision: Some(warren_proto::receipts::Ack {
                     seq: u64::MAX,
                     hash: digest,
                 }),

@@ -198,6 +198,15 @@ impl Granted {
 mod tests {
     use super::*;
 
+    /// Roots under `dir`: built-ins in `tool/`, MCP servers in `mcp/`.
+    fn roots(dir: &Path, plain: bool) -> Roots {
+        Roots {
+            tool: dir.join("tool"),
+            mcp: dir.join("mcp"),
+            plain,
+        }
+    }
+
     fn tree(root: &Path, tools: &[(&str, &str)]) {
         std::fs::create_dir_all(root).unwrap();
         let mut listing = String::new();
@@ -212,11 +221,7 @@ mod tests {
     fn built_ins_keep_their_names_and_mcp_tools_are_prefixed_by_their_server() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        let roots = Roots {
-            tool: dir.join("tool"),
-            mcp: dir.join("mcp"),
-            plain: false,
-        };
+        let roots = roots(dir, false);
         tree(&roots.tool, &[("echo", "read"), ("fs_read", "read")]);
         tree(
             &roots.mcp.join("everything"),
@@ -233,11 +238,7 @@ mod tests {
     fn a_name_two_servers_would_give_is_withheld() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        let roots = Roots {
-            tool: dir.join("tool"),
-            mcp: dir.join("mcp"),
-            plain: false,
-        };
+        let roots = roots(dir, false);
         tree(&roots.mcp.join("a_"), &[("_b", "read"), ("c", "read")]);
         tree(&roots.mcp.join("a"), &[("__b", "read")]);
         let names: Vec<String> = roots.scan().tools.into_keys().collect();
@@ -248,11 +249,7 @@ mod tests {
     fn resources_are_the_mounted_servers_files_by_uri_and_a_shared_uri_is_withheld() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        let roots = Roots {
-            tool: dir.join("tool"),
-            mcp: dir.join("mcp"),
-            plain: false,
-        };
+        let roots = roots(dir, false);
         for (server, file) in [
             ("a", "test:%2F%2Fstatic-text"),
             ("a", "x%25y"),
@@ -271,11 +268,7 @@ mod tests {
     fn nothing_mounted_grants_nothing() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        let roots = Roots {
-            tool: dir.join("tool"),
-            mcp: dir.join("mcp"),
-            plain: false,
-        };
+        let roots = roots(dir, false);
         assert!(roots.scan().tools.is_empty());
     }
 
@@ -283,11 +276,7 @@ mod tests {
     fn plain_names_only_for_one_server_alone() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path();
-        let mut roots = Roots {
-            tool: dir.join("tool"),
-            mcp: dir.join("mcp"),
-            plain: true,
-        };
+        let mut roots = roots(dir, true);
         tree(&roots.mcp.join("everything"), &[("echo", "read")]);
         let names: Vec<String> = roots.scan().tools.into_keys().collect();
         assert_eq!(names, ["echo"]);

@@ -70,8 +70,8 @@ impl Llmfs {
             version: 1,
             session: session.into(),
             namespace: "1".into(),
-            lineage: Some(warren_gate::lineage::Lineage::root(
-                warren_gate::lineage::Member {
+            lineage: Some(warren_proto::lineage::Lineage::root(
+                warren_proto::lineage::Member {
                     session: session.into(),
                     namespace: "1".into(),
                     ..Default::default()
