@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use tokio::net::UnixListener;
 use warren_9p::Limits;
-use warren_daemon::accept::{into_blocking, next_peer, refusal, root_only};
+use warren_daemon::accept::{next_blocking_peer, refusal, root_only};
 use warren_daemon::operator::{self, OperatorPolicy};
 use warren_daemon::peer::PeerCred;
 
@@ -166,17 +166,10 @@ impl Server {
     /// answered with one line).
     pub async fn serve_control(self: Arc<Self>, listener: UnixListener) {
         loop {
-            let sock = next_peer(&listener, "control socket", |s| {
+            let std_sock = next_blocking_peer(&listener, "control socket", |s| {
                 refusal(s.as_fd(), root_only)
             })
             .await;
-            let std_sock = match into_blocking(sock) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!("control socket: {e}");
-                    continue;
-                }
-            };
             let server = self.clone();
             let runtime = tokio::runtime::Handle::current();
             tokio::task::spawn_blocking(move || server.control_connection(std_sock, runtime));

@@ -8,7 +8,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use tokio::net::UnixListener;
-use warren_daemon::accept::{into_blocking, next_peer, refusal, root_only};
+use warren_daemon::accept::{next_blocking_peer, refusal, root_only};
 use warren_proto::llm::{LlmGrant, reply_line};
 
 use crate::gate::ModelGate;
@@ -24,14 +24,8 @@ pub async fn serve_control(
     limits: warren_9p::Limits,
 ) {
     loop {
-        let sock = next_peer(&listener, "llmfs.ctl", |s| refusal(s.as_fd(), root_only)).await;
-        let sock = match into_blocking(sock) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!("llmfs.ctl: {e}");
-                continue;
-            }
-        };
+        let sock =
+            next_blocking_peer(&listener, "llmfs.ctl", |s| refusal(s.as_fd(), root_only)).await;
         let (make, gate, limits) = (make.clone(), gate.clone(), limits.clone());
         let runtime = tokio::runtime::Handle::current();
         tokio::task::spawn_blocking(move || {
