@@ -307,14 +307,8 @@ pub async fn read_file(root: &Fid, path: &str) -> Vec<u8> {
 pub async fn list(root: &Fid, path: &str) -> Vec<String> {
     let fid = root.walk_path(path).await.unwrap();
     fid.open(oflags::RDONLY).await.unwrap();
-    let mut names: Vec<String> = fid
-        .readdir_all()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.name)
-        .filter(|n| n != "." && n != "..")
-        .collect();
+    let mut names = fid.read_dir_names().await.unwrap();
+    names.retain(|n| n != "." && n != "..");
     fid.clunk().await.unwrap();
     names.sort();
     names
