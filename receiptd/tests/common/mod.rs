@@ -9,10 +9,7 @@ use warren_test_support::daemons::Process;
 
 /// A short temp dir under /tmp (socket paths must fit in 108 bytes).
 pub fn tmp() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("rcpt")
-        .tempdir_in("/tmp")
-        .expect("temp dir")
+    warren_test_support::dirs::short("rcpt")
 }
 
 pub fn config(base: &Path) -> LogConfig {

@@ -205,10 +205,7 @@ pub fn live_children(ppid: u32) -> Vec<u32> {
 
 /// A short temp dir with `run/` in it.
 pub fn temp_dir() -> tempfile::TempDir {
-    let dir = tempfile::Builder::new()
-        .prefix("tfs")
-        .tempdir_in("/tmp")
-        .unwrap();
+    let dir = warren_test_support::dirs::short("tfs");
     std::fs::create_dir(dir.path().join("run")).unwrap();
     dir
 }

@@ -334,10 +334,7 @@ pub fn up_with_config_and(env: &[(&str, &str)]) -> (Warren, tempfile::TempDir) {
 /// A temp dir in /tmp with `mode`: one the daemons, the servers and the payloads, each under a
 /// uid of its own, can reach.
 pub fn tempdir_with_mode(prefix: &str, mode: u32) -> tempfile::TempDir {
-    let dir = tempfile::Builder::new()
-        .prefix(prefix)
-        .tempdir_in("/tmp")
-        .unwrap();
+    let dir = warren_test_support::dirs::short(prefix);
     std::fs::set_permissions(
         dir.path(),
         std::os::unix::fs::PermissionsExt::from_mode(mode),
