@@ -81,8 +81,7 @@ pub fn daemon_cmd(base: &Path, extra: &[&str]) -> std::process::Command {
         "--burst",
         "1000000",
     ])
-    .args(extra)
-    .env("WARREN_LOG", "warn");
+    .args(extra);
     cmd
 }
 
