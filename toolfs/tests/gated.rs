@@ -154,10 +154,7 @@ async fn an_exec_call_waits_for_its_answer_and_a_deny_never_runs() {
     let gate = d.stack().gate_operator().await;
     let args = br#"{"command":"echo ran >> ran.txt"}"#;
 
-    let first = {
-        let root = root.clone();
-        tokio::spawn(async move { call_envelope(&root, "shell", args).await })
-    };
+    let first = shell_call_in_background(&root, args);
     let id = the_open_ask(&gate).await;
     let req = request_text(&gate, id).await;
     assert_eq!(field(&req, "tool"), "shell");
@@ -187,10 +184,7 @@ async fn an_exec_call_waits_for_its_answer_and_a_deny_never_runs() {
         "ran\n"
     );
 
-    let second = {
-        let root = root.clone();
-        tokio::spawn(async move { call_envelope(&root, "shell", args).await })
-    };
+    let second = shell_call_in_background(&root, args);
     let id2 = the_open_ask(&gate).await;
     assert_ne!(id2, id);
     let req2 = request_text(&gate, id2).await;
@@ -220,12 +214,7 @@ async fn a_flushed_wait_withdraws_the_ask() {
     let (_c, root, path, session) = writable_shell(&d).await;
     let root = std::sync::Arc::new(root);
     let gate = d.stack().gate_operator().await;
-    let pending = {
-        let root = root.clone();
-        tokio::spawn(
-            async move { call_envelope(&root, "shell", br#"{"command":"touch ran"}"#).await },
-        )
-    };
+    let pending = shell_call_in_background(&root, br#"{"command":"touch ran"}"#);
     let id = the_open_ask(&gate).await;
     // The ask is listed a moment before toolfs has its id: flush once toolfs says it waits.
     for _ in 0..1000 {
@@ -265,12 +254,7 @@ async fn a_read_flushed_while_the_gate_asks_withdraws_that_ask_by_its_id() {
     let (_c, root, path, session) = writable_shell(&d).await;
     let root = std::sync::Arc::new(root);
     let gate = d.stack().gate_operator().await;
-    let pending = {
-        let root = root.clone();
-        tokio::spawn(
-            async move { call_envelope(&root, "shell", br#"{"command":"touch ran"}"#).await },
-        )
-    };
+    let pending = shell_call_in_background(&root, br#"{"command":"touch ran"}"#);
     // Flushed as soon as the gate lists the ask: toolfs may not have its id yet.
     let id = the_open_ask(&gate).await;
     pending.abort();
@@ -665,4 +649,13 @@ async fn an_allow_the_gate_never_answered_is_followed_by_a_withdrawn_receipt() {
         "no allow followed by a withdrawn receipt: {:#?}",
         d.stack().receipts(&rec.session).await
     );
+}
+
+/// A `shell` call with `args` on its own task: its read waits on the gate's ask.
+fn shell_call_in_background(
+    root: &std::sync::Arc<Fid>,
+    args: &'static [u8],
+) -> tokio::task::JoinHandle<Envelope> {
+    let root = root.clone();
+    tokio::spawn(async move { call_envelope(&root, "shell", args).await })
 }

@@ -249,16 +249,12 @@ fn a_peer_sees_exactly_its_grant_and_b_decides_and_receipts_its_calls() {
     assert_eq!(&at(seq + 1)["prev"], hash, "{b_chain:?}");
 
     // An exec-tier call asks on B's gate, and runs once B's operator allows it.
-    let agent = h.a.spawn_run(&[
-        "--ns",
+    let agent = call_on_b(
+        &h.a,
         &spec,
-        "--",
-        "/bin/sh",
-        "-c",
-        &format!(
-            r#"exec 3<>/n/b/tool/shell/call; printf '{{"command":"true","cwd":"{dir}"}}' >&3; cat <&3"#
-        ),
-    ]);
+        "shell",
+        &format!(r#"{{"command":"true","cwd":"{dir}"}}"#),
+    );
     let (id, request) = next_ask(&h.b, 0);
     assert!(request.contains("tool shell"), "{request}");
     assert_eq!(field(&request, "session"), session, "{request}");
@@ -331,16 +327,12 @@ fn with_asks_remote_a_answers_its_write_tier_ask_but_an_exec_tier_one_stays_with
     let channel = format!("peer:{}", h.a_key.fingerprint());
 
     // A write-tier call asks on B; A answers it.
-    let agent = h.a.spawn_run(&[
-        "--ns",
+    let agent = call_on_b(
+        &h.a,
         &spec,
-        "--",
-        "/bin/sh",
-        "-c",
-        &format!(
-            r#"exec 3<>/n/b/tool/fs_write/call; printf '{{"path":"{dir}/x","content":"y"}}' >&3; cat <&3"#
-        ),
-    ]);
+        "fs_write",
+        &format!(r#"{{"path":"{dir}/x","content":"y"}}"#),
+    );
     let (id, request) = next_ask(&h.b, 0);
     assert_eq!(field(&request, "tier"), "write", "{request}");
     let fp = fingerprint(&request).to_string();
@@ -373,16 +365,12 @@ fn with_asks_remote_a_answers_its_write_tier_ask_but_an_exec_tier_one_stays_with
     assert_eq!(answered[0]["verdict"], "allow", "{answered:?}");
 
     // An exec-tier call: A's `allow once` is refused, the ask stays open for B's operator.
-    let agent = h.a.spawn_run(&[
-        "--ns",
+    let agent = call_on_b(
+        &h.a,
         &spec,
-        "--",
-        "/bin/sh",
-        "-c",
-        &format!(
-            r#"exec 3<>/n/b/tool/shell/call; printf '{{"command":"true","cwd":"{dir}"}}' >&3; cat <&3"#
-        ),
-    ]);
+        "shell",
+        &format!(r#"{{"command":"true","cwd":"{dir}"}}"#),
+    );
     let (id, request) = next_ask(&h.b, id);
     assert_eq!(field(&request, "tier"), "exec", "{request}");
     let fp = fingerprint(&request).to_string();
@@ -974,4 +962,16 @@ fn a_remote_receipt_is_checked_against_bs_signed_checkpoint_read_through_the_lin
         assert_eq!(names, want, "{listed}");
         assert!(!listed.contains(other.as_str()), "{listed}");
     }
+}
+
+/// An agent on A calling `tool` on B's `/n/b` with `args` (its reply on stdout).
+fn call_on_b(a: &Warren, spec: &str, tool: &str, args: &str) -> Child {
+    a.spawn_run(&[
+        "--ns",
+        spec,
+        "--",
+        "/bin/sh",
+        "-c",
+        &format!("exec 3<>/n/b/tool/{tool}/call; printf '{args}' >&3; cat <&3"),
+    ])
 }

@@ -130,20 +130,28 @@ fn tools_list_is_exactly_the_grant_and_calls_cross_the_call_files() {
     assert!(steps.contains_key("ping"));
 }
 
-/// The `shell` tool granted a work dir: its calls are `exec` tier, so each asks the operator.
-fn shell_spec(w: &Warren) -> (tempfile::TempDir, PathBuf, String) {
+/// A work dir the tool workers can reach, and the spec `name` granting it (`spec` of its path).
+fn work_dir_spec(
+    w: &Warren,
+    name: &str,
+    spec: impl FnOnce(&str) -> String,
+) -> (tempfile::TempDir, String, PathBuf) {
     let work = tempfile::Builder::new()
         .prefix("wserve")
         .tempdir_in("/tmp")
         .unwrap();
     open_to_shell_workers(work.path());
     let dir = work.path().to_str().unwrap().to_string();
-    let spec = w.base.path().join("shell.ns");
-    std::fs::write(
-        &spec,
-        format!("mount tool /tool shell\ntool shell -w {dir}\n"),
-    )
-    .unwrap();
+    let path = w.base.path().join(name);
+    std::fs::write(&path, spec(&dir)).unwrap();
+    (work, dir, path)
+}
+
+/// The `shell` tool granted a work dir: its calls are `exec` tier, so each asks the operator.
+fn shell_spec(w: &Warren) -> (tempfile::TempDir, PathBuf, String) {
+    let (work, dir, spec) = work_dir_spec(w, "shell.ns", |dir| {
+        format!("mount tool /tool shell\ntool shell -w {dir}\n")
+    });
     let args = json!({"command": format!("echo ran >> {dir}/log"), "cwd": dir}).to_string();
     (work, spec, args)
 }
@@ -1119,18 +1127,9 @@ const SCENARIO_TOOLS: &[&str] = &[
 
 /// `fs_write` granted a work dir: its calls are `write` tier, so each asks.
 fn fs_write_spec(w: &Warren) -> (tempfile::TempDir, PathBuf, String) {
-    let work = tempfile::Builder::new()
-        .prefix("wserve")
-        .tempdir_in("/tmp")
-        .unwrap();
-    open_to_shell_workers(work.path());
-    let dir = work.path().to_str().unwrap().to_string();
-    let spec = w.base.path().join("write.ns");
-    std::fs::write(
-        &spec,
-        format!("{SYSTEM}mount tool /tool fs_write\ntool fs_write -w {dir}\n"),
-    )
-    .unwrap();
+    let (work, dir, spec) = work_dir_spec(w, "write.ns", |dir| {
+        format!("{SYSTEM}mount tool /tool fs_write\ntool fs_write -w {dir}\n")
+    });
     let args = json!({"path": format!("{dir}/x"), "content": "from the client's user"}).to_string();
     (work, spec, args)
 }

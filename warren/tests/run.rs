@@ -5,7 +5,6 @@
 mod common;
 
 use common::{Warren, envelopes, fingerprint, next_ask, ns_ids, wait_until};
-use std::time::{Duration, Instant};
 
 /// N1: only granted tools exist; ungranted names and host paths are ENOENT, never EACCES.
 #[test]
@@ -129,7 +128,6 @@ fn a_tool_reads_with_its_own_authority_not_the_agents() {
 #[test]
 fn a_blocked_call_does_not_block_the_mount() {
     let w = Warren::up();
-    let started = Instant::now();
     let (code, out, err) = w.sh(
         &["--tool", "echo"],
         r#"( exec 3<>/tool/echo/call; printf '{"delay_ms":8000}' >&3; cat <&3 >/tmp/slow ) &
@@ -154,8 +152,6 @@ fn a_blocked_call_does_not_block_the_mount() {
         !out.contains("SLOW-DONE-EARLY"),
         "the held call finished early: {out}"
     );
-    // The namespace ends with its command; the held call's reader died with it.
-    assert!(started.elapsed() < Duration::from_secs(60));
 }
 
 /// N8 and the gate from inside, through FUSE: an exec-tier call blocks until the operator writes

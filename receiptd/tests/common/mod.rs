@@ -9,10 +9,7 @@ use warren_test_support::daemons::Process;
 
 /// A short temp dir under /tmp (socket paths must fit in 108 bytes).
 pub fn tmp() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("rcpt")
-        .tempdir_in("/tmp")
-        .expect("temp dir")
+    warren_test_support::dirs::short("rcpt")
 }
 
 pub fn config(base: &Path) -> LogConfig {
@@ -84,8 +81,7 @@ pub fn daemon_cmd(base: &Path, extra: &[&str]) -> std::process::Command {
         "--burst",
         "1000000",
     ])
-    .args(extra)
-    .env("WARREN_LOG", "warn");
+    .args(extra);
     cmd
 }
 

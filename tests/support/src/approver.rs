@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use warren_9p::{Client, oflags};
 
 /// `pending <id> … fp=<hex> …` → (id, fp).
-pub fn pending_event(line: &str) -> Option<(i64, String)> {
+fn pending_event(line: &str) -> Option<(i64, String)> {
     let mut words = line.split_whitespace();
     if words.next()? != "pending" {
         return None;

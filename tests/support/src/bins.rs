@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 
 /// The directory holding the workspace's binaries in the running test's profile.
-pub fn dir() -> PathBuf {
+fn dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the running test's path");
     let parent = exe.parent().expect("the test binary has a directory");
     if parent.file_name().is_some_and(|n| n == "deps") {

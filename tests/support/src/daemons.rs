@@ -80,10 +80,6 @@ impl Process {
         self.child.id()
     }
 
-    pub fn child(&mut self) -> &mut Child {
-        &mut self.child
-    }
-
     /// Waits for it to end (a test that stopped it and checks how it ended).
     pub fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
         self.child.wait()

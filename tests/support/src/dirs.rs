@@ -1,4 +1,4 @@
-//! Directories for the tests of warren's own directory checks.
+//! Temp directories: short ones for sockets, and ones with a given mode (the directory checks).
 
 use std::os::unix::fs::PermissionsExt;
 
@@ -9,4 +9,13 @@ pub fn with_mode(mode: u32) -> tempfile::TempDir {
     let t = tempfile::tempdir().unwrap();
     std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(mode)).unwrap();
     t
+}
+
+/// A temp directory under /tmp named `prefix…`, short enough for the sockets a test puts in it
+/// (a socket path must fit in 108 bytes).
+pub fn short(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in("/tmp")
+        .expect("a temp dir under /tmp")
 }

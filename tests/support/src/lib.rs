@@ -3,7 +3,7 @@
 //! - [`bins`]: the workspace's built binaries, found one way ([`bins::bin`]).
 //! - [`daemons`]: each daemon as a real process ([`daemons::Process`]), started from its
 //!   binary with the arguments every test gives it, ready once its sockets accept.
-//! - [`dirs`]: a temp directory with a given mode (the directory checks' tests).
+//! - [`dirs`]: a short temp directory for sockets ([`dirs::short`]); one with a given mode.
 //! - [`kernel`]: the kernel features a test needs, failing by name where one is missing
 //!   (`scripts/test` leaves such tests out, counted as skipped, on a host without it).
 //! - [`llm_script`]: the scripted model backend, a real HTTP server.

@@ -8,7 +8,7 @@ use serde_json::Value;
 use warren_9p::{Client, oflags};
 
 /// The receipt body in a DSSE `envelope` (its base64 payload, decoded, as JSON).
-pub fn payload(envelope: &Value) -> Value {
+fn payload(envelope: &Value) -> Value {
     let payload = base64::engine::general_purpose::STANDARD
         .decode(envelope["payload"].as_str().expect("a DSSE payload"))
         .expect("a base64 payload");

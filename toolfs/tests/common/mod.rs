@@ -205,10 +205,7 @@ pub fn live_children(ppid: u32) -> Vec<u32> {
 
 /// A short temp dir with `run/` in it.
 pub fn temp_dir() -> tempfile::TempDir {
-    let dir = tempfile::Builder::new()
-        .prefix("tfs")
-        .tempdir_in("/tmp")
-        .unwrap();
+    let dir = warren_test_support::dirs::short("tfs");
     std::fs::create_dir(dir.path().join("run")).unwrap();
     dir
 }
@@ -307,14 +304,8 @@ pub async fn read_file(root: &Fid, path: &str) -> Vec<u8> {
 pub async fn list(root: &Fid, path: &str) -> Vec<String> {
     let fid = root.walk_path(path).await.unwrap();
     fid.open(oflags::RDONLY).await.unwrap();
-    let mut names: Vec<String> = fid
-        .readdir_all()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| e.name)
-        .filter(|n| n != "." && n != "..")
-        .collect();
+    let mut names = fid.read_dir_names().await.unwrap();
+    names.retain(|n| n != "." && n != "..");
     fid.clunk().await.unwrap();
     names.sort();
     names

@@ -8,7 +8,7 @@ pub mod netns;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
-use warren_test_support::{bins, kernel};
+use warren_test_support::{bins, kernel, receipts};
 
 pub struct Warren {
     pub base: tempfile::TempDir,
@@ -167,14 +167,7 @@ impl Warren {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        out.stdout
-            .split(|b| *b == b'\n')
-            .filter(|l| !l.is_empty())
-            .map(|l| {
-                let env: warren_receiptd::dsse::Envelope = serde_json::from_slice(l).unwrap();
-                serde_json::from_slice(&env.payload_bytes().unwrap()).unwrap()
-            })
-            .collect()
+        receipts::bodies_of(&out.stdout)
     }
 
     /// The subjects of a session's decision receipts, oldest first.
@@ -341,10 +334,7 @@ pub fn up_with_config_and(env: &[(&str, &str)]) -> (Warren, tempfile::TempDir) {
 /// A temp dir in /tmp with `mode`: one the daemons, the servers and the payloads, each under a
 /// uid of its own, can reach.
 pub fn tempdir_with_mode(prefix: &str, mode: u32) -> tempfile::TempDir {
-    let dir = tempfile::Builder::new()
-        .prefix(prefix)
-        .tempdir_in("/tmp")
-        .unwrap();
+    let dir = warren_test_support::dirs::short(prefix);
     std::fs::set_permissions(
         dir.path(),
         std::os::unix::fs::PermissionsExt::from_mode(mode),

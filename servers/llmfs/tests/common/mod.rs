@@ -14,10 +14,7 @@ pub const KEY: &str = "sk-test-0123456789";
 
 /// A short temp dir under /tmp (socket paths must fit in 108 bytes).
 pub fn tmp() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("llmfs")
-        .tempdir_in("/tmp")
-        .expect("temp dir")
+    warren_test_support::dirs::short("llmfs")
 }
 
 /// A running `warren-llmfs` on `<dir>/run/llm.sock`.
