@@ -1,6 +1,7 @@
 //! Rules of the repository itself, checked on its files: the README's test command is the one
-//! `.ci/run` runs and sets up a fresh machine by itself, no test returns early as a pass, and
-//! the tests that need FUSE are the ones scripts/test leaves out without it.
+//! `.ci/run` runs and sets up a fresh machine by itself, no test returns early as a pass, the
+//! tests that need FUSE are the ones scripts/test leaves out without it, and every crate but jail
+//! and the probe forbids `unsafe` through the workspace lints.
 
 use std::path::{Path, PathBuf};
 
@@ -200,4 +201,54 @@ fn rs_files(dir: &std::path::Path) -> Vec<PathBuf> {
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "rs"))
         .collect()
+}
+
+/// "All `unsafe` lives in warren-jail" is kept by the compiler, not by habit: the workspace
+/// forbids `unsafe_code` and denies an `unsafe` block without a `// SAFETY:` line, and every
+/// member takes those lints, but jail and the escape suite's probe, whose own tables are the
+/// same less `unsafe_code`.
+#[test]
+fn every_crate_but_jail_and_the_probe_forbids_unsafe_by_the_workspace_lints() {
+    const MAY_USE_UNSAFE: &[&str] = &["jail", "tests/probe"];
+    let root = read("Cargo.toml");
+    let table = |name: &str| {
+        root.split(&format!("\n[{name}]\n"))
+            .nth(1)
+            .and_then(|t| t.split("\n[").next())
+            .unwrap_or_else(|| panic!("Cargo.toml has no [{name}]"))
+            .to_string()
+    };
+    assert!(
+        table("workspace.lints.rust").contains("unsafe_code = \"forbid\""),
+        "the workspace lints must forbid unsafe_code"
+    );
+    assert!(
+        table("workspace.lints.clippy").contains("undocumented_unsafe_blocks = \"deny\""),
+        "the workspace lints must deny an unsafe block without a SAFETY comment"
+    );
+    let members = root
+        .split("members = [")
+        .nth(1)
+        .and_then(|m| m.split(']').next())
+        .expect("Cargo.toml lists its members");
+    let mut checked = 0;
+    for member in members.split(',').map(|m| m.trim().trim_matches('"')) {
+        if member.is_empty() {
+            continue;
+        }
+        let manifest = read(&format!("{member}/Cargo.toml"));
+        if MAY_USE_UNSAFE.contains(&member) {
+            assert!(
+                manifest.contains("undocumented_unsafe_blocks = \"deny\""),
+                "{member}/Cargo.toml: its own lints must still deny an unsafe block without SAFETY"
+            );
+        } else {
+            assert!(
+                manifest.contains("\n[lints]\nworkspace = true"),
+                "{member}/Cargo.toml must take the workspace's lints (`[lints] workspace = true`)"
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked > 20, "only {checked} members found");
 }
