@@ -4,3 +4,4 @@
 
 pub mod flush;
 pub mod gate_flow;
+pub mod narrowing;

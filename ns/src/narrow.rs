@@ -15,7 +15,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use crate::covers::{Widened, Widening, covers};
 use crate::handles::{Built, Handles, ToolRoot};
 use crate::spec::{Access, Spec};
-use warren_jail::inode::ident;
+use warren_jail::inode::{ancestry, ident};
 use warren_jail::{Dir, openat2};
 
 const BENEATH: u64 =
@@ -168,7 +168,8 @@ pub fn narrow(parent: &Spec, parent_handles: &Handles, child: &Spec) -> Result<B
                             handle: v.handle?,
                         })
                     });
-                    match uncovered(&fd, &asked, b.access, nested, &mount_targets) {
+                    let outer = outer_target(&asked, &rest);
+                    match uncovered(&fd, &asked, &outer, b.access, nested, &mount_targets) {
                         Some(nested) => Err(Widened::Uncovers {
                             what: what.into(),
                             host: asked.clone(),
@@ -215,7 +216,8 @@ pub fn narrow(parent: &Spec, parent_handles: &Handles, child: &Spec) -> Result<B
                             access: r.access,
                             handle: &r.dir,
                         });
-                        match uncovered(&dir, &asked, t.access, nested, &[]) {
+                        let outer = outer_target(&asked, &rest);
+                        match uncovered(&dir, &asked, &outer, t.access, nested, &[]) {
                             Some(nested) => Err(Widened::Uncovers {
                                 what: what.clone(),
                                 host: asked.clone(),
@@ -274,23 +276,39 @@ struct Nested<'a> {
 /// place where the parent's view shows something narrower or other than what the child would
 /// see there: a nested bind with less access, or whose source is not the file at that place
 /// beneath the child's handle, or a mount. Names that place.
+///
+/// A nested bind is found by its target's name beneath `asked`, and also by its handle: one
+/// nested under the same parent bind (`outer`) whose source lies within the child's handle.
+/// The second is what a rename made outside the namespace cannot fool: the nested mount
+/// follows its mount point's dentry to a new name, so the parent's view still shows it with
+/// its own access there while no target name lies beneath `asked` any more.
 fn uncovered<'a>(
     opened: &OwnedFd,
     asked: &str,
+    outer: &str,
     access: Access,
     nested: impl Iterator<Item = Nested<'a>>,
     mounts: &[&str],
 ) -> Option<String> {
-    let under = |target: &str| -> Option<String> {
-        let (want, have) = (components(asked), components(target));
+    let beneath = |above: &str, target: &str| -> Option<String> {
+        let (want, have) = (components(above), components(target));
         (have.len() > want.len() && have[..want.len()] == want[..])
             .then(|| have[want.len()..].join("/"))
     };
-    if let Some(m) = mounts.iter().find(|m| under(m).is_some()) {
+    if let Some(m) = mounts.iter().find(|m| beneath(asked, m).is_some()) {
         return Some(m.to_string());
     }
+    let Ok(opened_id) = ident(opened.as_fd()) else {
+        return Some(asked.to_string());
+    };
     for n in nested {
-        let Some(rel) = under(n.target) else {
+        if n.access < access
+            && beneath(outer, n.target).is_some()
+            && lies_within(n.handle, &opened_id)
+        {
+            return Some(n.target.to_string());
+        }
+        let Some(rel) = beneath(asked, n.target) else {
             continue;
         };
         if n.access < access {
@@ -307,6 +325,21 @@ fn uncovered<'a>(
         }
     }
     None
+}
+
+/// Whether `handle` is the directory `within` or lies beneath it (by (st_dev, st_ino) along
+/// the kernel's `..` walk). A handle whose walk fails is taken to lie within: refusing is the
+/// safe answer.
+fn lies_within(handle: &OwnedFd, within: &warren_jail::inode::Ident) -> bool {
+    ancestry(handle.as_fd()).map_or(true, |chain| chain.iter().any(|c| c.same_file(within)))
+}
+
+/// The parent's target under which `asked` was resolved: `asked` less its last `rest`
+/// components.
+fn outer_target(asked: &str, rest: &str) -> String {
+    let want = components(asked);
+    let keep = want.len() - components(rest).len();
+    format!("/{}", want[..keep].join("/"))
 }
 
 fn beneath_error(e: &std::io::Error) -> String {

@@ -374,3 +374,104 @@ fn narrowing_from_inside_a_namespace() {
     assert!(spec_a.contains("/data/a /a"), "{spec_a}");
     assert!(!spec_a.contains("/proc/self/fd"), "{spec_a}");
 }
+
+/// The parent's payload for the moved nested bind: waits (a bounded poll) until `/data/b`
+/// appears — the host renames `a`, where the parent has a nested `-r` bind, to `b` — then
+/// clones a child asking `/data/b` `-w` and, if it is built, has it write there.
+const MOVED_PY: &str = r#"
+import os, time
+SYS = "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n"
+for _ in range(200):
+    if os.path.isdir('/data/b'):
+        break
+    time.sleep(0.05)
+else:
+    print('moved never-renamed', flush=True)
+    raise SystemExit(0)
+try:
+    open('/data/b/parent', 'w').close()
+    print('parent-write ok', flush=True)
+except OSError as e:
+    print('parent-write errno=%d' % e.errno, flush=True)
+fd = os.open('/ns/clone', os.O_RDWR)
+try:
+    os.write(fd, (SYS + 'bind -w /data/b /b\n').encode())
+    got = os.read(fd, 4096).decode().strip()
+except OSError as e:
+    got = 'refused errno=%d %s' % (e.errno, os.read(fd, 4096).decode().strip())
+os.close(fd)
+print('moved', got, flush=True)
+if not got.startswith('refused'):
+    with open('/ns/%s/ctl' % got, 'w') as f:
+        f.write("run /bin/sh -c 'echo child > /b/written; exit 0'")
+    with open('/ns/%s/wait' % got) as f:
+        print('moved-wait', f.read().strip(), flush=True)
+"#;
+
+/// A nested `-r` bind's mount point renamed outside the namespace (by a tool worker or anyone
+/// else with `-w` on the directory): the mount follows its dentry, so the parent's view still
+/// shows the directory read-only, under its new name. A child asking `-w` on the new name must
+/// be refused, though no parent bind's *target* lies beneath the asked path any more: nested
+/// binds are found by their mount points' inodes, not their names (the counterexample the
+/// formal model `warren-formal::narrowing` finds for `Bug::NestedByTargetName`).
+#[test]
+fn a_nested_read_bind_renamed_outside_stays_read_only_for_a_child() {
+    need_root();
+    warren_test_support::bins::bin("warren-bridge");
+    let nsd = start_nsd("wnmv");
+    let t = tempdir("wnm");
+    let d = t.path().join("data");
+    std::fs::create_dir_all(d.join("a")).unwrap();
+    std::fs::write(d.join("a/f"), "read only\n").unwrap();
+    std::fs::set_permissions(
+        d.join("a"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    std::fs::create_dir(t.path().join("probe")).unwrap();
+    std::fs::write(t.path().join("probe/p.py"), MOVED_PY).unwrap();
+    let out_path = t.path().join("out.txt");
+    let stdout: OwnedFd = std::fs::File::create(&out_path).unwrap().into();
+    let stdin: OwnedFd = std::fs::File::open("/dev/null").unwrap().into();
+    let stderr: OwnedFd = std::fs::File::create(t.path().join("err.txt"))
+        .unwrap()
+        .into();
+    let text = format!(
+        "{SYSTEM}bind -w {d} /data\nbind -r {d}/a /data/a\nbind -r {p} /probe\nmount ns /ns\n",
+        d = d.display(),
+        p = t.path().join("probe").display()
+    );
+    let parent = launch(
+        &nsd.dirs,
+        &warren_ns::parse("<test>", &text).unwrap(),
+        &["/usr/bin/python3".to_string(), "/probe/p.py".to_string()],
+        &LaunchOptions::default(),
+        [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()],
+    )
+    .unwrap();
+    // Outside the namespace, where `a` is no mount point: the rename is allowed.
+    std::fs::rename(d.join("a"), d.join("b")).unwrap();
+    let code = parent.wait().unwrap();
+    let out = std::fs::read_to_string(&out_path).unwrap();
+    let err = std::fs::read_to_string(t.path().join("err.txt")).unwrap();
+    assert_eq!(code, 0, "parent failed:\n{out}\n{err}");
+    let moved = out
+        .lines()
+        .find_map(|l| l.strip_prefix("moved "))
+        .unwrap_or_else(|| panic!("no answer in:\n{out}\n{err}"))
+        .to_string();
+    // The parent's own view: the moved nested bind, read-only under its new name.
+    assert!(
+        out.contains(&format!("parent-write errno={}", libc::EROFS)),
+        "{out}"
+    );
+    assert!(
+        !d.join("b/written").exists(),
+        "the child wrote where its parent can only read:\n{out}"
+    );
+    assert!(
+        moved.starts_with(&format!("refused errno={}", libc::EPERM)),
+        "{out}"
+    );
+    assert!(moved.contains("/data/b"), "{out}");
+}
