@@ -15,6 +15,7 @@ use crate::control::ReplyForm;
 use crate::lineage::Lineage;
 
 pub mod policy;
+pub mod special;
 
 pub use policy::{Pattern, Policy};
 

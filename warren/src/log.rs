@@ -65,8 +65,8 @@ impl Entry {
         self.subject()["tool"].as_str().unwrap_or("-")
     }
 
-    /// What happened, in words: the verdict and its basis, the effect's status, why a call was
-    /// withdrawn, receiptd's own event.
+    /// What happened, in words: the verdict and its basis, the effect's status (a connection's
+    /// outcome, address and bytes), why a call was withdrawn, receiptd's own event.
     fn what(&self) -> String {
         let s = self.subject();
         let text = |k: &str| s[k].as_str().unwrap_or("").to_owned();
@@ -78,6 +78,20 @@ impl Entry {
                 }
                 if let Some(p) = s["pending"].as_i64() {
                     w.push_str(&format!(" ask {p}"));
+                }
+                w
+            }
+            // netproxy's connection record: how it ended, where to, and the bytes each way.
+            "effect" if s["outcome"].is_string() => {
+                let mut w = format!(
+                    "{} {}, {} bytes sent, {} received",
+                    text("outcome"),
+                    s["address"].as_str().unwrap_or("(nothing connected)"),
+                    s["bytes_client_to_server"].as_u64().unwrap_or(0),
+                    s["bytes_server_to_client"].as_u64().unwrap_or(0)
+                );
+                if let Some(reason) = s["reason"].as_str() {
+                    w.push_str(&format!(": {reason}"));
                 }
                 w
             }

@@ -6,7 +6,7 @@
 //! test) the Python peers (`scripts/install-test-deps`).
 //!
 //! Why one file: one test binary, so the hosts file, the test CA and "the world" server are set up
-//! one way for its six tests.
+//! one way for its seven tests.
 
 mod common;
 
@@ -84,6 +84,11 @@ fn serve(mut s: TcpStream) -> Option<(u64, u64)> {
 /// warren up with the proxy answering `api.test` and `other.test` from a hosts file (kept with
 /// the warren: a restarted proxy reads it again), and every first use of a destination asked.
 fn up_with_hosts() -> (tempfile::TempDir, Warren) {
+    up_with_hosts_and("")
+}
+
+/// [`up_with_hosts`] with `more` hosts-file lines.
+fn up_with_hosts_and(more: &str) -> (tempfile::TempDir, Warren) {
     // In /tmp, readable by the proxy's uid (a test's temp dirs are 0700 root).
     let dir = tempfile::Builder::new()
         .prefix("wnet")
@@ -91,7 +96,7 @@ fn up_with_hosts() -> (tempfile::TempDir, Warren) {
         .unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let path = dir.path().join("hosts");
-    std::fs::write(&path, "127.0.0.1 api.test other.test\n").unwrap();
+    std::fs::write(&path, format!("127.0.0.1 api.test other.test\n{more}")).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
     let w = up_asking(&[("WARREN_NETPROXY_HOSTS", path.to_str().unwrap())]);
     (dir, w)
@@ -236,6 +241,35 @@ fn a_payload_reaches_exactly_the_listed_host_through_the_proxy() {
     let raw = effects_for(&receipts, "127.0.0.1");
     assert_eq!(raw.len(), 1, "{raw:#?}");
     assert_eq!(raw[0]["outcome"], "refused");
+
+    // `warren log` says in words what each `effect` says: a served connection's address and
+    // bytes, a refused one's outcome and reason.
+    let log = String::from_utf8_lossy(&w.run_ok(&["log"]).stdout).into_owned();
+    let effect_lines = |host: &str| -> Vec<String> {
+        log.lines()
+            .filter(|l| l.contains(" effect ") && l.contains(&format!("net:{host}:")))
+            .map(str::to_string)
+            .collect()
+    };
+    let mut served: Vec<String> = effect_lines("api.test")
+        .iter()
+        .filter_map(|l| l.split_once("closed ").map(|(_, words)| words))
+        // Up to a digest's `  args …`, when the receipt has one.
+        .map(|words| format!("closed {}", words.split("  args ").next().unwrap_or(words)))
+        .collect();
+    served.sort();
+    let mut expected: Vec<String> = counted
+        .iter()
+        .map(|(up, down)| format!("closed 127.0.0.1:{port}, {up} bytes sent, {down} received"))
+        .collect();
+    expected.sort();
+    assert_eq!(served, expected, "{log}");
+    let refused = effect_lines("other.test");
+    assert_eq!(refused.len(), 1, "{log}");
+    assert!(
+        refused[0].contains("refused (nothing connected), 0 bytes sent, 0 received: other.test"),
+        "{log}"
+    );
 }
 
 /// A namespace's clone cannot widen its host list (refused, the widening named), and a clone
@@ -317,6 +351,74 @@ fn a_clone_cannot_widen_the_host_list() {
         std::fs::read_to_string(share.path().join("child.out")).unwrap(),
         BODY
     );
+}
+
+/// A name the parent lists without a pin may not resolve to an address of this host (the
+/// proxy's rule for every unpinned name), so neither a clone's pattern nor a clone's `tool shell
+/// net proxy` line may pin it there: both are refused at `/ns/clone` with the words the proxy
+/// refuses the parent's own connection with. The address is a public-range one on a veth end
+/// of this host's, with a listener behind it.
+#[test]
+fn a_clone_cannot_pin_a_name_to_an_address_of_this_host() {
+    let link = common::netns::Link::in_prefix("11.231");
+    let own = link.outside_ip.clone();
+    let world = World::serve(TcpListener::bind(format!("{own}:0")).unwrap());
+    let port = world.port;
+    let (_hosts, w) = up_with_hosts_and(&format!("{own} own.test\n"));
+    let _approver = approve_every_ask(&w);
+    let root = common::tempdir_with_mode("wnetown", 0o777);
+    let tool = format!(
+        "mount tool /tool shell\ntool shell -w {}\n",
+        root.path().display()
+    );
+    let spec = w.base.path().join("parent.ns");
+    std::fs::write(
+        &spec,
+        format!("{SYSTEM}net proxy own.test:{port}\nmount ns /ns\n{tool}"),
+    )
+    .unwrap();
+    let pinned = format!("{SYSTEM}net proxy own.test:{port}={own}\n");
+    let tool_pinned = format!(
+        "{SYSTEM}net proxy own.test:{port}\n{tool}tool shell net proxy own.test:{port}={own}\n"
+    );
+    let script = format!(
+        "clone() {{ exec 4<>/ns/clone; printf '%s' \"$1\" >&4; cat <&4 2>/dev/null || {{ echo refused; cat <&4; }}; exec 4<&-; }}\n\
+         echo \"parent:$(curl -sS -m 30 http://own.test:{port}/ 2>&1)\"\n\
+         echo \"pinned:$(clone '{pinned}' | tr '\\n' ' ')\"\n\
+         echo \"tool:$(clone '{tool_pinned}' | tr '\\n' ' ')\"\n"
+    );
+    let (code, out, err) = w.sh(
+        &["--asks", "operator", "--ns", spec.to_str().unwrap()],
+        &script,
+    );
+    assert_eq!(code, 0, "{out}\n{err}");
+    let words = "an address of this host";
+    // The parent's own connection: the proxy's refusal (403, its body the reason).
+    assert_eq!(
+        line_of(&out, "parent:"),
+        format!("own.test resolved to {own}, {words} (name it in the pattern to allow it)"),
+        "{out}\n{err}"
+    );
+    let pinned = line_of(&out, "pinned:");
+    assert!(
+        pinned.starts_with("refused")
+            && pinned.contains(&format!(
+                "net proxy own.test:{port}={own}: own.test:{port} is pinned to {own}, {words}, \
+                 which the parent does not allow for it"
+            )),
+        "{out}\n{err}"
+    );
+    let tool_line = line_of(&out, "tool:");
+    assert!(
+        tool_line.starts_with("refused")
+            && tool_line.contains(&format!(
+                "tool `shell` net proxy own.test:{port}={own}: own.test:{port} is pinned to \
+                 {own}, {words}, which the parent does not allow for it"
+            )),
+        "{out}\n{err}"
+    );
+    // Nothing reached the listener behind the address.
+    assert!(world.conns.lock().unwrap().is_empty());
 }
 
 /// The proxy killed while a `net proxy` namespace runs: the supervisor restarts it, nsd hands

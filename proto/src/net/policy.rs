@@ -5,16 +5,21 @@
 //!   `example.org` itself), or an IP literal (`192.0.2.7`, `[2001:db8::1]`).
 //! - Without `:PORT` the pattern allows ports 80 and 443 (the web's two), with it that port only.
 //! - `=ADDR,…` pins the name: the proxy still resolves it, but every address it resolves to must
-//!   be one of these, and these (being named literally) may be private or loopback.
+//!   be one of these, and these (being named literally) may be private or loopback. A clone's
+//!   or a tool's pin where its parent leaves the name unpinned is held to the parent's address
+//!   rule ([`unpinned_refusal`], in [`Policy::widenings`]).
 //!
 //! Matching is on the lowercase ASCII name without a trailing dot.
 //!
 //! Why one file: the pattern grammar and the check it feeds are ≈ 430 lines; the rest are their
 //! tests.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
+
+use super::special;
 
 /// Ports a pattern without `:PORT` allows.
 pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
@@ -269,9 +274,15 @@ impl Policy {
     /// the set of patterns of either policy a name matches, so a name of each class stands for
     /// all of its class), and at each the child's terms must be within the parent's: listed
     /// there too; a pinned child within the parent's pin; an unpinned child (any public address)
-    /// only where the parent is unpinned; a child pin naming a non-public address only where the
-    /// parent's pin names it.
+    /// only where the parent is unpinned; where the parent is unpinned, a child pin only to
+    /// addresses the parent's own resolution would take ([`unpinned_refusal`]: public, and not
+    /// this host's now).
     pub fn widenings(&self, child: &Policy) -> Vec<String> {
+        self.widenings_given(child, &own_addresses())
+    }
+
+    /// [`Policy::widenings`] with `own` as this host's addresses.
+    fn widenings_given(&self, child: &Policy, own: &HashSet<IpAddr>) -> Vec<String> {
         let mut out = Vec::new();
         for c in &child.patterns {
             let ports: Vec<u16> = match c.port {
@@ -281,7 +292,7 @@ impl Policy {
             for host in self.representatives(child, &c.host) {
                 for &port in &ports {
                     if let Some(why) =
-                        widened_at(self.lookup(&host, port), child.lookup(&host, port))
+                        widened_at(self.lookup(&host, port), child.lookup(&host, port), own)
                     {
                         out.push(format!("{c}: {host}:{port} {why}"));
                         break;
@@ -335,7 +346,11 @@ impl Policy {
 }
 
 /// Why the child's terms for one destination are wider than the parent's, or `None`.
-fn widened_at(parent: Option<Listed>, child: Option<Listed>) -> Option<String> {
+fn widened_at(
+    parent: Option<Listed>,
+    child: Option<Listed>,
+    own: &HashSet<IpAddr>,
+) -> Option<String> {
     let child = child?;
     let Some(parent) = parent else {
         return Some("is not in the parent's list".into());
@@ -344,14 +359,18 @@ fn widened_at(parent: Option<Listed>, child: Option<Listed>) -> Option<String> {
         (_, Listed::Ip) | (Listed::Ip, _) => None,
         (Listed::Name { pin: p }, Listed::Name { pin: c }) if c.is_empty() => (!p.is_empty())
             .then(|| "may resolve to any public address; the parent pins it".to_string()),
+        // The parent takes any address its resolution allows: the child's pin, by that rule.
+        (Listed::Name { pin: p }, Listed::Name { pin: c }) if p.is_empty() => {
+            c.iter().find_map(|a| {
+                unpinned_refusal(*a, own).map(|why| {
+                    format!("is pinned to {a}, {why}, which the parent does not allow for it")
+                })
+            })
+        }
         (Listed::Name { pin: p }, Listed::Name { pin: c }) => {
-            let outside = c.iter().find(|a| {
-                if p.is_empty() {
-                    non_public(**a).is_some()
-                } else {
-                    !p.iter().any(|b| canonical(*b) == canonical(**a))
-                }
-            })?;
+            let outside = c
+                .iter()
+                .find(|a| !p.iter().any(|b| canonical(*b) == canonical(**a)))?;
             Some(format!(
                 "is pinned to {outside}, which the parent does not allow for it"
             ))
@@ -370,64 +389,39 @@ pub fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// Why an address is not a public one, or `None` when it is. Covers what a name must never
-/// resolve to unless the policy names the address: this host, its networks, and addresses that
-/// are not unicast destinations. IPv4 inside IPv6 (mapped, NAT64 well-known prefix, 6to4) is
-/// judged by the IPv4 address it carries.
+/// Why a name may not resolve to `ip` unless the policy names the address (words that follow
+/// "resolved to ADDR, "), or `None` for a public address: the IANA special-purpose registries'
+/// entries that are not globally reachable, and multicast ([`special`]). IPv4 inside IPv6
+/// (mapped, NAT64's well-known prefix, 6to4) is judged by the IPv4 address it carries.
 pub fn non_public(ip: IpAddr) -> Option<&'static str> {
-    match canonical(ip) {
-        IpAddr::V4(v4) => non_public_v4(v4),
-        IpAddr::V6(v6) => non_public_v6(v6),
-    }
+    special::refusal(canonical(ip))
 }
 
-fn non_public_v4(ip: Ipv4Addr) -> Option<&'static str> {
-    let o = ip.octets();
-    Some(match o {
-        [0, ..] => "unspecified (0.0.0.0/8)",
-        [127, ..] => "loopback",
-        [10, ..] => "private (RFC 1918)",
-        [172, b, ..] if (16..32).contains(&b) => "private (RFC 1918)",
-        [192, 168, ..] => "private (RFC 1918)",
-        [100, b, ..] if (64..128).contains(&b) => "shared/CGNAT (RFC 6598)",
-        [169, 254, ..] => "link-local",
-        [192, 0, 0, _] => "IETF protocol assignments (192.0.0.0/24)",
-        [192, 0, 2, _] | [198, 51, 100, _] | [203, 0, 113, _] => "documentation",
-        [198, b, ..] if b == 18 || b == 19 => "benchmarking (198.18.0.0/15)",
-        [a, ..] if (224..240).contains(&a) => "multicast",
-        [a, ..] if a >= 240 => "reserved or broadcast",
-        _ => return None,
+/// The address rule for a name no pin constrains, in one place for every address that enters
+/// under it: an address the proxy resolved for an unpinned name, and an address a clone's or a
+/// tool's pattern pins where its parent's list leaves the name unpinned. Refused: a non-public
+/// address, and any address of this host's interfaces (`own`).
+pub fn unpinned_refusal(ip: IpAddr, own: &HashSet<IpAddr>) -> Option<&'static str> {
+    non_public(ip).or_else(|| {
+        own.contains(&canonical(ip))
+            .then_some("an address of this host")
     })
 }
 
-fn non_public_v6(ip: Ipv6Addr) -> Option<&'static str> {
-    let s = ip.segments();
-    if ip.is_unspecified() {
-        return Some("unspecified");
-    }
-    if ip.is_loopback() {
-        return Some("loopback");
-    }
-    Some(match s[0] {
-        0xff00..=0xffff => "multicast",
-        0xfe80..=0xfebf => "link-local",
-        0xfec0..=0xfeff => "site-local (deprecated)",
-        0xfc00..=0xfdff => "unique local (ULA)",
-        0x2001 if s[1] == 0x0db8 => "documentation",
-        // NAT64 well-known prefix: the last 32 bits are an IPv4 address.
-        0x0064 if s[1] == 0xff9b && s[2..6] == [0; 4] => {
-            let v4 = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
-            return non_public_v4(v4);
+/// The addresses of this host's interfaces now (read each time they are needed: they change).
+pub fn own_addresses() -> HashSet<IpAddr> {
+    let mut own = HashSet::new();
+    if let Ok(addrs) = nix::ifaddrs::getifaddrs() {
+        for a in addrs {
+            let Some(sa) = a.address else { continue };
+            if let Some(v4) = sa.as_sockaddr_in() {
+                own.insert(IpAddr::V4(v4.ip()));
+            } else if let Some(v6) = sa.as_sockaddr_in6() {
+                own.insert(canonical(IpAddr::V6(v6.ip())));
+            }
         }
-        // 6to4: bits 16..48 are an IPv4 address.
-        0x2002 => {
-            let v4 = Ipv4Addr::new((s[1] >> 8) as u8, s[1] as u8, (s[2] >> 8) as u8, s[2] as u8);
-            return non_public_v4(v4);
-        }
-        // IPv4-compatible (deprecated) and the rest of ::/8.
-        0x0000 => "reserved (::/8)",
-        _ => return None,
-    })
+    }
+    own
 }
 
 #[cfg(test)]
@@ -626,6 +620,53 @@ mod tests {
             let got = widenings(&parent, wider);
             assert!(got.len() == 1 && got[0].contains(why), "{wider:?}: {got:?}");
         }
+    }
+
+    /// Where the parent leaves a name unpinned (its resolution takes public addresses that are
+    /// not this host's), a child's pin is held to that same rule: a pin to an address of this
+    /// host, or to a non-public one of any registry entry, widens; a public one narrows.
+    #[test]
+    fn a_pin_under_an_unpinned_parent_takes_the_parents_address_rule() {
+        let own: HashSet<IpAddr> = ["11.231.0.1".parse().unwrap(), "::1".parse().unwrap()].into();
+        let parent = Policy::parse(["own.test:8080", "*.example.org"]).unwrap();
+        let widened = |child: &str| parent.widenings_given(&Policy::parse([child]).unwrap(), &own);
+        let got = widened("own.test:8080=11.231.0.1");
+        assert_eq!(
+            got,
+            [
+                "own.test:8080=11.231.0.1: own.test:8080 is pinned to 11.231.0.1, an address of \
+              this host, which the parent does not allow for it"
+            ]
+        );
+        for (child, why) in [
+            (
+                "own.test:8080=[::ffff:11.231.0.1]",
+                "an address of this host",
+            ),
+            (
+                "own.test:8080=1.1.1.1,11.231.0.1",
+                "an address of this host",
+            ),
+            ("a.example.org=[64:ff9b:1::1]", "local-use NAT64"),
+            ("a.example.org=[2001::1]", "Teredo"),
+            ("a.example.org=[100::1]", "discard-only"),
+            ("a.example.org=[2001:2::1]", "benchmarking"),
+            ("a.example.org=[2001:10::1]", "ORCHID"),
+            ("a.example.org=127.0.0.1", "loopback"),
+        ] {
+            let got = widened(child);
+            assert!(got.len() == 1 && got[0].contains(why), "{child}: {got:?}");
+        }
+        assert_eq!(widened("own.test:8080=1.1.1.1"), Vec::<String>::new());
+        assert_eq!(
+            widened("a.example.org=[2606:4700::1111]"),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn loopback_is_among_own_addresses() {
+        assert!(own_addresses().contains(&"127.0.0.1".parse::<IpAddr>().unwrap()));
     }
 
     #[test]

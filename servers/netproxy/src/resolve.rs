@@ -132,22 +132,6 @@ impl Resolver {
     }
 }
 
-/// The addresses of this host's interfaces now (read per connection: they change).
-pub fn own_addresses() -> HashSet<IpAddr> {
-    let mut own = HashSet::new();
-    if let Ok(addrs) = nix::ifaddrs::getifaddrs() {
-        for a in addrs {
-            let Some(sa) = a.address else { continue };
-            if let Some(v4) = sa.as_sockaddr_in() {
-                own.insert(IpAddr::V4(v4.ip()));
-            } else if let Some(v6) = sa.as_sockaddr_in6() {
-                own.insert(canonical(IpAddr::V6(v6.ip())));
-            }
-        }
-    }
-    own
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,10 +155,5 @@ mod tests {
         for bad in ["127.0.0.1\n", "localhost 127.0.0.1\n", "127.0.0.1 a/b\n"] {
             assert!(Resolver::with_hosts(bad).is_err(), "{bad:?}");
         }
-    }
-
-    #[test]
-    fn loopback_is_among_own_addresses() {
-        assert!(own_addresses().contains(&"127.0.0.1".parse::<IpAddr>().unwrap()));
     }
 }

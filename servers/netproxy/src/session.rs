@@ -25,9 +25,11 @@ use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 
 use crate::decide::{AllowListed, Decide, Decision};
-use crate::policy::{Host, Listed, Policy, canonical, non_public, split_authority};
+use crate::policy::{
+    Host, Listed, Policy, canonical, own_addresses, split_authority, unpinned_refusal,
+};
 use crate::record::{Outcome, Record, Records};
-use crate::resolve::{Resolver, own_addresses};
+use crate::resolve::Resolver;
 
 /// Bounds on one client connection before its tunnel is up.
 #[derive(Debug, Clone)]
@@ -275,14 +277,9 @@ fn check_addresses(
             }
             continue;
         }
-        if let Some(why) = non_public(a) {
+        if let Some(why) = unpinned_refusal(a, own) {
             return Err(format!(
-                "{name} resolved to {a}, a {why} address (name it in the pattern to allow it)"
-            ));
-        }
-        if own.contains(&c) {
-            return Err(format!(
-                "{name} resolved to {a}, an address of this host (name it in the pattern to allow it)"
+                "{name} resolved to {a}, {why} (name it in the pattern to allow it)"
             ));
         }
     }
