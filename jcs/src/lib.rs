@@ -16,7 +16,7 @@
 //! ASCII. Anything else — a float, a larger integer, a non-ASCII key — goes to the crate.
 //! `tests` checks the two agree on arbitrary values, floats and astral keys included. Where the
 //! bytes are used: `specs/tool-tree.md` (arguments, envelopes) and `specs/receipts.md` (bodies);
-//! why this crate: `docs/decisions.md` ("Canonical JSON through `warren-jcs`").
+//! why this crate: `docs/decisions.md` D10 ("Canonical JSON through `warren-jcs`").
 
 use serde::Serialize;
 use serde_json::Value;

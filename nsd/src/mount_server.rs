@@ -6,7 +6,7 @@
 //! anything the namespace sends. The bridge is its own process, dropped to the bridge uid once
 //! it holds its fds, so a bug in it holds no root.
 //!
-//! Who makes each connection (docs/decisions.md, "nsd's run socket"):
+//! Who makes each connection (docs/decisions.md D4, "nsd's run socket"):
 //! - `mount tool` — nsd: a socketpair, one end to toolfs's control socket with the grant record.
 //! - `mount gate` — nsd: a socketpair to the gate's control socket as a `namespace` record (the
 //!   namespace sees and answers only its descendants' asks).
@@ -501,7 +501,7 @@ type DeathHook = Box<dyn FnOnce(String) + Send>;
 
 /// The deaths of one namespace's bridges: a dead bridge's mount answers ENOTCONN for good (the
 /// kernel aborted its FUSE connection, and requests it had read are lost), so nsd ends the
-/// namespace and says why rather than leave it running half served (docs/decisions.md, "A
+/// namespace and says why rather than leave it running half served (docs/decisions.md D16, "A
 /// bridge that dies ends its namespace").
 #[derive(Default)]
 struct BridgeWatch {
@@ -656,7 +656,7 @@ impl Remake {
 
 /// Refuses plain 9P (a `tcp!` mount without `-k`) to an address that is not this host's
 /// loopback unless the spec line says `--insecure-plain`: on the network such a link is
-/// neither authenticated nor encrypted (docs/decisions.md, "Plain 9P off this host is
+/// neither authenticated nor encrypted (docs/decisions.md D30, "Plain 9P off this host is
 /// refused unless the spec says --insecure-plain"). The address checked is the one the
 /// launcher's connection reached, not a name.
 fn refuse_plain_off_host(conn: &OwnedFd, mount: &Mount) -> io::Result<()> {
@@ -734,7 +734,7 @@ impl Import {
     }
 
     /// A new TCP connection to the address the launcher's reached, and a new link on it. nsd
-    /// dials it (docs/decisions.md, "nsd re-dials a dropped peer link").
+    /// dials it (docs/decisions.md D26, "nsd re-dials a dropped peer link").
     fn dial(&self) -> io::Result<OwnedFd> {
         let tcp = std::net::TcpStream::connect_timeout(&self.addr, DIAL_TIMEOUT).map_err(|e| {
             io::Error::new(e.kind(), format!("{}: dial {}: {e}", self.label, self.addr))

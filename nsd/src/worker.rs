@@ -1,4 +1,4 @@
-//! Tool workers, built by nsd from a tool's own authority (`docs/decisions.md`, "toolfs holds no
+//! Tool workers, built by nsd from a tool's own authority (`docs/decisions.md` D1, "toolfs holds no
 //! capability"; specs/worker-protocol.md §1). toolfs asks on `<runtime>/nsd-workers.ctl` with a
 //! [`BuildRequest`] and the root fds it got with the namespace's grant; nsd answers with the
 //! worker's channel, a lifeline and a pidfd of the worker's holder.
@@ -172,7 +172,7 @@ impl WorkerFactory {
     /// its namespace subtree's own uid, so the processes and per-uid kernel objects (inotify
     /// instances, …) of what it runs count there and nowhere else; the file tools' workers,
     /// which run only warren's code and never fork, keep the one worker uid, so what they
-    /// write keeps one owner across namespaces (docs/decisions.md, "A subtree is one uid").
+    /// write keeps one owner across namespaces (docs/decisions.md D19, "A subtree is one uid").
     fn identity(
         &self,
         request: &BuildRequest,

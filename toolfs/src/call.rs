@@ -271,7 +271,7 @@ impl CallOpen {
             tracing::info!(conn = %dispatcher.grant().label, tool = name, basis = %answer.basis, "call denied");
             if answer.basis.starts_with(GATE_UNAVAILABLE) {
                 // The gate may have written an `allow` for this call and died before answering:
-                // the chain must say the call never ran (docs/decisions.md, "A call denied
+                // the chain must say the call never ran (docs/decisions.md D16, "A call denied
                 // because the gate did not answer").
                 withdraw(
                     dispatcher.clone(),

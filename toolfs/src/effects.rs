@@ -3,7 +3,7 @@
 //! ran gets a `withdrawn` receipt. Both record what already happened, so neither is ever turned
 //! into a deny.
 //!
-//! Both are **queued off the call's path** (`docs/decisions.md`, "Effect receipts"): a call's result is returned
+//! Both are **queued off the call's path** (`docs/decisions.md` D8, "Effect receipts"): a call's result is returned
 //! as soon as its effect receipt is queued, and one writer task appends the queue in order (what
 //! is queued together in one batch write) over one connection to receiptd's operator socket (`<runtime>/receipts.sock`; receiptd knows
 //! toolfs by its uid). The queue fails closed: a call takes its place before it runs, and gets no

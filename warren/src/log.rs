@@ -7,7 +7,7 @@
 //! `-f` follows: receiptd's tree has nothing a reader can block on (its files are snapshots taken
 //! at open), so the wake-up comes from the kernel instead — an inotify watch on receiptd's data
 //! directory fires when a commit writes its WAL — and each wake re-reads only the bytes past what
-//! was printed, through the tree. Nothing polls (docs/decisions.md, "warren log -f").
+//! was printed, through the tree. Nothing polls (docs/decisions.md D5, "warren log -f").
 
 use std::collections::BTreeMap;
 use std::io::Write;

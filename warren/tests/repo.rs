@@ -1,7 +1,8 @@
 //! Rules of the repository itself, checked on its files: the README's test command is the one
 //! `.ci/run` runs and sets up a fresh machine by itself, no test returns early as a pass, the
 //! tests that need FUSE are the ones scripts/test leaves out without it, and every crate but jail
-//! and the probe forbids `unsafe` through the workspace lints.
+//! and the probe forbids `unsafe` through the workspace lints; the docs' links and decision
+//! citations resolve.
 
 use std::path::{Path, PathBuf};
 
@@ -251,4 +252,21 @@ fn every_crate_but_jail_and_the_probe_forbids_unsafe_by_the_workspace_lints() {
         checked += 1;
     }
     assert!(checked > 20, "only {checked} members found");
+}
+
+/// Every link and repository path the docs name exists, and every citation of
+/// docs/decisions.md names a section by its id, with a title that is that section's
+/// (`scripts/check-doc-links`).
+#[test]
+fn doc_links_and_decision_citations_resolve() {
+    let out = std::process::Command::new("python3")
+        .arg(repo_root().join("scripts/check-doc-links"))
+        .output()
+        .expect("python3 runs scripts/check-doc-links");
+    assert!(
+        out.status.success(),
+        "scripts/check-doc-links:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

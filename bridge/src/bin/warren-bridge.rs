@@ -10,7 +10,7 @@
 //! The control socket (optional) takes one path per line, each a name to drop from the kernel's
 //! cache (a grant shrank), and answers each line `ok` or `error: <why>`.
 
-// The daemons on a call's path allocate per request; mimalloc: docs/decisions.md "Allocator".
+// The daemons on a call's path allocate per request; mimalloc: docs/decisions.md D11 "Allocator".
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -1,5 +1,5 @@
 //! nsd's run socket: how `warren run` asks nsd to build a namespace and run a command in it,
-//! so that the front door never holds CAP_SYS_ADMIN (docs/decisions.md, "nsd's run socket").
+//! so that the front door never holds CAP_SYS_ADMIN (docs/decisions.md D4, "nsd's run socket").
 //!
 //! One connection per namespace, on `<runtime>/ns.run` (operators only, as every operator
 //! socket). Frames are `warren_daemon::handoff` records (4-byte length, JSON) with fds as

@@ -397,7 +397,7 @@ impl Nsd {
 impl Nsd {
     /// What a clone takes from its parent's: its payload uid, so the whole subtree is one uid and
     /// per-uid limits (RLIMIT_NPROC, inotify instances, …) bind the subtree, not each clone
-    /// (docs/decisions.md, "A subtree is one uid"); and at most the wall-clock time the parent
+    /// (docs/decisions.md D19, "A subtree is one uid"); and at most the wall-clock time the parent
     /// has left. `None` for a namespace with no parent. A clone whose parent has ended (or does
     /// not run) never runs: ESRCH.
     pub(super) fn parent_share(&self, space: &Space) -> Result<Option<ParentShare>> {

@@ -1,7 +1,7 @@
 //! warren-receiptd: the receipt daemon. Serves `/receipts` on `<runtime>/receipts.sock` and alone
 //! reads the signing key. See `specs/receipts.md` and `docs/receipts.md`.
 
-// The daemons on a call's path allocate per request; mimalloc: docs/decisions.md "Allocator".
+// The daemons on a call's path allocate per request; mimalloc: docs/decisions.md D11 "Allocator".
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -5,7 +5,7 @@
 //! names only the binaries of the test's own package, and nextest builds only those; the
 //! daemons a test starts are mostly other packages', so `scripts/test` runs `cargo build
 //! --workspace --bins` first, and a missing binary fails the test saying that. No test runs
-//! cargo itself (docs/decisions.md "One way for tests to find the workspace's binaries").
+//! cargo itself (docs/decisions.md D34 "One way for tests to find the workspace's binaries").
 
 use std::path::{Path, PathBuf};
 
