@@ -2,7 +2,7 @@
 //! connection a trusted peer hands over on `<runtime>/gate.ctl`; keeps `gate.db` in its data dir;
 //! receipts every decision through receiptd. The contract is `specs/gate-tree.md`.
 
-// The daemons on a call's path allocate per request; mimalloc: docs/decisions.md "Allocator".
+// The daemons on a call's path allocate per request; mimalloc: docs/decisions.md D11 "Allocator".
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
