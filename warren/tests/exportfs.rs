@@ -1055,18 +1055,23 @@ fn failed_handshakes_from_as_address_leave_as_import_working_at_once() {
     let b = warren_exportfs::peers::Peers::load(&h.a_config.join("peers")).unwrap();
     let b = b.by_name("b").unwrap();
     let port: u16 = h.addr.rsplit('!').next().unwrap().parse().unwrap();
-    for _ in 0..warren_exportfs::server::MAX_FAILURES + 2 {
-        let tcp = TcpStream::connect((h.link.inside_ip.as_str(), port)).unwrap();
-        let err = warren_exportfs::wire::dial(tcp, &stranger, b, "tool").err();
-        assert!(
-            err.as_ref()
-                .is_some_and(|e| e.to_string().contains("unknown key")),
-            "{err:?}"
-        );
-    }
+    let failed: Vec<String> = (0..warren_exportfs::server::MAX_FAILURES + 2)
+        .map(|_| {
+            let tcp = TcpStream::connect((h.link.inside_ip.as_str(), port)).unwrap();
+            match warren_exportfs::wire::dial(tcp, &stranger, b, "tool") {
+                Ok(_) => panic!("a stranger's key was served"),
+                Err(e) => e.to_string(),
+            }
+        })
+        .collect();
     let (code, out, err) = h.a.sh(&["--ns", &h.spec("")], "cat /n/b/tool/tools");
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.starts_with("echo"), "{out}");
+    // The stranger was told why each time, never closed unanswered.
+    assert!(
+        failed.iter().all(|e| e.contains("unknown key")),
+        "{failed:?}"
+    );
 }
 
 /// When the peer drops the connection during the handshake, or refuses it, the operator's

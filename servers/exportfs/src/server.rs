@@ -380,3 +380,22 @@ pub fn listen(addr: &str) -> io::Result<TcpListener> {
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     TcpListener::bind((host.as_str(), port))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_source_is_an_ipv4_address_or_an_ipv6_slash_64() {
+        let v4: IpAddr = "10.0.0.7".parse().unwrap();
+        assert_eq!(source(v4), v4);
+        let mapped: IpAddr = "::ffff:10.0.0.7".parse().unwrap();
+        assert_eq!(source(mapped), v4, "an IPv4 peer on a dual-stack socket");
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:ffff:ffff:ffff:ffff".parse().unwrap();
+        let other: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(source(a), source(b));
+        assert_eq!(source(a), "2001:db8:1:2::".parse::<IpAddr>().unwrap());
+        assert_ne!(source(a), source(other));
+    }
+}
