@@ -564,9 +564,20 @@ fn serve_mounts(sock: &UnixStream, spec: &Spec, server: &dyn MountServer) -> io:
             .mounts
             .get(index as usize)
             .ok_or_else(|| io::Error::other("fuse handoff for an unknown mount"))?;
-        server.serve(mount, fd)?;
+        server.serve(mount, fd).map_err(mount_failed)?;
     }
     Ok(())
+}
+
+/// A mount's server failed: that is the reason the setup fails, whatever its kind. A kind that
+/// reads as the child being gone (a peer that closed its connection: `UnexpectedEof`) would
+/// otherwise let the child's own message, which only says its mounts were not served, win.
+fn mount_failed(e: io::Error) -> io::Error {
+    if peer_gone(&e) {
+        io::Error::other(e.to_string())
+    } else {
+        e
+    }
 }
 
 #[cfg(test)]

@@ -5,12 +5,14 @@
 //! call (an exec-tier call waits for B's operator) and B's receiptd keeps the receipts, under
 //! the session A's key names.
 //!
-//! Why one file: one test binary around one two-host setup (veth pair, two runtimes); its ten tests
-//! share it.
+//! Why one file: one test binary around one two-host setup (veth pair, two runtimes); its
+//! tests share it.
 
 mod common;
 
 use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -38,8 +40,9 @@ fn keys_init(w: &Warren) -> PublicKey {
     PublicKey::parse(text.lines().next().unwrap()).unwrap()
 }
 
-/// B's `warren export`, inside `netns`; returns the child and the port it listens on.
-fn export(w: &Warren, config: &Path, netns: &str, ip: &str) -> (Child, u16) {
+/// B's `warren export`, inside `netns`, with a pre-auth deadline of `deadline`; returns the
+/// child and the port it listens on.
+fn export(w: &Warren, config: &Path, netns: &str, ip: &str, deadline: &str) -> (Child, u16) {
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", netns, env!("CARGO_BIN_EXE_warren")])
         .args([
@@ -47,7 +50,7 @@ fn export(w: &Warren, config: &Path, netns: &str, ip: &str) -> (Child, u16) {
             "--listen",
             &format!("tcp!{ip}!0"),
             "--auth-deadline",
-            "2s",
+            deadline,
         ])
         .env("WARREN_RUNTIME_DIR", w.runtime())
         .env("WARREN_DATA_DIR", w.base.path().join("data"))
@@ -97,6 +100,11 @@ impl Drop for Hosts {
 
 /// A and B up, keys made, each in the other's peers file (B grants A `b_grants`), B exporting.
 fn hosts(b_grants: &str) -> Hosts {
+    hosts_with_deadline(b_grants, "2s")
+}
+
+/// [`hosts`], B's exportfs giving a connection `deadline` to authenticate.
+fn hosts_with_deadline(b_grants: &str, deadline: &str) -> Hosts {
     let link = Link::new();
     let configs = tempfile::Builder::new()
         .prefix("wexp")
@@ -112,7 +120,7 @@ fn hosts(b_grants: &str) -> Hosts {
     let a_key = keys_init(&a);
     let b_key = keys_init(&b);
     write_peers(&b_config, &format!("a {a_key} {b_grants}\n"));
-    let (exportfs, port) = export(&b, &b_config, &link.netns, &link.inside_ip);
+    let (exportfs, port) = export(&b, &b_config, &link.netns, &link.inside_ip, deadline);
     let addr = format!("tcp!{}!{port}", link.inside_ip);
     write_peers(&a_config, &format!("b {b_key} addr:{addr}\n"));
     Hosts {
@@ -974,4 +982,132 @@ fn call_on_b(a: &Warren, spec: &str, tool: &str, args: &str) -> Child {
         "-c",
         &format!("exec 3<>/n/b/tool/{tool}/call; printf '{args}' >&3; cat <&3"),
     ])
+}
+
+/// `per_source` silent TCP connections to B's exportfs from each of `sources` addresses of B's
+/// network namespace (strangers on B's side of the cable, `10.77.0.1` on), each address's in
+/// turn: they never say a word.
+fn silent_strangers(h: &Hosts, port: u16, sources: u8, per_source: usize) -> Vec<TcpStream> {
+    let ips: Vec<Ipv4Addr> = (1..=sources).map(|s| Ipv4Addr::new(10, 77, 0, s)).collect();
+    for ip in &ips {
+        let out = Command::new("ip")
+            .args([
+                "-n",
+                &h.link.netns,
+                "addr",
+                "add",
+                &format!("{ip}/32"),
+                "dev",
+                "lo",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let server = SocketAddrV4::new(h.link.inside_ip.parse().unwrap(), port);
+    h.link.inside(move || {
+        use nix::sys::socket::{
+            AddressFamily, SockFlag, SockType, SockaddrIn, bind, connect, socket,
+        };
+        let mut conns = Vec::new();
+        for ip in ips {
+            for _ in 0..per_source {
+                let fd = socket(
+                    AddressFamily::Inet,
+                    SockType::Stream,
+                    SockFlag::SOCK_CLOEXEC,
+                    None,
+                )
+                .unwrap();
+                bind(fd.as_raw_fd(), &SockaddrIn::from(SocketAddrV4::new(ip, 0))).unwrap();
+                connect(fd.as_raw_fd(), &SockaddrIn::from(server)).unwrap();
+                conns.push(TcpStream::from(fd));
+            }
+        }
+        conns
+    })
+}
+
+/// More silent connections than B has pre-auth slots, from six addresses, held under a long
+/// deadline: A's import is still served, and its tools are listed.
+#[test]
+fn silent_connections_from_several_addresses_leave_a_peers_import_working() {
+    let h = hosts_with_deadline("tool:echo", "10m");
+    let port: u16 = h.addr.rsplit('!').next().unwrap().parse().unwrap();
+    let per_source = warren_exportfs::server::MAX_PENDING / 6 + 2;
+    let _silent = silent_strangers(&h, port, 6, per_source);
+    let (code, out, err) = h.a.sh(&["--ns", &h.spec("")], "cat /n/b/tool/tools");
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.starts_with("echo"), "{out}");
+}
+
+/// Another process on A makes failed handshakes from A's address (an unknown key): A's own
+/// nsd, whose handshake proves A's key, is still served at once.
+#[test]
+fn failed_handshakes_from_as_address_leave_as_import_working_at_once() {
+    let h = hosts("tool:echo");
+    let stranger = tempfile::tempdir().unwrap();
+    let stranger = warren_exportfs::keys::HostKey::create(&stranger.path().join("k")).unwrap();
+    let b = warren_exportfs::peers::Peers::load(&h.a_config.join("peers")).unwrap();
+    let b = b.by_name("b").unwrap();
+    let port: u16 = h.addr.rsplit('!').next().unwrap().parse().unwrap();
+    let failed: Vec<String> = (0..warren_exportfs::server::MAX_FAILURES + 2)
+        .map(|_| {
+            let tcp = TcpStream::connect((h.link.inside_ip.as_str(), port)).unwrap();
+            match warren_exportfs::wire::dial(tcp, &stranger, b, "tool") {
+                Ok(_) => panic!("a stranger's key was served"),
+                Err(e) => e.to_string(),
+            }
+        })
+        .collect();
+    let (code, out, err) = h.a.sh(&["--ns", &h.spec("")], "cat /n/b/tool/tools");
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.starts_with("echo"), "{out}");
+    // The stranger was told why each time, never closed unanswered.
+    assert!(
+        failed.iter().all(|e| e.contains("unknown key")),
+        "{failed:?}"
+    );
+}
+
+/// When the peer drops the connection during the handshake, or refuses it, the operator's
+/// error says so, naming the mount, instead of that the launcher did not serve the mounts.
+#[test]
+fn an_import_the_peer_drops_or_refuses_tells_the_operator_why() {
+    let mut h = hosts("tool:echo");
+    // At B's address, something that closes every connection at once.
+    let listener = h.link.inside({
+        let ip = h.link.inside_ip.clone();
+        move || std::net::TcpListener::bind((ip.as_str(), 0)).unwrap()
+    });
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            drop(conn);
+        }
+    });
+    let spec = h.a.base.path().join("dropped.ns");
+    std::fs::write(
+        &spec,
+        format!("mount -k b tcp!{}!{port} /n/b/tool\n", h.link.inside_ip),
+    )
+    .unwrap();
+    let (code, out, err) = h.a.sh(&["--ns", spec.to_str().unwrap()], "true");
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        err.contains("closed the connection during the handshake") && err.contains("/n/b/tool"),
+        "{err}"
+    );
+    assert!(!err.contains("did not serve"), "{err}");
+    // B's exportfs gone: nothing listens at its address.
+    let _ = h.exportfs.kill();
+    let _ = h.exportfs.wait();
+    let (code, out, err) = h.a.sh(&["--ns", &h.spec("")], "true");
+    assert_ne!(code, 0, "{out}");
+    assert!(err.to_lowercase().contains("refused"), "{err}");
+    assert!(!err.contains("did not serve"), "{err}");
 }

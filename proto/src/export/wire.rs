@@ -295,7 +295,8 @@ pub fn dial(tcp: TcpStream, key: &HostKey, peer: &Peer, tree: &str) -> Result<Li
         io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => io::Error::new(
             e.kind(),
             "the server closed the connection during the handshake (not an exportfs, or it \
-             refuses this address after failed attempts)",
+             dropped this connection before it authenticated: its pre-auth deadline passed, or \
+             newer connections from this address took its slot)",
         ),
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
             io::ErrorKind::TimedOut,

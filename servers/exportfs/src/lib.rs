@@ -4,7 +4,7 @@
 //! - [`keys`]: the host's Ed25519 identity (`warren keys init|show`).
 //! - [`peers`]: the peers file, who may connect and what each may mount.
 //! - [`wire`]: the Noise XX handshake and the encrypted frames.
-//! - [`server`]: the listener, its deadline and rate limit.
+//! - [`server`]: the listener, its deadline and its pre-auth budget (shares per source).
 //! - [`control`]: how exportfs gets a peer's tree from nsd.
 //! - [`dir`]: a host directory served read-only.
 
