@@ -601,4 +601,19 @@ mod tests {
         assert!(env.contains(&"LANG=C.UTF-8".to_string()));
         assert!(!env.iter().any(|e| e.contains("elsewhere")), "{env:?}");
     }
+
+    #[test]
+    fn a_spec_env_name_replaces_the_default_of_that_name() {
+        let spec = crate::spec::parse("p.ns", "env PATH\n").unwrap();
+        let given = [("PATH", "/opt/agent/bin:/usr/bin:/bin")]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .into();
+        let env: Vec<String> = payload_env(&spec, Some(&given))
+            .unwrap()
+            .into_iter()
+            .map(|c| c.into_string().unwrap())
+            .collect();
+        let paths: Vec<&String> = env.iter().filter(|e| e.starts_with("PATH=")).collect();
+        assert_eq!(paths, ["PATH=/opt/agent/bin:/usr/bin:/bin"], "{env:?}");
+    }
 }
