@@ -94,14 +94,17 @@ impl Invocation {
         out.push_str(&format!("# command: {}\n", words.join(" ")));
         out.push_str(&format!(
             "# cwd: {}\n",
-            self.cwd.as_deref().unwrap_or(crate::HOME)
+            crate::spec::quote(self.cwd.as_deref().unwrap_or(crate::HOME))
         ));
+        let operator = nix::unistd::geteuid().as_raw();
         match self.uid {
             Some(u) => out.push_str(&format!("# uid: {u}\n")),
+            // nsd runs a non-root operator's namespace as that operator.
+            None if operator != 0 => out.push_str(&format!("# uid: {operator}\n")),
             None => out.push_str("# uid: a per-namespace uid\n"),
         }
         for (k, v) in &self.env_set {
-            out.push_str(&format!("# set: {k}={v}\n"));
+            out.push_str(&format!("# set: {k}={}\n", crate::spec::quote(v)));
         }
         out.push_str(&self.spec.to_text());
         out
