@@ -228,7 +228,7 @@ fn the_real_agents_start_under_their_built_in_profiles() {
         std::fs::create_dir(&d).unwrap();
         std::os::unix::fs::chown(&d, Some(OWNER), Some(OWNER)).unwrap();
     }
-    let run = |args: &[&str]| {
+    let run_status = |args: &[&str]| {
         let mut all = vec!["run"];
         all.extend_from_slice(args);
         let out = w
@@ -237,15 +237,16 @@ fn the_real_agents_start_under_their_built_in_profiles() {
             .env("HOME", f.home.path())
             .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
             .env("WARREN_CONFIG_DIR", f.config.path())
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("OPENAI_API_KEY")
             .output()
             .unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{args:?}: {}",
-            text(&out.stderr)
-        );
-        text(&out.stdout)
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let run = |args: &[&str]| {
+        let (code, out, err) = run_status(args);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        out
     };
     let prefix = bin.parent().unwrap().canonicalize().unwrap();
     let project = f.project.path().display().to_string();
@@ -278,4 +279,8 @@ fn the_real_agents_start_under_their_built_in_profiles() {
         run(&["--profile", "claude", "--", "--version"]).trim(),
         "2.1.337 (Claude Code)"
     );
+    // An agent that fails fails the run: Claude with no key gives up, and so does warren run.
+    let (code, out, err) = run_status(&["--profile", "claude", "--", "-p", "hello"]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(out.contains("Not logged in"), "{out}{err}");
 }
