@@ -40,7 +40,7 @@ pub struct Tree {
 #[derive(Clone, Copy, Debug)]
 pub struct Names {
     pub hostname: &'static str,
-    /// The payload's home directory (and cwd).
+    /// The payload's home directory.
     pub home: &'static str,
     /// Where a command without a `/` is looked for.
     pub path: &'static str,
@@ -91,7 +91,8 @@ pub struct Command {
     pub env: Vec<CString>,
     /// The binary; `None`: `argv[0]`, looked for in [`Names::path`] unless it has a `/`.
     pub program: Option<CString>,
-    pub cwd: &'static str,
+    /// The command's working directory, inside the namespace.
+    pub cwd: String,
     /// Handles the command gets across the exec, their numbers appended to `argv`: these, then
     /// each of `open_in_root` (a directory, opened after pivot_root without following symlinks).
     pub pass: Vec<OwnedFd>,

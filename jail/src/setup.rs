@@ -344,7 +344,7 @@ fn try_exec(plan: &Plan) -> Result<Infallible, SetupError> {
     }
     apply_rlimits(&plan.limits).at(Step::Rlimits)?;
     let cmd = &plan.command;
-    nix::unistd::chdir(cmd.cwd)
+    nix::unistd::chdir(cmd.cwd.as_str())
         .map_err(|e| format!("{}: {e}", cmd.cwd))
         .at(Step::Chdir)?;
     let program = match &cmd.program {

@@ -3,7 +3,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use nix::sys::signal::{SigSet, Signal};
@@ -47,12 +47,68 @@ pub struct RunArgs {
     /// Accept a Landlock ruleset that is not fully enforced. Weaker confinement.
     #[arg(long = "weaker-landlock")]
     pub weaker_landlock: bool,
-    /// The payload's uid (default: a per-namespace uid from 200000 up).
+    /// The payload's uid (default: a non-root operator's own; for root, a per-namespace uid
+    /// from 200000 up, or under --profile the owner of the project).
     #[arg(long)]
     pub uid: Option<u32>,
-    /// The command and its arguments.
-    #[arg(last = true, required = true)]
+    /// Run a coding agent by its profile (`claude`, `codex`, or the operator's
+    /// $WARREN_CONFIG_DIR/profiles/NAME.ns): the current directory is the project, bound
+    /// writable; ARGs after `--` go to the agent.
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
+    /// The payload's working directory inside the namespace (default: the current directory
+    /// when a bind shows it at the same path, else HOME).
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<String>,
+    /// Print the spec, command, working directory and uid the run would use, and run nothing.
+    #[arg(long = "print-spec")]
+    pub print_spec: bool,
+    /// The command and its arguments (with --profile: the agent's arguments).
+    #[arg(last = true, required_unless_present = "profile")]
     pub command: Vec<String>,
+}
+
+/// One run as the launcher sends it: the flags (and a profile) made into a spec, a command,
+/// a uid, a working directory and the values it sets itself.
+#[derive(Clone, Debug)]
+pub struct Invocation {
+    pub spec: Spec,
+    pub command: Vec<String>,
+    pub uid: Option<u32>,
+    /// Inside the namespace; `None`: HOME.
+    pub cwd: Option<String>,
+    /// Values for some of the spec's `env` names, over the launcher's environment.
+    pub env_set: std::collections::BTreeMap<String, String>,
+    /// `NAME (ORIGIN)` of the profile it came from.
+    pub profile: Option<String>,
+}
+
+impl Invocation {
+    /// What `--print-spec` shows: the facts beside the spec as comments, then the spec.
+    pub fn shown(&self) -> String {
+        let mut out = String::new();
+        if let Some(p) = &self.profile {
+            out.push_str(&format!("# profile: {p}\n"));
+        }
+        let words: Vec<String> = self.command.iter().map(|w| crate::spec::quote(w)).collect();
+        out.push_str(&format!("# command: {}\n", words.join(" ")));
+        out.push_str(&format!(
+            "# cwd: {}\n",
+            crate::spec::quote(self.cwd.as_deref().unwrap_or(crate::HOME))
+        ));
+        let operator = nix::unistd::geteuid().as_raw();
+        match self.uid {
+            Some(u) => out.push_str(&format!("# uid: {u}\n")),
+            // nsd runs a non-root operator's namespace as that operator.
+            None if operator != 0 => out.push_str(&format!("# uid: {operator}\n")),
+            None => out.push_str("# uid: a per-namespace uid\n"),
+        }
+        for (k, v) in &self.env_set {
+            out.push_str(&format!("# set: {k}={}\n", crate::spec::quote(v)));
+        }
+        out.push_str(&self.spec.to_text());
+        out
+    }
 }
 
 impl RunArgs {
@@ -68,7 +124,12 @@ impl RunArgs {
             }
             None => None,
         };
-        let grants = CliGrants {
+        spec_from_cli(base.as_ref(), &self.grants()).map_err(|e| e.to_string())
+    }
+
+    /// The convenience flags.
+    fn grants(&self) -> CliGrants {
+        CliGrants {
             tools: self.tools.clone(),
             mcp: self.mcp.clone(),
             ro: self.ro.clone(),
@@ -77,8 +138,91 @@ impl RunArgs {
             imports: self.imports.clone(),
             net_proxy: self.net_proxy.clone(),
             bare: self.bare,
+        }
+    }
+
+    /// The run these flags ask for: with `--profile`, the profile's (`invocation_of_profile`);
+    /// else the spec of [`RunArgs::spec`], the command as given, and the current directory as
+    /// the working directory when a bind shows it at the same path.
+    pub fn invocation(&self) -> Result<Invocation, String> {
+        if let Some(name) = &self.profile {
+            return self.invocation_of_profile(name);
+        }
+        let spec = self.spec()?;
+        let cwd = self.cwd.clone().or_else(|| {
+            let here = std::env::current_dir().ok()?;
+            shown_at_same_path(&spec, &here).then(|| here.to_string_lossy().into_owned())
+        });
+        Ok(Invocation {
+            spec,
+            command: self.command.clone(),
+            uid: self.uid,
+            cwd,
+            env_set: Default::default(),
+            profile: None,
+        })
+    }
+
+    /// `--profile NAME`: the project is the current directory; the profile's spec, its agent
+    /// found on PATH (its prefix bound read-only unless a system directory holds it, its bin
+    /// directory first on PATH), the flags' grants added; the uid a non-root operator's own,
+    /// else `--uid`, else the project's owner (never 0).
+    fn invocation_of_profile(&self, name: &str) -> Result<Invocation, String> {
+        if self.ns.is_some() {
+            return Err("--profile and --ns: a profile is a spec; write one of your own instead (--print-spec shows the profile's)".into());
+        }
+        let source = crate::profile::load(name)?;
+        let project = std::env::current_dir()
+            .map_err(|e| format!("profile {name}: the current directory: {e}"))?;
+        let project_text = project
+            .to_str()
+            .ok_or_else(|| format!("profile {name}: {} is not UTF-8", project.display()))?;
+        let vars = crate::profile::Vars {
+            home: std::env::var("HOME").ok().filter(|h| !h.is_empty()),
+            project: project_text.to_string(),
         };
-        spec_from_cli(base.as_ref(), &grants).map_err(|e| e.to_string())
+        let mut profile = crate::profile::read(&source, &vars)?;
+        let origin = format!("{name} ({})", source.origin);
+        // A bind the profile names must be there: refused here, by name, not by nsd later.
+        for b in &profile.spec.binds {
+            if std::fs::symlink_metadata(&b.host).is_err() {
+                return Err(format!(
+                    "profile {origin}: {} is not there (bound at {}): create it, or write a profile of your own",
+                    b.host, b.path
+                ));
+            }
+        }
+        let path = std::env::var("PATH").unwrap_or_default();
+        let install = crate::profile::find_install(&profile.agent[0], &path)?;
+        let mut grants = self.grants();
+        let in_system_dir = !self.bare
+            && crate::cli_spec::SYSTEM_DIRS
+                .iter()
+                .any(|d| install.prefix.starts_with(d));
+        let prefix = install.prefix.to_string_lossy().into_owned();
+        if !in_system_dir && !profile.spec.binds.iter().any(|b| b.path == prefix) {
+            grants.ro.push(prefix);
+        }
+        let bin = install.program.parent().unwrap_or(Path::new("/"));
+        profile.set.insert(
+            "PATH".into(),
+            format!("{}:{}", bin.display(), crate::PAYLOAD_PATH),
+        );
+        if !profile.spec.env.iter().any(|e| e == "PATH") {
+            profile.spec.env.push("PATH".into());
+        }
+        let spec = spec_from_cli(Some(&profile.spec), &grants).map_err(|e| e.to_string())?;
+        let mut command = vec![install.program.to_string_lossy().into_owned()];
+        command.extend(profile.agent[1..].iter().cloned());
+        command.extend(self.command.iter().cloned());
+        Ok(Invocation {
+            spec,
+            command,
+            uid: profile_uid(self.uid, &project)?,
+            cwd: Some(self.cwd.clone().unwrap_or_else(|| project_text.to_string())),
+            env_set: profile.set,
+            profile: Some(origin),
+        })
     }
 
     /// Run options from the flags (no mount server: the caller adds one).
@@ -86,11 +230,47 @@ impl RunArgs {
         RunOptions {
             weaker_landlock: self.weaker_landlock,
             uid: self.uid,
+            cwd: self.cwd.clone(),
             bare: self.bare,
             pty: nix::unistd::isatty(std::io::stdin()).unwrap_or(false),
             ..RunOptions::default()
         }
     }
+}
+
+/// Whether `dir` appears in the namespace at its own path: beneath the source of a bind whose
+/// target is that same path.
+fn shown_at_same_path(spec: &Spec, dir: &Path) -> bool {
+    spec.binds.iter().any(|b| {
+        b.host == b.path
+            && Path::new(&b.host)
+                .canonicalize()
+                .is_ok_and(|host| host == Path::new(&b.host) && dir.starts_with(&host))
+    })
+}
+
+/// A profile's payload uid: a non-root operator's own (nsd allows no other), else `--uid`,
+/// else the owner of the project, so what the agent writes there is that user's; never 0.
+fn profile_uid(asked: Option<u32>, project: &Path) -> Result<Option<u32>, String> {
+    use std::os::unix::fs::MetadataExt;
+    let operator = nix::unistd::geteuid().as_raw();
+    if operator != 0 {
+        return Ok(asked.or(Some(operator)));
+    }
+    if asked.is_some() {
+        return Ok(asked);
+    }
+    let owner = std::fs::metadata(project)
+        .map_err(|e| format!("{}: {e}", project.display()))?
+        .uid();
+    if owner == 0 {
+        return Err(format!(
+            "the project {} is owned by root, and a profile never runs its agent as root: \
+             pass --uid N (and chown the project to N), or run warren as its owner",
+            project.display()
+        ));
+    }
+    Ok(Some(owner))
 }
 
 /// A started command the foreground loop drives: a namespace built here (`warren-nsd run`) or
@@ -200,8 +380,7 @@ pub fn run_foreground(who: &str, spec: &Spec, command: &[String], opts: &RunOpti
 pub fn run_through_nsd(
     who: &str,
     dirs: &warren_daemon::Dirs,
-    spec: &Spec,
-    command: &[String],
+    run: &Invocation,
     args: &RunArgs,
     on_started: impl FnOnce(&Launched) -> Result<(), String>,
 ) -> u8 {
@@ -216,13 +395,15 @@ pub fn run_through_nsd(
     let opts = LaunchOptions {
         pty,
         weaker_landlock: args.weaker_landlock,
-        uid: args.uid,
+        uid: run.uid,
         bare: args.bare,
+        cwd: run.cwd.clone(),
+        env_set: run.env_set.clone(),
         ..LaunchOptions::default()
     };
     let (stdin, stdout, stderr) = (io::stdin(), io::stdout(), io::stderr());
     let stdio = [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()];
-    match launch(dirs, spec, command, &opts, stdio) {
+    match launch(dirs, &run.spec, &run.command, &opts, stdio) {
         Ok(launched) => {
             if let Err(e) = on_started(&launched) {
                 // Dropping `launched` closes the run socket: nsd kills the namespace.

@@ -12,6 +12,7 @@ pub mod handles;
 pub mod launch;
 pub mod narrow;
 pub mod netgrant;
+pub mod profile;
 pub mod pty;
 pub mod run;
 pub mod spec;

@@ -53,6 +53,8 @@ pub struct RunOptions {
     /// For a `net proxy` spec: the session and namespace its proxy grant is for. Without it such
     /// a spec is refused (only nsd, with the proxy's control socket, can build one).
     pub net_proxy: Option<crate::netgrant::NetProxyTarget>,
+    /// The payload's working directory inside the namespace; `None`: its HOME.
+    pub cwd: Option<String>,
 }
 
 /// Descriptors to give the payload as fds 0, 1 and 2.
@@ -104,6 +106,7 @@ impl Default for RunOptions {
             pty_winsize: None,
             env: None,
             net_proxy: None,
+            cwd: None,
         }
     }
 }
@@ -162,6 +165,9 @@ pub(crate) fn payload_env(
                 .transpose()?,
         };
         if let Some(v) = value {
+            // A spec's name (PATH, say) replaces warren's default rather than following it as a
+            // second entry the payload's getenv would never see.
+            env.retain(|e| e.split('=').next() != Some(name));
             env.push(format!("{name}={v}"));
         }
     }
@@ -380,6 +386,7 @@ pub fn spawn(spec: &Spec, argv: &[String], opts: &RunOptions) -> io::Result<Runn
                 .as_ref()
                 .map(|g| g.netns.try_clone())
                 .transpose()?,
+            cwd: opts.cwd.clone().unwrap_or_else(|| crate::HOME.into()),
         },
     );
     let holder = match process::fork_process()? {
@@ -604,5 +611,20 @@ mod tests {
         assert!(env.contains(&"no_proxy=localhost,127.0.0.1".to_string()));
         assert!(env.contains(&"LANG=C.UTF-8".to_string()));
         assert!(!env.iter().any(|e| e.contains("elsewhere")), "{env:?}");
+    }
+
+    #[test]
+    fn a_spec_env_name_replaces_the_default_of_that_name() {
+        let spec = crate::spec::parse("p.ns", "env PATH\n").unwrap();
+        let given = [("PATH", "/opt/agent/bin:/usr/bin:/bin")]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .into();
+        let env: Vec<String> = payload_env(&spec, Some(&given))
+            .unwrap()
+            .into_iter()
+            .map(|c| c.into_string().unwrap())
+            .collect();
+        let paths: Vec<&String> = env.iter().filter(|e| e.starts_with("PATH=")).collect();
+        assert_eq!(paths, ["PATH=/opt/agent/bin:/usr/bin:/bin"], "{env:?}");
     }
 }

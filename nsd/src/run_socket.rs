@@ -319,6 +319,14 @@ fn start(
     }
     opts.weaker_landlock |= request.weaker_landlock;
     opts.bare = request.bare;
+    if let Some(cwd) = &request.cwd
+        && !cwd.starts_with('/')
+    {
+        return Err(invalid(format!(
+            "cwd {cwd}: not an absolute path in the namespace"
+        )));
+    }
+    opts.cwd = request.cwd.clone();
     opts.pty = request.pty.is_some();
     opts.pty_winsize = request.pty;
     opts.env = Some(request.env.clone());

@@ -656,7 +656,7 @@ impl WorkerPlan<'_> {
                 argv: vec![cstr("warren-tool-worker")?, cstr(self.tool)?],
                 env: env.iter().map(|e| cstr(e)).collect::<Result<Vec<_>, _>>()?,
                 program: Some(cstr(WORKER_PATH)?),
-                cwd: "/",
+                cwd: "/".into(),
                 pass: vec![self.worker_end],
                 // Each root, opened at the mount just made from toolfs's fd: the worker
                 // resolves every tool path beneath these.

@@ -57,6 +57,10 @@ pub struct Request {
     /// No host /etc files.
     #[serde(default)]
     pub bare: bool,
+    /// The payload's working directory inside the namespace (absolute); `None`: its HOME. A
+    /// directory that is not there fails the run before the command starts.
+    #[serde(default)]
+    pub cwd: Option<String>,
     /// An operator namespace: `mount gate|receipts|ns` take the launcher's own connections to
     /// the daemons' operator sockets (the operator's authority) — see `ServedMounts::operator`.
     #[serde(default)]

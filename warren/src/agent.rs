@@ -106,6 +106,9 @@ impl AgentArgs {
             bare: false,
             weaker_landlock: self.weaker_landlock,
             uid: None,
+            profile: None,
+            cwd: None,
+            print_spec: false,
             command: self.command(),
         }
     }

@@ -98,6 +98,9 @@ fn run_args(args: &ServeArgs, server: &std::path::Path, remote: Option<&str>) ->
         bare: false,
         weaker_landlock: args.weaker_landlock,
         uid: None,
+        profile: None,
+        cwd: None,
+        print_spec: false,
         command,
     }
 }
@@ -190,6 +193,7 @@ pub fn serve(dirs: &Dirs, args: &ServeArgs) -> Result<ExitCode> {
         bare: false,
         operator: false,
         client_asks: args.elicit,
+        ..LaunchOptions::default()
     };
     let (stdin, stdout, stderr) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
     // Over HTTP the server's stdin is the listener and its stdout goes to our stderr.

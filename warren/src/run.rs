@@ -8,19 +8,23 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use warren_daemon::Dirs;
-use warren_ns::cli::{RunArgs, run_through_nsd};
+use warren_ns::cli::{Invocation, RunArgs, run_through_nsd};
 
 use crate::asks::AsksMode;
 
 pub fn run(dirs: &Dirs, args: &RunArgs, asks: AsksMode) -> Result<ExitCode> {
-    let spec = match args.spec() {
-        Ok(s) => s,
+    let invocation = match args.invocation() {
+        Ok(i) => i,
         Err(e) => {
-            eprintln!("{e}");
+            eprintln!("warren: run: {e}");
             return Ok(ExitCode::from(2));
         }
     };
-    run_spec(dirs, &spec, args, asks, |_| {})
+    if args.print_spec {
+        print!("{}", invocation.shown());
+        return Ok(ExitCode::SUCCESS);
+    }
+    run_invocation(dirs, &invocation, args, asks, |_| {})
 }
 
 /// [`run`] with the spec already made (`warren agent` adds its mounts to it); `started` is told
@@ -28,6 +32,24 @@ pub fn run(dirs: &Dirs, args: &RunArgs, asks: AsksMode) -> Result<ExitCode> {
 pub fn run_spec(
     dirs: &Dirs,
     spec: &warren_ns::Spec,
+    args: &RunArgs,
+    asks: AsksMode,
+    started: impl FnOnce(&warren_ns::launch::client::Launched),
+) -> Result<ExitCode> {
+    let invocation = Invocation {
+        spec: spec.clone(),
+        command: args.command.clone(),
+        uid: args.uid,
+        cwd: args.cwd.clone(),
+        env_set: Default::default(),
+        profile: None,
+    };
+    run_invocation(dirs, &invocation, args, asks, started)
+}
+
+fn run_invocation(
+    dirs: &Dirs,
+    invocation: &Invocation,
     args: &RunArgs,
     asks: AsksMode,
     started: impl FnOnce(&warren_ns::launch::client::Launched),
@@ -43,8 +65,7 @@ pub fn run_spec(
     Ok(ExitCode::from(run_through_nsd(
         "warren",
         dirs,
-        spec,
-        &args.command,
+        invocation,
         args,
         follow_asks,
     )))

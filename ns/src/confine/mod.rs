@@ -57,6 +57,8 @@ pub(crate) struct Launch {
     /// pids/mem via rlimits (no cgroup).
     pub rlimit_pids_mem: bool,
     pub net_ns: Option<OwnedFd>,
+    /// The payload's working directory (HOME unless the launcher chose one).
+    pub cwd: String,
 }
 
 /// The plan of `spec`'s payload (or, with no binds and `Pid1::Init` unused, of a command
@@ -107,7 +109,7 @@ pub(crate) fn plan(spec: &Spec, launch: Launch) -> Plan {
             argv: launch.argv,
             env: launch.env,
             program: None,
-            cwd: crate::HOME,
+            cwd: launch.cwd,
             pass: Vec::new(),
             open_in_root: Vec::new(),
         },

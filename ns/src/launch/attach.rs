@@ -116,6 +116,7 @@ pub fn attach(running: &Running, spec: &Spec, plan: AttachPlan<'_>) -> io::Resul
             cgroup_dir: running.cgroup_dir().map(Into::into),
             rlimit_pids_mem: conf.rlimit_pids_mem,
             net_ns: None,
+            cwd: crate::HOME.into(),
         },
     );
     let attacher = match sys::fork_process()? {

@@ -28,6 +28,11 @@ pub struct LaunchOptions {
     pub operator: bool,
     /// The payload's own asks on a capped channel (see `Request::client_asks`).
     pub client_asks: bool,
+    /// The payload's working directory inside the namespace (`Request::cwd`).
+    pub cwd: Option<String>,
+    /// Values for the spec's `env` names that the launcher sets itself (a profile's switches
+    /// and PATH), over this process's environment.
+    pub env_set: BTreeMap<String, String>,
 }
 
 /// Values for TERM, LANG and the spec's `env` names, from this process's environment.
@@ -120,11 +125,16 @@ pub fn launch(
         version: VERSION,
         spec: spec.to_text(),
         argv: argv.to_vec(),
-        env: env_values(spec)?,
+        env: {
+            let mut values = env_values(spec)?;
+            values.extend(opts.env_set.clone());
+            values
+        },
         pty: opts.pty,
         weaker_landlock: opts.weaker_landlock,
         uid: opts.uid,
         bare: opts.bare,
+        cwd: opts.cwd.clone(),
         operator: opts.operator,
         connections,
         client_asks: opts.client_asks,

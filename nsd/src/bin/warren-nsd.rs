@@ -162,6 +162,11 @@ fn bridge_binary() -> std::path::PathBuf {
 }
 
 fn run_once(args: warren_ns::cli::RunArgs) -> ExitCode {
+    // A profile's run (its uid, PATH and switches) goes through nsd: `warren run --profile`.
+    if args.profile.is_some() || args.print_spec {
+        eprintln!("warren-nsd run: --profile and --print-spec are warren run's");
+        return ExitCode::from(2);
+    }
     let spec = match args.spec() {
         Ok(s) => s,
         Err(e) => {

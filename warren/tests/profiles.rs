@@ -1,0 +1,286 @@
+//! `warren run --profile NAME`: an agent found on PATH, run in the directory `warren run` is
+//! started in (bound writable) as that project's owner, its config bound from the operator's
+//! HOME, its profile's switches set; refused, with nothing run, when a piece is missing. And
+//! the working directory of a plain `warren run`. Needs root, /dev/fuse, the workspace's
+//! binaries and, for the real agents, scripts/install-test-deps.
+
+mod common;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use common::{Warren, repo, tempdir_with_mode};
+
+/// The uid the projects here belong to: neither root nor a uid of warren's.
+const OWNER: u32 = 4321;
+
+/// A project owned by [`OWNER`], an operator HOME, an operator config dir holding the `fake`
+/// profile, and the fake agent installed in a prefix of its own.
+struct Fixture {
+    project: tempfile::TempDir,
+    home: tempfile::TempDir,
+    config: tempfile::TempDir,
+    prefix: tempfile::TempDir,
+}
+
+/// The fake agent: what a coding agent does with its tools, in sh. It writes RESULT.txt in its
+/// working directory (relative), with what it saw.
+const FAKE_AGENT: &str = r#"#!/bin/sh
+{
+  echo "pwd $(pwd)"
+  echo "uid $(id -u)"
+  echo "args $*"
+  echo "switch $FAKE_SWITCH"
+  echo "key $FAKE_KEY"
+  echo "config $(cat "$HOME/.fake/config")"
+  echo "path $PATH"
+  echo "secret $(cat "$OPERATOR_HOME/secret" 2>&1)"
+} > RESULT.txt
+"#;
+
+const FAKE_PROFILE: &str = "agent fakeagent --from-profile\n\
+set FAKE_SWITCH=on\n\
+bind -w ${PROJECT} ${PROJECT}\n\
+bind -w ${HOME}/.fake /home/agent/.fake\n\
+env FAKE_KEY OPERATOR_HOME\n\
+limit pids=64\n";
+
+impl Fixture {
+    fn new() -> Fixture {
+        let project = tempdir_with_mode("wproj", 0o755);
+        std::os::unix::fs::chown(project.path(), Some(OWNER), Some(OWNER)).unwrap();
+        let home = tempdir_with_mode("whome", 0o755);
+        std::fs::write(home.path().join("secret"), "the operator's secret\n").unwrap();
+        let fake = home.path().join(".fake");
+        std::fs::create_dir(&fake).unwrap();
+        std::fs::write(fake.join("config"), "from the operator's HOME\n").unwrap();
+        let config = tempdir_with_mode("wcfg", 0o755);
+        std::fs::create_dir(config.path().join("profiles")).unwrap();
+        std::fs::write(config.path().join("profiles/fake.ns"), FAKE_PROFILE).unwrap();
+        let prefix = tempdir_with_mode("wpfx", 0o755);
+        let bin = prefix.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        std::fs::write(bin.join("fakeagent"), FAKE_AGENT).unwrap();
+        std::fs::set_permissions(bin.join("fakeagent"), PermissionsExt::from_mode(0o755)).unwrap();
+        Fixture {
+            project,
+            home,
+            config,
+            prefix,
+        }
+    }
+
+    /// `warren run ARGS…` started in `cwd`, with this fixture's HOME, config dir and PATH.
+    fn run_in(&self, w: &Warren, cwd: &Path, args: &[&str]) -> Output {
+        let mut all = vec!["run"];
+        all.extend_from_slice(args);
+        let path = format!("{}/bin:/usr/bin:/bin", self.prefix.path().display());
+        w.cmd(&all)
+            .current_dir(cwd)
+            .env("HOME", self.home.path())
+            .env("OPERATOR_HOME", self.home.path())
+            .env("WARREN_CONFIG_DIR", self.config.path())
+            .env("PATH", path)
+            .env("FAKE_KEY", "k-123")
+            .output()
+            .unwrap()
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// The agent runs in the project, as its owner, with its config from the operator's HOME, the
+/// profile's switch and the operator's key; what it writes there is the owner's; the rest of
+/// the operator's HOME is not there.
+#[test]
+fn a_profile_runs_its_agent_in_the_project_as_its_owner() {
+    let w = Warren::up();
+    let f = Fixture::new();
+    let out = f.run_in(&w, f.project.path(), &["--profile", "fake", "--", "task"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let result = f.project.path().join("RESULT.txt");
+    let seen = std::fs::read_to_string(&result).unwrap();
+    let project = f.project.path().display().to_string();
+    let lines: Vec<&str> = seen.lines().collect();
+    assert_eq!(lines[0], format!("pwd {project}"), "{seen}");
+    assert_eq!(lines[1], format!("uid {OWNER}"), "{seen}");
+    assert_eq!(lines[2], "args --from-profile task", "{seen}");
+    assert_eq!(lines[3], "switch on", "{seen}");
+    assert_eq!(lines[4], "key k-123", "{seen}");
+    assert_eq!(lines[5], "config from the operator's HOME", "{seen}");
+    assert_eq!(
+        lines[6],
+        format!("path {}/bin:/usr/bin:/bin", f.prefix.path().display()),
+        "{seen}"
+    );
+    assert!(
+        lines[7].contains("No such file or directory"),
+        "the operator's HOME is visible: {seen}"
+    );
+    assert_eq!(std::fs::metadata(&result).unwrap().uid(), OWNER);
+}
+
+/// A plain `warren run` starts in the current directory when a bind shows it at the same path,
+/// in HOME when none does, and where `--cwd` says.
+#[test]
+fn warren_run_starts_in_the_current_directory_it_binds() {
+    let w = Warren::up();
+    let f = Fixture::new();
+    let dir = f.project.path().to_str().unwrap();
+    let pwd = |args: &[&str]| {
+        let out = f.run_in(&w, f.project.path(), args);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        text(&out.stdout).trim().to_string()
+    };
+    assert_eq!(pwd(&["--rw", dir, "--", "/bin/pwd"]), dir);
+    assert_eq!(pwd(&["--", "/bin/pwd"]), "/home/agent");
+    assert_eq!(
+        pwd(&["--rw", dir, "--cwd", "/tmp", "--", "/bin/pwd"]),
+        "/tmp"
+    );
+    let out = f.run_in(
+        &w,
+        f.project.path(),
+        &["--cwd", "/nowhere", "--", "/bin/true"],
+    );
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stderr).contains("/nowhere"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// A root-owned project, a missing config dir, an agent not on PATH, a profile nobody wrote:
+/// each refused by name, non-zero, and the agent never runs.
+#[test]
+fn a_profile_with_a_missing_piece_is_refused_and_runs_nothing() {
+    let w = Warren::up();
+    let f = Fixture::new();
+    let refused = |cwd: &Path, args: &[&str], why: &str| {
+        let out = f.run_in(&w, cwd, args);
+        let err = text(&out.stderr);
+        assert_ne!(out.status.code(), Some(0), "{args:?} ran: {err}");
+        assert!(err.contains(why), "{args:?}: {err}");
+        assert!(!cwd.join("RESULT.txt").exists(), "{args:?}: the agent ran");
+    };
+    let root_owned = tempdir_with_mode("wroot", 0o755);
+    refused(root_owned.path(), &["--profile", "fake"], "owned by root");
+    // With --uid the same project runs, as that uid.
+    let out = f.run_in(
+        &w,
+        root_owned.path(),
+        &["--profile", "fake", "--uid", "4322", "--print-spec"],
+    );
+    assert!(
+        text(&out.stdout).contains("# uid: 4322"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    std::fs::rename(f.home.path().join(".fake"), f.home.path().join("elsewhere")).unwrap();
+    refused(
+        f.project.path(),
+        &["--profile", "fake"],
+        "/.fake is not there",
+    );
+    std::fs::rename(f.home.path().join("elsewhere"), f.home.path().join(".fake")).unwrap();
+
+    std::fs::remove_file(f.prefix.path().join("bin/fakeagent")).unwrap();
+    refused(
+        f.project.path(),
+        &["--profile", "fake"],
+        "agent fakeagent: not found on PATH",
+    );
+    refused(
+        f.project.path(),
+        &["--profile", "nobody"],
+        "no profile nobody",
+    );
+}
+
+/// The real agents' npm packages (scripts/install-test-deps).
+fn agents_bin() -> PathBuf {
+    let bin = repo().join("target/peers/agents/node_modules/.bin");
+    for agent in ["claude", "codex"] {
+        assert!(
+            bin.join(agent).exists(),
+            "{}: missing: run scripts/install-test-deps",
+            bin.join(agent).display()
+        );
+    }
+    bin
+}
+
+/// Claude Code and Codex, the real npm packages, start under their built-in profiles: found on
+/// PATH, their installation bound read-only, their config dirs from HOME, their API host the
+/// only destination.
+#[test]
+fn the_real_agents_start_under_their_built_in_profiles() {
+    let w = Warren::up();
+    let f = Fixture::new();
+    let bin = agents_bin();
+    for dir in [".claude", ".codex"] {
+        let d = f.home.path().join(dir);
+        std::fs::create_dir(&d).unwrap();
+        std::os::unix::fs::chown(&d, Some(OWNER), Some(OWNER)).unwrap();
+    }
+    let run_status = |args: &[&str]| {
+        let mut all = vec!["run"];
+        all.extend_from_slice(args);
+        let out = w
+            .cmd(&all)
+            .current_dir(f.project.path())
+            .env("HOME", f.home.path())
+            .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+            .env("WARREN_CONFIG_DIR", f.config.path())
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("OPENAI_API_KEY")
+            .output()
+            .unwrap();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let run = |args: &[&str]| {
+        let (code, out, err) = run_status(args);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        out
+    };
+    let prefix = bin.parent().unwrap().canonicalize().unwrap();
+    let project = f.project.path().display().to_string();
+    let home = f.home.path().display().to_string();
+    for (agent, host, config) in [
+        ("claude", "api.anthropic.com", ".claude"),
+        ("codex", "api.openai.com", ".codex"),
+    ] {
+        let shown = run(&["--profile", agent, "--print-spec"]);
+        for line in [
+            format!("# profile: {agent} (built in)"),
+            format!("# cwd: {project}"),
+            format!("# uid: {OWNER}"),
+            format!("bind -r {0} {0}", prefix.display()),
+            format!("bind -w {project} {project}"),
+            format!("bind -w {home}/{config} /home/agent/{config}"),
+            format!("net proxy {host}"),
+        ] {
+            assert!(
+                shown.lines().any(|l| l == line),
+                "{agent}: no line {line:?} in\n{shown}"
+            );
+        }
+    }
+    assert_eq!(
+        run(&["--profile", "codex", "--", "--version"]).trim(),
+        "codex-cli 0.171.0"
+    );
+    assert_eq!(
+        run(&["--profile", "claude", "--", "--version"]).trim(),
+        "2.1.337 (Claude Code)"
+    );
+    // An agent that fails fails the run: Claude with no key gives up, and so does warren run.
+    let (code, out, err) = run_status(&["--profile", "claude", "--", "-p", "hello"]);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(out.contains("Not logged in"), "{out}{err}");
+}
