@@ -198,9 +198,9 @@ impl Peer {
 
 /// The connections that have not yet shown the token, oldest first. A new one is always let in:
 /// to stay within [`UNPROVEN_PER_PEER`] and [`UNPROVEN_TOTAL`] the oldest unproven connection
-/// of the same peer (else of anyone) is closed instead. So a stranger's flood never shuts out
-/// the token's holder, whose connection shows the token at once, and never costs more than the
-/// caps' descriptors.
+/// of the same peer (else of anyone) is closed instead. So a stranger's flood costs at most the
+/// caps' descriptors and does not keep out the token's holder, whose connection shows the token
+/// at once (one faster than that first request could displace it: docs/gaps.md).
 #[derive(Default)]
 struct Unproven {
     next_id: u64,
