@@ -13,7 +13,7 @@ pub mod operator;
 pub mod peer;
 
 pub use dirs::Dirs;
-pub use warren_jail::privilege::harden;
+pub use warren_jail::privilege::{harden, raise_fd_limit};
 
 /// Logs to stderr, filtered by `WARREN_LOG` (default `info`), each line tagged with the daemon.
 pub fn init_tracing(name: &'static str) {

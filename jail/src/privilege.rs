@@ -8,7 +8,7 @@ use std::io;
 
 use caps::{CapSet, Capability};
 use nix::errno::Errno;
-use nix::sys::resource::{Resource, setrlimit};
+use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use nix::unistd::{Gid, Uid, getgroups, getresgid, getresuid, setgroups, setresgid, setresuid};
 
 /// Who a process becomes: all three uids `uid`, all three gids `gid`, exactly `groups` as its
@@ -257,4 +257,29 @@ pub fn harden() -> io::Result<()> {
     nix::sys::prctl::set_dumpable(false)?;
     setrlimit(Resource::RLIMIT_CORE, 0, 0)?;
     Ok(())
+}
+
+/// Raises the soft limit on open descriptors to the hard one (no privilege needed) and says
+/// what it now is. A server of many connections (`warren-mcp-server --http`) must not run out
+/// at a default soft limit of 1 024 that the hard limit (systemd's `LimitNOFILE`) would allow
+/// far beyond.
+pub fn raise_fd_limit() -> io::Result<u64> {
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    }
+    Ok(hard)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fd_soft_limit_is_raised_to_the_hard_one() {
+        let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        setrlimit(Resource::RLIMIT_NOFILE, hard.min(512), hard).unwrap();
+        assert_eq!(raise_fd_limit().unwrap(), hard);
+        assert_eq!(getrlimit(Resource::RLIMIT_NOFILE).unwrap(), (hard, hard));
+    }
 }

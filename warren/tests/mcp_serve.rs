@@ -789,6 +789,70 @@ fn streamable_http_needs_the_listeners_token_and_a_local_origin() {
     assert!(said.contains("not a loopback address"), "{said}");
 }
 
+/// Opens N idle TCP connections to HOST:PORT and holds them, sending nothing; says `opened N`,
+/// then `closed N` once the server has closed every one of them.
+const FLOOD: &str = r#"
+import socket, sys
+host, port = sys.argv[1].rsplit(":", 1)
+held = [socket.create_connection((host, int(port))) for _ in range(int(sys.argv[2]))]
+print("opened", len(held), flush=True)
+for s in held:
+    try:
+        s.recv(1)
+    except ConnectionResetError:
+        pass
+print("closed", len(held), flush=True)
+"#;
+
+/// `FLOOD` of `n` connections to `authority` as uid and gid 65534; its lines.
+fn flood_as_nobody(authority: &str, n: usize) -> impl FnMut() -> String {
+    let mut flood = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .args(["/usr/bin/python3", "-c", FLOOD, authority, &n.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run setpriv and python3");
+    let mut said = BufReader::new(flood.stdout.take().unwrap()).lines();
+    move || {
+        said.next()
+            .unwrap_or_else(|| panic!("the flood ended: {:?}", flood.wait()))
+            .unwrap()
+    }
+}
+
+/// A stranger who can reach the port cannot stop the listener: 1 100 idle connections from uid
+/// 65534 without the token, against a server that has 1 024 descriptors, leave it serving the
+/// token's holder during the flood and after; every one of them is closed (past the cap, or at
+/// the deadline for showing the token).
+#[test]
+fn a_strangers_flood_of_idle_connections_leaves_the_listener_serving_its_token() {
+    // Inherited by everything this test starts (the supervisor, nsd, and so the server nsd
+    // runs, which can raise its soft limit no further): fewer descriptors than the flood has
+    // connections. So the flood is two processes of 550.
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, 1024, 1024).unwrap();
+    let w = Warren::up();
+    let (mut serve, url, token) = listen(&w, &["--tool", "echo"]);
+    let bearer = format!("Authorization: Bearer {token}");
+    assert_eq!(post_status(&url, &[&bearer]), 200, "before the flood");
+
+    let authority = url.trim_start_matches("http://").split('/').next().unwrap();
+    let mut floods = [
+        flood_as_nobody(authority, 550),
+        flood_as_nobody(authority, 550),
+    ];
+    for said in &mut floods {
+        assert_eq!(said(), "opened 550");
+    }
+    assert_eq!(post_status(&url, &[&bearer]), 200, "during the flood");
+    for said in &mut floods {
+        assert_eq!(said(), "closed 550");
+    }
+    assert_eq!(post_status(&url, &[&bearer]), 200, "after the flood");
+    assert!(serve.try_wait().unwrap().is_none(), "the server ended");
+    serve.kill().unwrap();
+    serve.wait().unwrap();
+}
+
 /// The fenced block after `<!-- client-config: NAME -->` in docs/mcp.md.
 fn snippet(doc: &str, name: &str) -> String {
     let marker = format!("<!-- client-config: {name} -->");

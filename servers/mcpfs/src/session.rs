@@ -222,9 +222,11 @@ impl Drop for NoteSlot {
 
 /// The most tools one server may list.
 pub const MAX_TOOLS: usize = 1024;
-/// The most pages a listing may take.
+/// The most resources one server may list.
+pub const MAX_RESOURCES: usize = 1024;
+/// The most pages a listing (of tools, of resources) may take.
 pub const MAX_LIST_PAGES: usize = 64;
-/// The most bytes a whole listing may take.
+/// The most bytes a whole listing (of tools, of resources) may take.
 pub const MAX_LISTING_BYTES: usize = 8 << 20;
 /// The most bytes of one call's result (as the server sent it, JSON): a larger one is an
 /// error for the caller, not a result.
@@ -375,53 +377,23 @@ impl Session {
         self.tools_changed.swap(false, Ordering::AcqRel)
     }
 
-    /// Every tool the server lists (all pages), each made a [`Definition`] or refused. Bounded,
-    /// so a hostile server cannot grow mcpfs (which serves every server) without end: at most
-    /// [`MAX_TOOLS`] tools over [`MAX_LIST_PAGES`] pages and [`MAX_LISTING_BYTES`] in all, all
-    /// within `deadline`.
+    /// Every tool the server lists (all pages), each made a [`Definition`] or refused. Bounded
+    /// as every listing is ([`Session::listing`]): at most [`MAX_TOOLS`] tools.
     pub async fn tools(
         &self,
         deadline: Duration,
     ) -> Result<Vec<Result<Definition, Unservable>>, SessionError> {
-        let until = tokio::time::Instant::now() + deadline;
-        let mut cursor: Option<String> = None;
-        let (mut tools, mut bytes) = (Vec::new(), 0usize);
-        for _ in 0..MAX_LIST_PAGES {
-            let params = cursor
-                .take()
-                .map(|c| rmcp::model::PaginatedRequestParams::default().with_cursor(Some(c)));
-            let page = tokio::time::timeout_at(until, self.client.list_tools(params))
-                .await
-                .map_err(|_| SessionError::Timeout(deadline))?
-                .map_err(|e| SessionError::Protocol(e.to_string()))?;
-            let v =
-                serde_json::to_value(&page).map_err(|e| SessionError::Malformed(e.to_string()))?;
-            bytes += serde_json::to_vec(&v).map_or(0, |b| b.len());
-            if bytes > MAX_LISTING_BYTES {
-                return Err(SessionError::Malformed(format!(
-                    "the tool listing is over {MAX_LISTING_BYTES} bytes"
-                )));
-            }
-            for t in v["tools"].as_array().into_iter().flatten() {
-                tools.push(Definition::from_listing(t));
-            }
-            if tools.len() > MAX_TOOLS {
-                return Err(SessionError::Malformed(format!(
-                    "the server lists more than {MAX_TOOLS} tools"
-                )));
-            }
-            match v.get("nextCursor").and_then(Value::as_str) {
-                Some(next) if !next.is_empty() => cursor = Some(next.to_string()),
-                _ => return Ok(tools),
-            }
-        }
-        Err(SessionError::Malformed(format!(
-            "the tool listing goes on past {MAX_LIST_PAGES} pages"
-        )))
+        let listed = self
+            .listing("tool", "tools", MAX_TOOLS, deadline, |params| {
+                self.client.list_tools(params)
+            })
+            .await?;
+        Ok(listed.iter().map(Definition::from_listing).collect())
     }
 
     /// The server's resources (all pages) as `(uri, mimeType)`; none when it serves none (or
-    /// does not speak of resources at all).
+    /// does not speak of resources at all). Bounded as every listing is
+    /// ([`Session::listing`]): at most [`MAX_RESOURCES`] resources.
     pub async fn resources(
         &self,
         deadline: Duration,
@@ -433,26 +405,76 @@ impl Session {
         if !has {
             return Ok(Vec::new());
         }
-        let listed = tokio::time::timeout(deadline, self.client.list_all_resources())
-            .await
-            .map_err(|_| SessionError::Timeout(deadline))?
-            .map_err(|e| SessionError::Protocol(e.to_string()))?;
-        let v =
-            serde_json::to_value(&listed).map_err(|e| SessionError::Malformed(e.to_string()))?;
-        Ok(v.as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|r| {
-                        let uri = r.get("uri")?.as_str()?.to_string();
-                        let mime = r
-                            .get("mimeType")
-                            .and_then(Value::as_str)
-                            .map(str::to_string);
-                        Some((uri, mime))
-                    })
-                    .collect()
+        let listed = self
+            .listing("resource", "resources", MAX_RESOURCES, deadline, |params| {
+                self.client.list_resources(params)
             })
-            .unwrap_or_default())
+            .await?;
+        Ok(listed
+            .iter()
+            .filter_map(|r| {
+                let uri = r.get("uri")?.as_str()?.to_string();
+                let mime = r
+                    .get("mimeType")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
+                Some((uri, mime))
+            })
+            .collect())
+    }
+
+    /// The items (member `key` of each page) of a listing the server pages through with
+    /// `nextCursor`, asked for by `page`. Bounded, so a hostile server cannot grow mcpfs (which
+    /// serves every server) without end: at most `max_items` items over [`MAX_LIST_PAGES`]
+    /// pages and [`MAX_LISTING_BYTES`] in all, all within `deadline`; past a bound the listing
+    /// is an error naming it (`what`: the items' name).
+    async fn listing<'a, P, F>(
+        &'a self,
+        what: &str,
+        key: &str,
+        max_items: usize,
+        deadline: Duration,
+        page: impl Fn(Option<rmcp::model::PaginatedRequestParams>) -> F,
+    ) -> Result<Vec<Value>, SessionError>
+    where
+        F: std::future::Future<Output = Result<P, rmcp::ServiceError>> + 'a,
+        P: serde::Serialize,
+    {
+        let until = tokio::time::Instant::now() + deadline;
+        let mut cursor: Option<String> = None;
+        let (mut items, mut bytes) = (Vec::new(), 0usize);
+        for _ in 0..MAX_LIST_PAGES {
+            let params = cursor
+                .take()
+                .map(|c| rmcp::model::PaginatedRequestParams::default().with_cursor(Some(c)));
+            let listed = tokio::time::timeout_at(until, page(params))
+                .await
+                .map_err(|_| SessionError::Timeout(deadline))?
+                .map_err(|e| SessionError::Protocol(e.to_string()))?;
+            let mut v = serde_json::to_value(&listed)
+                .map_err(|e| SessionError::Malformed(e.to_string()))?;
+            bytes += serde_json::to_vec(&v).map_or(0, |b| b.len());
+            if bytes > MAX_LISTING_BYTES {
+                return Err(SessionError::Malformed(format!(
+                    "the {what} listing is over {MAX_LISTING_BYTES} bytes"
+                )));
+            }
+            if let Some(Value::Array(page_items)) = v.get_mut(key).map(Value::take) {
+                items.extend(page_items);
+            }
+            if items.len() > max_items {
+                return Err(SessionError::Malformed(format!(
+                    "the server lists more than {max_items} {what}s"
+                )));
+            }
+            match v.get("nextCursor").and_then(Value::as_str) {
+                Some(next) if !next.is_empty() => cursor = Some(next.to_string()),
+                _ => return Ok(items),
+            }
+        }
+        Err(SessionError::Malformed(format!(
+            "the {what} listing goes on past {MAX_LIST_PAGES} pages"
+        )))
     }
 
     /// Resource `uri` as the server gave it (`contents`: each with its URI, MIME type, and text

@@ -244,3 +244,43 @@ async fn a_hostile_server_cannot_exhaust_its_client() {
         "{big:?}"
     );
 }
+
+/// A resource listing is bounded as a tool listing is: one that pages forever, lists too many or
+/// grows past the byte bound is an error naming the bound, and the session goes on serving its
+/// tools.
+#[tokio::test]
+async fn a_hostile_servers_resource_listing_is_bounded_like_its_tools() {
+    for (mode, bound) in [
+        (
+            "resource-pages",
+            format!("past {} pages", warren_mcpfs::session::MAX_LIST_PAGES),
+        ),
+        (
+            "resource-many",
+            format!(
+                "more than {} resources",
+                warren_mcpfs::session::MAX_RESOURCES
+            ),
+        ),
+        (
+            "resource-bytes",
+            format!("over {} bytes", warren_mcpfs::session::MAX_LISTING_BYTES),
+        ),
+    ] {
+        let (_c, session) = start(hostile(mode)).await;
+        let session = session.unwrap();
+        let e = session.resources(DEADLINE).await.unwrap_err();
+        assert!(
+            matches!(&e, SessionError::Malformed(m) if m.contains("resource listing") || m.contains("resources")),
+            "{mode}: {e}"
+        );
+        assert!(e.to_string().contains(&bound), "{mode}: {e}");
+        let tools = session.tools(DEADLINE).await.unwrap();
+        assert_eq!(tools.len(), 1, "{mode}");
+        let fine = session.call("fine", Map::new(), DEADLINE).await;
+        assert!(
+            format!("{fine:?}").contains("still fine"),
+            "{mode}: {fine:?}"
+        );
+    }
+}

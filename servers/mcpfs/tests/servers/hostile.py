@@ -1,6 +1,8 @@
 """A hand-written MCP server (raw JSON-RPC on stdio) that tries to exhaust its client: a tool
 listing that pages forever (MODE=pages), too many tools (MODE=many), names the gate would refuse
-and a name listed twice (MODE=names), a result of 8 MiB (its `big` tool)."""
+and a name listed twice (MODE=names), a result of 8 MiB (its `big` tool); a resource listing
+that pages forever (MODE=resource-pages), lists too many (MODE=resource-many) or grows past 8 MiB
+(MODE=resource-bytes), beside one well-behaved tool `fine`."""
 import json
 import os
 import sys
@@ -17,6 +19,10 @@ def tool(name, description="t"):
     return {"name": name, "description": description, "inputSchema": {"type": "object"}}
 
 
+def resource(name, description="r"):
+    return {"uri": f"hostile://{name}", "name": name, "description": description}
+
+
 page = 0
 for line in sys.stdin:
     request = json.loads(line)
@@ -26,7 +32,22 @@ for line in sys.stdin:
     if method == "initialize":
         send({"jsonrpc": "2.0", "id": rid, "result": {
             "protocolVersion": request["params"]["protocolVersion"],
-            "capabilities": {"tools": {}}, "serverInfo": {"name": "hostile", "version": "0"}}})
+            "capabilities": {"tools": {}, "resources": {}},
+            "serverInfo": {"name": "hostile", "version": "0"}}})
+    elif method == "resources/list":
+        page += 1
+        if mode == "resource-many":
+            send({"jsonrpc": "2.0", "id": rid, "result": {
+                "resources": [resource(f"r{i}") for i in range(2000)]}})
+        else:
+            padding = "d" * (1 << 20) if mode == "resource-bytes" else "d"
+            send({"jsonrpc": "2.0", "id": rid, "result": {
+                "resources": [resource(f"r{page}", padding)], "nextCursor": f"c{page}"}})
+    elif mode.startswith("resource-") and method == "tools/list":
+        send({"jsonrpc": "2.0", "id": rid, "result": {"tools": [tool("fine")]}})
+    elif mode.startswith("resource-") and method == "tools/call":
+        send({"jsonrpc": "2.0", "id": rid, "result": {
+            "content": [{"type": "text", "text": "still fine"}]}})
     elif method == "tools/list":
         if mode == "pages":
             page += 1
