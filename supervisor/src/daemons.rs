@@ -113,8 +113,14 @@ pub(crate) async fn works(dirs: &warren_daemon::Dirs, d: &Daemon) -> Result<(), 
     if d.name != "receiptd" {
         return Ok(());
     }
-    warren_proto::receipts::signer(&dirs.socket("receipts"))
-        .await
+    // Bounded: a stopped receiptd must not hang `warren status`.
+    let asked = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        warren_proto::receipts::signer(&dirs.socket("receipts")),
+    )
+    .await
+    .unwrap_or_else(|_| Err("its `signer` file was not read within 2 s".into()));
+    asked
         .map(drop)
         .map_err(|why| format!("cannot sign receipts, so every call is denied: {why}"))
 }

@@ -35,7 +35,7 @@ pub fn libexec_dir() -> Result<PathBuf> {
 pub fn up(dirs: &Dirs) -> Result<ExitCode> {
     match bring_up(dirs)? {
         Up::Already(pid) => {
-            // Already up is not yet working: say so rather than "up" over a daemon that is not.
+            // Up is not working: never say "up" over a daemon that cannot do its job.
             let broken: Vec<String> = daemon_reports(dirs)?
                 .iter()
                 .filter(|r| supervised(r) && !r.works)
@@ -174,7 +174,7 @@ pub struct DaemonReport {
     /// cannot do its job), `no answer`, `not running` (warren is not up) or `not started by
     /// warren up` (exportfs).
     pub state: &'static str,
-    /// Why it is not `up`, or what it does when it is.
+    /// Why it is not `up` (exportfs: what runs it instead).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
