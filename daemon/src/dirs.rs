@@ -73,6 +73,21 @@ impl Dirs {
 /// existed but belongs to neither root nor `uid`, or that others may write to. Missing
 /// components above the last are made 0755 (root's, or the caller's). Returns the directory's fd.
 pub fn make_dir(path: &Path, uid: u32, gid: u32, mode: u32) -> io::Result<OwnedFd> {
+    walk_dir(path, uid, Some((gid, mode)))
+}
+
+/// Opens the operator's directory `path` (one warren reads but never makes, such as the config
+/// dir the peers file is in) with every check of [`make_dir`] and none of its changes: nothing
+/// is created, and its owner and mode are left as they are, so a directory that others may write
+/// to, or that belongs to neither root nor `uid`, is refused. Returns the directory's fd, from
+/// which its files are opened (never by their path a second time).
+pub fn open_checked_dir(path: &Path, uid: u32) -> io::Result<OwnedFd> {
+    walk_dir(path, uid, None)
+}
+
+/// [`make_dir`]'s walk; `make`: the last component's (gid, mode), and leave to create what is
+/// missing. None: only check.
+fn walk_dir(path: &Path, uid: u32, make: Option<(u32, u32)>) -> io::Result<OwnedFd> {
     let absolute = std::path::absolute(path)?;
     let refuse = |why: String| io::Error::new(io::ErrorKind::PermissionDenied, why);
     let names: Vec<&OsStr> = absolute
@@ -117,7 +132,7 @@ pub fn make_dir(path: &Path, uid: u32, gid: u32, mode: u32) -> io::Result<OwnedF
         }
         let mut created = false;
         let child = match openat(&dir, *name, flags, Mode::empty()) {
-            Err(Errno::ENOENT) => {
+            Err(Errno::ENOENT) if make.is_some() => {
                 let new_mode = if last { 0o700 } else { 0o755 };
                 match mkdirat(&dir, *name, Mode::from_bits_truncate(new_mode)) {
                     Ok(()) => created = true,
@@ -156,7 +171,7 @@ pub fn make_dir(path: &Path, uid: u32, gid: u32, mode: u32) -> io::Result<OwnedF
                 child_stat.st_mode & 0o7777
             )));
         }
-        if last {
+        if let (true, Some((gid, mode))) = (last, make) {
             if (child_stat.st_uid, child_stat.st_gid) != (uid, gid) {
                 fchown(&child, Some(uid.into()), Some(gid.into()))
                     .map_err(|e| with_path(e, "chown", &here))?;

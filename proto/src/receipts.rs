@@ -6,6 +6,8 @@
 //! - `/receipts/append` (`specs/receipts.md`): [`Appender`], one long-lived connection and one
 //!   open of `append`, for the daemons and tools that write receipts; each append is answered
 //!   with an [`Ack`].
+//! - `/receipts/signer`: the key receiptd signs with, or why it has none ([`Signer`]); what `warren
+//!   up`, `status` and `doctor` read to say whether receipts can be written at all.
 
 use std::io;
 use std::os::fd::AsFd;
@@ -135,4 +137,47 @@ fn parse<T: serde::de::DeserializeOwned>(reply: &[u8]) -> Result<T, Refusal> {
         errno: Errno::EPROTO,
         message: format!("unexpected reply {}: {e}", String::from_utf8_lossy(reply)),
     })
+}
+
+/// The root file of `/receipts` that says whether receiptd can sign (`specs/receipts.md` §7).
+pub const SIGNER_FILE: &str = "signer";
+
+/// `/receipts/signer`, one JSON line: `{"keyid":K}` when a key is in force, `{"refused":WHY}`
+/// when none is (then every append is refused, and with it every call the gate decides).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Signer {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keyid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+}
+
+impl Signer {
+    /// The keyid in force, or why appends are refused.
+    pub fn in_force(self) -> Result<String, String> {
+        match (self.keyid, self.refused) {
+            (Some(keyid), None) => Ok(keyid),
+            (_, Some(why)) => Err(why),
+            (None, None) => Err("receiptd named no key".into()),
+        }
+    }
+}
+
+/// Asks the receiptd at `socket` whether it can sign: its keyid, or why not (no answer, or no
+/// key in force). A daemon whose socket answers but which cannot append is not working.
+pub async fn signer(socket: &Path) -> Result<String, String> {
+    let read = async {
+        let client = Client::connect_unix(socket).await?;
+        let root = client.attach("operator", "").await?;
+        let fid = root.walk(&[SIGNER_FILE]).await?;
+        fid.open(oflags::RDONLY).await?;
+        Ok::<_, io::Error>(fid.read_to_end(0).await?)
+    };
+    let bytes = read
+        .await
+        .map_err(|e| format!("{}: {SIGNER_FILE}: {e}", socket.display()))?;
+    serde_json::from_slice::<Signer>(&bytes)
+        .map_err(|e| format!("{}: {SIGNER_FILE}: {e}", socket.display()))?
+        .in_force()
 }

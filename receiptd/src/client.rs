@@ -13,7 +13,7 @@ async fn read_file(client: &Client, path: &str) -> warren_9p::Result<Vec<u8>> {
 }
 
 /// Names in `/receipts` that are not scopes.
-const NOT_SCOPES: &[&str] = &["append", "keys", "ctl"];
+const NOT_SCOPES: &[&str] = &crate::receipt::RESERVED_NAMES;
 
 /// The scopes under `root` (an attach of `/receipts`) whose name starts with `prefix` (every
 /// scope without one), sorted. The one rule by which `warren log` and `warren receipts export`

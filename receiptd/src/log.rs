@@ -298,13 +298,28 @@ impl Log {
     }
 
     /// The active key: the key file must exist, be private, and match the registry's one
-    /// unretired row. On first start (an empty registry) the key is generated.
+    /// unretired row. On first start (an empty registry and no key file) the key is generated.
+    /// An empty registry beside a key that exists is a data dir made anew (wiped, moved, a new
+    /// disk) next to the secrets of an older log: refused, never adopted or replaced
+    /// (docs/decisions.md D40, "A new data dir beside an existing signing key").
     fn load_signer(&mut self) -> Result<Signer, String> {
         let path = keys::key_path(&self.cfg.secrets_dir);
         let registry = store::registry(&self.conn).map_err(|e| format!("key registry: {e}"))?;
         if registry.keys.is_empty() {
             if !self.cfg.generate_key {
                 return Err("the key registry is empty and key generation is off (run `warren-receiptd --init-key`)".into());
+            }
+            if fs::symlink_metadata(&path).is_ok() {
+                return Err(format!(
+                    "the data dir {} holds no key registry (it is new, or its log was wiped or \
+                     moved), but the secrets dir already holds a signing key, {}: receiptd will \
+                     not start a second log under that key, nor replace it. Restore the data dir \
+                     that holds its log; or, to start a new log with a new key, move the key \
+                     file out of the secrets dir (keep it: it verifies the old log's exports) \
+                     and restart warren",
+                    self.cfg.data_dir.display(),
+                    path.display()
+                ));
             }
             return self.init_key(&path);
         }

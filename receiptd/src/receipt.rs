@@ -225,7 +225,7 @@ impl AppendRequest {
 }
 
 /// Names at the root of `/receipts` that are not scopes.
-pub const RESERVED_NAMES: [&str; 3] = ["append", "keys", "ctl"];
+pub const RESERVED_NAMES: [&str; 4] = ["append", "keys", "ctl", "signer"];
 
 /// A scope is a path element of `/receipts`: 1 to 128 of `[A-Za-z0-9._:-]`, not `.`, `..` or a
 /// reserved root name.

@@ -5,6 +5,7 @@
 //!                                     (the answer is read from o₀, the first read's offset)
 //! keys                                the key registry (what `warren verify --keys` takes)
 //! ctl                                 operator only: write `rotate` or `checkpoint`
+//! signer                              the key in force, or why appends are refused
 //! <scope>/log                         canonical envelopes, one per line
 //! <scope>/head                        the latest signed checkpoint (C2SP signed note)
 //! <scope>/proof/inclusion/<seq>       inclusion proof of entry <seq> in the head's tree
@@ -121,6 +122,7 @@ pub enum Node {
     Append,
     Keys,
     Ctl,
+    Signer,
     Scope(String),
     Log(String),
     Head(String),
@@ -182,6 +184,7 @@ impl ReceiptsTree {
             (Node::Root, "append") => Node::Append,
             (Node::Root, "keys") => Node::Keys,
             (Node::Root, "ctl") => Node::Ctl,
+            (Node::Root, warren_proto::receipts::SIGNER_FILE) => Node::Signer,
             (Node::Root, scope) if log.has_scope(scope) => Node::Scope(scope.to_owned()),
             (Node::Scope(s), "log") => Node::Log(s.clone()),
             (Node::Scope(s), "head") => Node::Head(s.clone()),
@@ -207,6 +210,19 @@ impl ReceiptsTree {
         };
         match node {
             Node::Keys => Ok(log.registry().map_err(|_| Errno::EIO)?.to_bytes()),
+            Node::Signer => {
+                let said = match log.signer_status() {
+                    Ok(keyid) => warren_proto::receipts::Signer {
+                        keyid: Some(keyid.to_owned()),
+                        refused: None,
+                    },
+                    Err(why) => warren_proto::receipts::Signer {
+                        keyid: None,
+                        refused: Some(why.to_owned()),
+                    },
+                };
+                json_line(serde_json::to_value(said).map_err(|_| Errno::EIO)?)
+            }
             Node::Log(s) => log.log_text(s).map_err(|_| Errno::EIO),
             Node::Head(s) => Ok(log
                 .head(s)
@@ -278,7 +294,9 @@ fn parse_num(s: &str) -> Result<u64> {
 
 fn parent_of(node: &Node) -> Node {
     match node {
-        Node::Root | Node::Append | Node::Keys | Node::Ctl | Node::Scope(_) => Node::Root,
+        Node::Root | Node::Append | Node::Keys | Node::Ctl | Node::Signer | Node::Scope(_) => {
+            Node::Root
+        }
         Node::Log(s) | Node::Head(s) | Node::Proof(s) => Node::Scope(s.clone()),
         Node::InclusionDir(s) | Node::ConsistencyDir(s) => Node::Proof(s.clone()),
         Node::Inclusion(s, _) => Node::InclusionDir(s.clone()),
@@ -397,6 +415,7 @@ impl FileTree for ReceiptsTree {
                     ("append".into(), Node::Append),
                     ("keys".into(), Node::Keys),
                     ("ctl".into(), Node::Ctl),
+                    (warren_proto::receipts::SIGNER_FILE.into(), Node::Signer),
                 ];
                 v.extend(
                     self.shared

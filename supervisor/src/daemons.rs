@@ -105,3 +105,22 @@ pub(crate) const DAEMONS: &[Daemon] = &[
         gate_client: true,
     },
 ];
+
+/// Whether `d`, answering, does its job: receiptd must hold a key to sign with, or it refuses
+/// every append and so the gate denies every call ("receiptd is unavailable") while its socket
+/// answers as if all were well. The others have nothing to ask beyond their sockets answering.
+pub(crate) async fn works(dirs: &warren_daemon::Dirs, d: &Daemon) -> Result<(), String> {
+    if d.name != "receiptd" {
+        return Ok(());
+    }
+    // Bounded: a stopped receiptd must not hang `warren status`.
+    let asked = tokio::time::timeout(
+        std::time::Duration::from_secs(2),
+        warren_proto::receipts::signer(&dirs.socket("receipts")),
+    )
+    .await
+    .unwrap_or_else(|_| Err("its `signer` file was not read within 2 s".into()));
+    asked
+        .map(drop)
+        .map_err(|why| format!("cannot sign receipts, so every call is denied: {why}"))
+}

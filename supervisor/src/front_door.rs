@@ -34,7 +34,22 @@ pub fn libexec_dir() -> Result<PathBuf> {
 
 pub fn up(dirs: &Dirs) -> Result<ExitCode> {
     match bring_up(dirs)? {
-        Up::Already(pid) => println!("warren is already up (supervisor pid {pid})"),
+        Up::Already(pid) => {
+            // Up is not working: never say "up" over a daemon that cannot do its job.
+            let broken: Vec<String> = daemon_reports(dirs)?
+                .iter()
+                .filter(|r| supervised(r) && !r.works)
+                .map(|r| format!("{} {}: {}", r.name, r.state, r.why.as_deref().unwrap_or("")))
+                .collect();
+            if !broken.is_empty() {
+                bail!(
+                    "warren is up (supervisor pid {pid}) but not working: {} (see `warren \
+                     status`)",
+                    broken.join("; ")
+                );
+            }
+            println!("warren is already up (supervisor pid {pid})")
+        }
         Up::Started(pid) => println!(
             "warren is up: supervisor pid {pid}, sockets in {}, log {}",
             dirs.runtime.display(),
@@ -144,62 +159,175 @@ pub fn down_with(
     bail!("supervisor {pid} did not stop within 15 s")
 }
 
-pub fn status(dirs: &Dirs, json: bool) -> Result<ExitCode> {
-    let up = matches!(try_lock(dirs), Ok(None));
+/// One operator socket of a daemon, and whether it answers a 9P handshake.
+#[derive(Debug, serde::Serialize)]
+pub struct SocketReport {
+    pub socket: PathBuf,
+    pub answers: bool,
+}
+
+/// What `warren status` and `warren doctor` say of one daemon warren may run.
+#[derive(Debug, serde::Serialize)]
+pub struct DaemonReport {
+    pub name: &'static str,
+    /// `up`, `down` (the supervisor waits to try it again), `not working` (it answers but
+    /// cannot do its job), `no answer`, `not running` (warren is not up) or `not started by
+    /// warren up` (exportfs).
+    pub state: &'static str,
+    /// Why it is not `up` (exportfs: what runs it instead).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// Its operator sockets (mcpfs and netproxy have none: only root's control sockets).
+    pub sockets: Vec<SocketReport>,
+    /// Every operator socket answers (with none: its process is alive).
+    pub answers: bool,
+    /// It answers and does its job (receiptd: it has a key to sign with).
+    pub works: bool,
+}
+
+/// Every daemon warren may run, in start order, each asked whether it answers and whether it
+/// works; exportfs last, which `warren up` never starts (`warren export` runs it in the
+/// foreground, on its own listener).
+pub fn daemon_reports(dirs: &Dirs) -> Result<Vec<DaemonReport>> {
+    let up = crate::state::supervisor_running(dirs);
     let states = if up { read_states(dirs) } else { Vec::new() };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let mut sockets = Vec::new();
+    let mut reports = Vec::new();
     for d in DAEMONS {
-        let down = states
+        let state = states.iter().find(|s| s.name == d.name);
+        let pid = state.and_then(|s| s.pid);
+        let sockets: Vec<SocketReport> = d
+            .sockets
             .iter()
-            .find(|s| s.name == d.name)
-            .and_then(DaemonState::down_because);
-        for s in d.sockets.iter().filter(|s| s.ends_with(".sock")) {
-            let path = dirs.runtime.join(s);
-            let answers = rt.block_on(async {
-                tokio::time::timeout(
-                    Duration::from_secs(2),
-                    warren_9p::Client::connect_unix(&path),
-                )
-                .await
-                .is_ok_and(|r| r.is_ok())
-            });
-            sockets.push((d.name, path, answers, down.clone()));
-        }
+            .filter(|s| s.ends_with(".sock"))
+            .map(|s| {
+                let socket = dirs.runtime.join(s);
+                let answers = rt.block_on(async {
+                    tokio::time::timeout(
+                        Duration::from_secs(2),
+                        warren_9p::Client::connect_unix(&socket),
+                    )
+                    .await
+                    .is_ok_and(|r| r.is_ok())
+                });
+                SocketReport { socket, answers }
+            })
+            .collect();
+        let alive = pid.is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists());
+        let answers = up
+            && if sockets.is_empty() {
+                alive
+            } else {
+                sockets.iter().all(|s| s.answers)
+            };
+        let (state, why) = if !up {
+            ("not running", None)
+        } else if let Some(why) = state.and_then(DaemonState::down_because) {
+            ("down", Some(why))
+        } else if !answers {
+            (
+                "no answer",
+                Some(if sockets.is_empty() {
+                    "its process is not running".to_string()
+                } else {
+                    "a socket of its does not answer".to_string()
+                }),
+            )
+        } else {
+            match rt.block_on(crate::daemons::works(dirs, d)) {
+                Err(why) => ("not working", Some(why)),
+                Ok(()) => ("up", None),
+            }
+        };
+        reports.push(DaemonReport {
+            name: d.name,
+            works: state == "up",
+            state,
+            why,
+            pid,
+            sockets,
+            answers,
+        });
     }
+    reports.push(DaemonReport {
+        name: "exportfs",
+        state: "not started by warren up",
+        why: Some(format!(
+            "`warren export --listen tcp!ADDR!PORT` serves this host's trees to the peers in {} \
+             in the foreground, under its own uid",
+            warren_proto::export::peers::peers_path().display()
+        )),
+        pid: None,
+        sockets: Vec::new(),
+        answers: false,
+        works: false,
+    });
+    Ok(reports)
+}
+
+/// Whether a report speaks of a daemon the supervisor runs (exportfs is not one).
+fn supervised(r: &DaemonReport) -> bool {
+    DAEMONS.iter().any(|d| d.name == r.name)
+}
+
+/// Says whether warren is up and, for every daemon it may run, whether it answers and works.
+/// Exit 0 only when it is up and every daemon it runs works.
+pub fn status(dirs: &Dirs, json: bool) -> Result<ExitCode> {
+    let up = crate::state::supervisor_running(dirs);
+    let reports = daemon_reports(dirs)?;
+    let (supervised, others): (Vec<&DaemonReport>, Vec<&DaemonReport>) =
+        reports.iter().partition(|r| supervised(r));
+    let working = up && supervised.iter().all(|r| r.works);
     if json {
         let v = serde_json::json!({
             "up": up,
+            "works": working,
             "supervisor_pid": if up { running_pid(dirs) } else { None },
             "runtime_dir": dirs.runtime,
-            "daemons": sockets.iter().map(|(n, p, a, down)| serde_json::json!({
-                "name": n, "socket": p, "answers": a,
-                "state": if down.is_some() { "down" } else if *a { "up" } else { "no answer" },
-                "why": down,
-            })).collect::<Vec<_>>(),
+            "daemons": supervised,
+            "others": others,
         });
         println!("{v}");
     } else {
-        if up {
-            println!(
-                "warren is up (supervisor pid {})",
+        match (up, working) {
+            (false, _) => println!(
+                "warren is not up at {} (`warren up` starts it; --runtime-dir or \
+                 WARREN_RUNTIME_DIR names another)",
+                dirs.runtime.display()
+            ),
+            (true, true) => println!(
+                "warren is up (supervisor pid {}), sockets in {}",
+                running_pid(dirs).unwrap_or(0),
+                dirs.runtime.display()
+            ),
+            (true, false) => println!(
+                "warren is up (supervisor pid {}), but not every daemon works: calls may be \
+                 denied",
                 running_pid(dirs).unwrap_or(0)
-            );
-        } else {
-            println!("warren is not up");
+            ),
         }
-        for (name, path, answers, down) in &sockets {
-            let state = match down {
-                Some(why) => format!("down: {why}"),
-                None if *answers => "answers".into(),
-                None => "no answer".into(),
-            };
-            println!("  {name:<10} {:<40} {state}", path.display());
+        for r in &reports {
+            let mut said = r.state.to_string();
+            if let Some(why) = &r.why {
+                said.push_str(&format!(": {why}"));
+            } else if r.state == "up" && r.sockets.is_empty() {
+                said.push_str(&format!(
+                    " (pid {}; no operator socket, only root's control socket)",
+                    r.pid.unwrap_or(0)
+                ));
+            }
+            println!("  {:<10} {said}", r.name);
+            for s in &r.sockets {
+                let answers = if s.answers { "answers" } else { "no answer" };
+                println!("  {:<10}   {} {answers}", "", s.socket.display());
+            }
         }
     }
-    Ok(if up {
+    Ok(if working {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)

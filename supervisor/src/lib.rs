@@ -11,5 +11,8 @@ pub mod prepare;
 pub mod state;
 pub mod supervise;
 
-pub use front_door::{Up, bring_up, bring_up_with_env, down_with, libexec_dir, status, up};
-pub use state::{DaemonState, daemon_states};
+pub use front_door::{
+    DaemonReport, Up, bring_up, bring_up_with_env, daemon_reports, down_with, libexec_dir, status,
+    up,
+};
+pub use state::{DaemonState, daemon_states, supervisor_running};

@@ -43,6 +43,22 @@ pub(crate) fn try_lock(dirs: &Dirs) -> Result<Option<Flock<File>>> {
     }
 }
 
+/// Whether a supervisor holds the lock, found without making anything: a command that only
+/// looks (`status`, `doctor`, `run` with none up) leaves a runtime dir as it found it.
+pub fn supervisor_running(dirs: &Dirs) -> bool {
+    let Ok(file) = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(lock_path(dirs))
+    else {
+        return false;
+    };
+    matches!(
+        Flock::lock(file, FlockArg::LockExclusiveNonblock),
+        Err((_, nix::errno::Errno::EWOULDBLOCK))
+    )
+}
+
 pub(crate) fn running_pid(dirs: &Dirs) -> Option<i32> {
     fs::read_to_string(pid_path(dirs)).ok()?.trim().parse().ok()
 }
@@ -93,7 +109,7 @@ pub(crate) fn states_path(dirs: &Dirs) -> PathBuf {
 
 /// The supervisor's word on each daemon, if warren is up.
 pub fn daemon_states(dirs: &Dirs) -> Option<Vec<DaemonState>> {
-    matches!(try_lock(dirs), Ok(None)).then(|| read_states(dirs))
+    supervisor_running(dirs).then(|| read_states(dirs))
 }
 
 /// The supervisor's last word on each daemon (empty when it has written none).

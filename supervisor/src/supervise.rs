@@ -237,6 +237,10 @@ fn start_all(dirs: &Dirs, running: &mut Vec<Supervised>) -> Result<()> {
         let s = running.last_mut().expect("just pushed");
         let child = s.child.as_mut().expect("just started");
         wait_ready(&rt, dirs, d, child)?;
+        // Answering is not enough: `up` must not say up while every call would be denied.
+        if let Err(why) = rt.block_on(crate::daemons::works(dirs, d)) {
+            bail!("{} {why}", d.name);
+        }
         tracing_line(&format!(
             "{} up (pid {}, uid {})",
             d.name,

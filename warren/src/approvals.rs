@@ -71,12 +71,7 @@ async fn connect(dirs: &Dirs) -> Result<(warren_9p::Client, bool)> {
     }
     let client = warren_9p::Client::connect_unix(dirs.socket("gate"))
         .await
-        .with_context(|| {
-            format!(
-                "no gate answers at {} (is warren up?)",
-                dirs.socket("gate").display()
-            )
-        })?;
+        .with_context(|| crate::none_answers("gate", &dirs.socket("gate")))?;
     Ok((client, false))
 }
 

@@ -44,25 +44,34 @@ fn has_fs(name: &str) -> bool {
         .any(|l| l.split_whitespace().last() == Some(name))
 }
 
-/// When warren is up here: whether each daemon is up, and why one is down.
-fn daemons_check(dirs: &warren_daemon::Dirs) -> Option<Check> {
-    let states = warren_supervisor::daemon_states(dirs)?;
-    let down: Vec<String> = states
-        .iter()
-        .filter_map(|s| Some(format!("{} down: {}", s.name, s.down_because()?)))
+/// When warren is up here: whether each daemon it runs answers and does its job (the same
+/// questions `warren status` asks), and why one does not.
+fn daemons_check(dirs: &warren_daemon::Dirs) -> Result<Option<Check>> {
+    if !warren_supervisor::supervisor_running(dirs) {
+        return Ok(None);
+    }
+    let reports: Vec<warren_supervisor::DaemonReport> = warren_supervisor::daemon_reports(dirs)?
+        .into_iter()
+        .filter(|r| r.state != "not started by warren up")
         .collect();
-    Some(Check {
+    let broken: Vec<String> = reports
+        .iter()
+        .filter(|r| !r.works)
+        .map(|r| format!("{} {}: {}", r.name, r.state, r.why.as_deref().unwrap_or("")))
+        .collect();
+    Ok(Some(Check {
         name: "daemons",
-        state: if down.is_empty() { "ok" } else { "missing" },
-        detail: if down.is_empty() {
-            let up: Vec<&str> = states.iter().map(|s| s.name.as_str()).collect();
-            format!("up: {}", up.join(", "))
+        state: if broken.is_empty() { "ok" } else { "missing" },
+        detail: if broken.is_empty() {
+            let up: Vec<&str> = reports.iter().map(|r| r.name).collect();
+            format!("up and working: {}", up.join(", "))
         } else {
-            down.join("; ")
+            broken.join("; ")
         },
         consequence: "a daemon that is down refuses its clients at once (its sockets are closed) \
-                      until the supervisor's next try brings it back",
-    })
+                      until the supervisor's next try brings it back; a receiptd that cannot \
+                      sign has every call denied",
+    }))
 }
 
 fn checks() -> Vec<Check> {
@@ -237,12 +246,16 @@ fn summary(checks: &[Check], required_missing: &[&str], fuse_and_9p_missing: boo
 
 pub fn doctor(dirs: &warren_daemon::Dirs, json: bool) -> Result<ExitCode> {
     let mut checks = checks();
-    checks.extend(daemons_check(dirs));
+    checks.extend(daemons_check(dirs)?);
+    // Daemons that are up but do not work make every call fail: warren does not run here now.
     let required_missing: Vec<&str> = checks
         .iter()
         .filter(|c| {
             c.state == "missing"
-                && matches!(c.name, "namespaces" | "landlock" | "seccomp" | "privilege")
+                && matches!(
+                    c.name,
+                    "namespaces" | "landlock" | "seccomp" | "privilege" | "daemons"
+                )
         })
         .map(|c| c.name)
         .collect();

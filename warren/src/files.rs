@@ -53,12 +53,9 @@ fn split(path: &str) -> Result<(&str, &str)> {
 async fn walk(dirs: &Dirs, path: &str) -> Result<Fid> {
     let (server, rest) = split(path)?;
     let sock = dirs.socket(server);
-    let client = Client::connect_unix(&sock).await.with_context(|| {
-        format!(
-            "no server {server:?} answers at {} (is warren up?)",
-            sock.display()
-        )
-    })?;
+    let client = Client::connect_unix(&sock)
+        .await
+        .with_context(|| crate::none_answers(&format!("server {server:?}"), &sock))?;
     let user = nix::unistd::User::from_uid(nix::unistd::getuid())
         .ok()
         .flatten()

@@ -42,11 +42,16 @@ pub fn show(dirs: &Dirs) -> Result<ExitCode> {
 
 /// Runs `warren-exportfs` in the foreground (it drops to its own uid once it holds the key
 /// and its listening socket).
-pub fn export(listen: &str, auth_deadline: Option<&str>) -> Result<ExitCode> {
+pub fn export(dirs: &Dirs, listen: &str, auth_deadline: Option<&str>) -> Result<ExitCode> {
     use std::os::unix::process::CommandExt;
     let binary = warren_supervisor::libexec_dir()?.join("warren-exportfs");
     let mut cmd = std::process::Command::new(&binary);
-    cmd.arg("--listen").arg(listen);
+    // The directories this command was given (options or environment), as `up` passes them.
+    cmd.env("WARREN_RUNTIME_DIR", &dirs.runtime)
+        .env("WARREN_DATA_DIR", &dirs.data)
+        .env("WARREN_SECRETS_DIR", &dirs.secrets)
+        .arg("--listen")
+        .arg(listen);
     if let Some(d) = auth_deadline {
         cmd.arg("--auth-deadline").arg(d);
     }

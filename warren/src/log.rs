@@ -194,12 +194,9 @@ struct Receipts {
 
 impl Receipts {
     async fn connect(socket: &Path) -> Result<Receipts> {
-        let client = Client::connect_unix(socket).await.with_context(|| {
-            format!(
-                "no receiptd answers at {} (is warren up?)",
-                socket.display()
-            )
-        })?;
+        let client = Client::connect_unix(socket)
+            .await
+            .with_context(|| crate::none_answers("receiptd", socket))?;
         let root = client
             .attach("operator", "")
             .await

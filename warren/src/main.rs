@@ -22,6 +22,7 @@ mod receipts;
 mod run;
 mod sh;
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -35,6 +36,46 @@ use clap::{CommandFactory, Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Where the daemons' sockets are: the warren this command talks to (default /run/warren).
+    #[arg(long, global = true, env = "WARREN_RUNTIME_DIR", value_name = "DIR")]
+    runtime_dir: Option<PathBuf>,
+    /// The daemons' databases (default /var/lib/warren); `warren up` passes it to them.
+    #[arg(long, global = true, env = "WARREN_DATA_DIR", value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// The signing and host keys (default /etc/warren/secrets).
+    #[arg(long, global = true, env = "WARREN_SECRETS_DIR", value_name = "DIR")]
+    secrets_dir: Option<PathBuf>,
+}
+
+impl Cli {
+    /// The directories from the global options (their environment variables are their
+    /// defaults), else warren's defaults. An empty value counts as none, as in
+    /// [`warren_daemon::Dirs::from_env`].
+    fn dirs(&self) -> warren_daemon::Dirs {
+        let pick = |given: &Option<PathBuf>, default: &str| {
+            given
+                .clone()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or_else(|| PathBuf::from(default))
+        };
+        warren_daemon::Dirs {
+            runtime: pick(&self.runtime_dir, warren_daemon::dirs::DEFAULT_RUNTIME),
+            data: pick(&self.data_dir, warren_daemon::dirs::DEFAULT_DATA),
+            secrets: pick(&self.secrets_dir, warren_daemon::dirs::DEFAULT_SECRETS),
+        }
+    }
+}
+
+/// What a command says when no daemon answers where it looked: where that was, and the two ways
+/// to reach a warren elsewhere or to start one. Only `warren up` starts daemons (and `warren
+/// demo`, in a directory of its own): a command that started them itself could bring up a
+/// second warren the operator never configured, its calls decided without their rules.
+pub(crate) fn none_answers(what: &str, socket: &Path) -> String {
+    format!(
+        "no {what} answers at {}: start warren with `warren up`, or point at the running one \
+         with --runtime-dir DIR (or WARREN_RUNTIME_DIR)",
+        socket.display()
+    )
 }
 
 #[derive(Subcommand)]
@@ -244,7 +285,7 @@ enum ReceiptsCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let dirs = warren_daemon::Dirs::from_env();
+    let dirs = cli.dirs();
     let result = match cli.command {
         Command::Up => warren_supervisor::up(&dirs),
         Command::Down { force } => {
@@ -281,7 +322,7 @@ fn main() -> ExitCode {
         Command::Export {
             listen,
             auth_deadline,
-        } => keys::export(&listen, auth_deadline.as_deref()),
+        } => keys::export(&dirs, &listen, auth_deadline.as_deref()),
         Command::Mcp(McpCommand::List) => mcp::list(),
         Command::Mcp(McpCommand::Add {
             name,

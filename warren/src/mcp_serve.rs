@@ -177,7 +177,7 @@ pub fn serve(dirs: &Dirs, args: &ServeArgs) -> Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
-    if let Err(status) = crate::run::ensure_nsd(dirs, "mcp serve") {
+    if let Err(status) = crate::run::require_nsd(dirs, "mcp serve") {
         return Ok(status);
     }
     if args.weaker_landlock {

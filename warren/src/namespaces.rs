@@ -52,7 +52,7 @@ impl NsTree {
         let client = tokio::time::timeout(Duration::from_secs(2), Client::connect_unix(&socket))
             .await
             .map_err(|_| anyhow::anyhow!("nsd did not answer at {} in time", socket.display()))?
-            .with_context(|| format!("no nsd answers at {} (is warren up?)", socket.display()))?;
+            .with_context(|| crate::none_answers("nsd", &socket))?;
         let root = client
             .attach("operator", "")
             .await

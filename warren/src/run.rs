@@ -2,7 +2,7 @@
 //! grant. This process never builds the namespace: nsd does, on its run socket
 //! (`warren_ns::launch`); here we only send the request with our stdio (or relay nsd's pty),
 //! answer the session's asks (`asks`), forward signals and exit with the command's status. With
-//! no daemons up, the standard set is started first, exactly as `warren up` would (same flock).
+//! no daemons up it fails, saying where it looked: only `warren up` starts them.
 
 use std::process::ExitCode;
 
@@ -54,7 +54,7 @@ fn run_invocation(
     asks: AsksMode,
     started: impl FnOnce(&warren_ns::launch::client::Launched),
 ) -> Result<ExitCode> {
-    if let Err(status) = ensure_nsd(dirs, "run") {
+    if let Err(status) = require_nsd(dirs, "run") {
         return Ok(status);
     }
     let follow_asks = |launched: &warren_ns::launch::client::Launched| {
@@ -71,30 +71,30 @@ fn run_invocation(
     )))
 }
 
-/// Brings the daemons up if nsd does not answer (the `warren up` code and flock). Err: the exit
-/// status, once the reason is said (`who` names the command in it).
-pub fn ensure_nsd(dirs: &Dirs, who: &str) -> Result<(), ExitCode> {
-    if !nsd_answers(dirs) {
-        match warren_supervisor::bring_up(dirs) {
-            Err(e) => {
-                eprintln!("warren: {who}: no daemons are up, and starting them failed: {e:#}");
-                return Err(ExitCode::from(125));
-            }
-            // Up, but nsd is not: the supervisor closed its sockets until its next try.
-            Ok(warren_supervisor::Up::Already(_)) if !nsd_answers(dirs) => {
-                let why = warren_supervisor::daemon_states(dirs)
-                    .unwrap_or_default()
-                    .iter()
-                    .find(|s| s.name == "nsd")
-                    .and_then(warren_supervisor::DaemonState::down_because)
-                    .unwrap_or_else(|| "its run socket does not answer".into());
-                eprintln!("warren: {who}: nsd is down: {why} (see `warren status`)");
-                return Err(ExitCode::from(125));
-            }
-            Ok(_) => {}
-        }
+/// Fails unless nsd answers on its run socket; never starts daemons (that is `warren up`'s
+/// alone: started here, they would be a second warren at whatever directories this process was
+/// given, without the operator's policy or key). Err: the exit status, once the reason is said
+/// (`who` names the command in it).
+pub fn require_nsd(dirs: &Dirs, who: &str) -> Result<(), ExitCode> {
+    if nsd_answers(dirs) {
+        return Ok(());
     }
-    Ok(())
+    match warren_supervisor::daemon_states(dirs) {
+        // Up, but nsd is not: the supervisor closed its sockets until its next try.
+        Some(states) => {
+            let why = states
+                .iter()
+                .find(|s| s.name == "nsd")
+                .and_then(warren_supervisor::DaemonState::down_because)
+                .unwrap_or_else(|| "its run socket does not answer".into());
+            eprintln!("warren: {who}: nsd is down: {why} (see `warren status`)");
+        }
+        None => eprintln!(
+            "warren: {who}: {}",
+            crate::none_answers("nsd", &warren_ns::launch::socket_path(dirs))
+        ),
+    }
+    Err(ExitCode::from(125))
 }
 
 /// Whether something listens on nsd's run socket (the supervisor binds it before nsd starts and

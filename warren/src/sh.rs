@@ -95,7 +95,7 @@ fn every_tool(dirs: &Dirs) -> Result<Vec<String>> {
     crate::namespaces::block_on(async {
         let client = warren_9p::Client::connect_unix(dirs.socket("tool"))
             .await
-            .context("no toolfs answers (is warren up?)")?;
+            .with_context(|| crate::none_answers("toolfs", &dirs.socket("tool")))?;
         let root = client.attach("operator", "").await?;
         let fid = root.walk(&["tools"]).await?;
         fid.open(warren_9p::oflags::RDONLY).await?;

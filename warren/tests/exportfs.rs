@@ -1111,3 +1111,76 @@ fn an_import_the_peer_drops_or_refuses_tells_the_operator_why() {
     assert!(err.to_lowercase().contains("refused"), "{err}");
     assert!(!err.contains("did not serve"), "{err}");
 }
+
+/// Attack (another user rewrites who may call this host): the peers file is trusted only as
+/// warren's own directories are. A config dir others may write to (0777: anyone could put their
+/// own peers file in its place), or a peers file that is a symlink, makes `warren export`
+/// refuse to start, saying why — where it used to serve the peers that file named.
+#[test]
+fn export_refuses_a_peers_file_in_a_shared_dir_or_behind_a_symlink() {
+    warren_test_support::kernel::require_root();
+    let base = tempfile::Builder::new()
+        .prefix("wpeers")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let w = Warren { base };
+    let a = keys_init(&w);
+    let export = |config: &Path| {
+        let mut child = w
+            .cmd(&["export", "--listen", "tcp!127.0.0.1!0"])
+            .env("WARREN_CONFIG_DIR", config)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        if !line.is_empty() {
+            child.kill().unwrap();
+        }
+        let out = child.wait_with_output().unwrap();
+        (
+            line,
+            out.status,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let entry = format!("a {a} tool:echo\n");
+
+    let shared = w.base.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    write_peers(&shared, &entry);
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let (listening, status, err) = export(&shared);
+    assert_eq!(
+        listening, "",
+        "exportfs served a peers file in a 0777 dir: {err}"
+    );
+    assert!(!status.success());
+    assert!(
+        err.contains(&shared.display().to_string()) && err.contains("others may write to"),
+        "{err}"
+    );
+
+    let linked = w.base.path().join("linked");
+    std::fs::create_dir(&linked).unwrap();
+    let elsewhere = w.base.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    write_peers(&elsewhere, &entry);
+    std::os::unix::fs::symlink(elsewhere.join("peers"), linked.join("peers")).unwrap();
+    let (listening, status, err) = export(&linked);
+    assert_eq!(
+        listening, "",
+        "exportfs read the peers file through a symlink: {err}"
+    );
+    assert!(!status.success());
+    assert!(err.contains("is a symlink"), "{err}");
+
+    // The same file in a directory of root's, not a symlink: served.
+    std::fs::remove_file(linked.join("peers")).unwrap();
+    write_peers(&linked, &entry);
+    let (listening, _, err) = export(&linked);
+    assert!(listening.starts_with("listening "), "{listening}: {err}");
+}

@@ -560,3 +560,234 @@ fn up_fails_cleanly_when_a_daemon_cannot_start() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not searchable by others"));
 }
+
+/// Every daemon process, of any binary, whose environment names `runtime` (none may exist
+/// where no `warren up` ran).
+fn daemons_of(runtime: &Path) -> Vec<(i32, PathBuf)> {
+    let want = format!("WARREN_RUNTIME_DIR={}", runtime.display());
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(exe) = std::fs::read_link(entry.path().join("exe")) else {
+            continue;
+        };
+        let is_daemon = exe
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("warren-"));
+        let env = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        if is_daemon && env.split(|&b| b == 0).any(|kv| kv == want.as_bytes()) {
+            found.push((pid, exe));
+        }
+    }
+    found
+}
+
+/// Attack (a stdio MCP client that passes its server only a whitelist of the environment):
+/// `warren run` and `warren mcp serve` that find no warren answering where they were pointed
+/// — by WARREN_RUNTIME_DIR or by --runtime-dir, at an empty directory — fail, saying where they
+/// looked and how to point elsewhere; they start no daemon and make no key, where they used to
+/// bring up a second warren of their own (a fresh key, the default policy).
+#[test]
+fn run_and_mcp_serve_with_no_warren_answering_fail_and_start_nothing() {
+    let w = Warren::new();
+    let runtime = w.runtime();
+    std::fs::create_dir(&runtime).unwrap();
+    let secrets = w.base.path().join("secrets");
+    let commands: [&[&str]; 2] = [
+        &["run", "--tool", "echo", "--", "/bin/true"],
+        &["mcp", "serve", "--tool", "echo"],
+    ];
+    for args in commands {
+        for by_option in [false, true] {
+            let mut cmd = w.cmd(&[]);
+            if by_option {
+                // The option over the environment: the variable names a directory elsewhere.
+                cmd.env("WARREN_RUNTIME_DIR", "/nonexistent/warren")
+                    .arg("--runtime-dir")
+                    .arg(&runtime);
+            }
+            cmd.args(args);
+            let out = cmd.stdin(std::process::Stdio::null()).output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(125), "warren {args:?}: {err}");
+            assert!(
+                err.contains(&runtime.display().to_string()) && err.contains("--runtime-dir"),
+                "warren {args:?} does not say where it looked and how to look elsewhere: {err}"
+            );
+            assert!(err.contains("warren up"), "{err}");
+            assert_eq!(
+                daemons_of(&runtime),
+                Vec::new(),
+                "warren {args:?} started daemons"
+            );
+            let left: Vec<_> = std::fs::read_dir(&runtime).unwrap().flatten().collect();
+            assert!(left.is_empty(), "warren {args:?} left {left:?} behind");
+            assert!(
+                !secrets.exists(),
+                "warren {args:?} made a secrets dir (a signing key)"
+            );
+        }
+    }
+    // With no variable and no option: the default, named as such.
+    let default = Path::new(warren_daemon::dirs::DEFAULT_RUNTIME);
+    assert!(
+        !default.join("ns.run").exists(),
+        "a warren runs at {} on this host: this test needs none there",
+        default.display()
+    );
+    let out = w
+        .cmd(&["run", "--tool", "echo", "--", "/bin/true"])
+        .env_remove("WARREN_RUNTIME_DIR")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(
+        err.contains(&default.join("ns.run").display().to_string())
+            && err.contains("--runtime-dir"),
+        "{err}"
+    );
+    assert_eq!(daemons_of(default), Vec::new());
+}
+
+/// `warren status` names every daemon warren may run — mcpfs and netproxy, which have no
+/// operator socket, and exportfs, which `warren up` never starts — and says of each whether it
+/// answers and works.
+#[test]
+fn status_lists_every_daemon_and_whether_it_works() {
+    let w = Warren::new();
+    let before = w.run(&["status"]);
+    assert!(!before.status.success());
+    let said = String::from_utf8_lossy(&before.stdout);
+    assert!(said.contains("not running"), "{said}");
+    w.ok(&["up"]);
+    let said = w.ok(&["status"]);
+    let names = [
+        "receiptd", "gate", "nsd", "toolfs", "mcpfs", "netproxy", "llmfs",
+    ];
+    for name in names {
+        assert!(
+            said.lines()
+                .any(|l| l.split_whitespace().take(2).eq([name, "up"])),
+            "status does not say {name} is up: {said}"
+        );
+    }
+    assert!(
+        said.lines().any(|l| l
+            .trim_start()
+            .starts_with("exportfs   not started by warren up")),
+        "{said}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&w.ok(&["status", "--json"])).unwrap();
+    let listed: Vec<&str> = json["daemons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            assert_eq!(d["works"], true, "{d}");
+            d["name"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(listed, names);
+    assert_eq!(json["others"][0]["name"], "exportfs");
+    assert_eq!(json["works"], true);
+}
+
+/// The data dir made anew (wiped, moved, a new disk) beside the secrets dir of an older log:
+/// `warren up` refuses, naming both, and leaves the key as it was and nothing running — where it
+/// used to say "up" over a receiptd that, failing to make a key where one exists, denied every
+/// call. And a receiptd that loses its key while up: `status` and `doctor` say it does not work,
+/// as the calls it denies show, where they used to say every socket answers and all is ok.
+#[test]
+fn up_status_and_doctor_tell_the_truth_when_receiptd_cannot_sign() {
+    let w = Warren::new();
+    w.ok(&["up"]);
+    let call = w.run(&["call", "echo", r#"{"x":1}"#]);
+    assert!(call.status.success(), "{call:?}");
+    w.ok(&["down"]);
+    let key = w.base.path().join("secrets/receiptd/signing.key");
+    let key_bytes = std::fs::read(&key).unwrap();
+    let data = w.base.path().join("data");
+    std::fs::rename(&data, w.base.path().join("data.moved")).unwrap();
+
+    let out = w.run(&["up"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "warren up said up: {err}");
+    assert!(
+        err.contains("receiptd cannot sign receipts")
+            && err.contains(&key.display().to_string())
+            && err.contains(&data.join("receiptd").display().to_string()),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(&key).unwrap(),
+        key_bytes,
+        "the key was changed"
+    );
+    assert!(
+        !w.runtime().join("warren.pid").exists(),
+        "a supervisor was left behind"
+    );
+    assert_eq!(daemons_of(&w.runtime()), Vec::new());
+
+    // The old data dir back: up, working, and what status and doctor say agrees with a call.
+    std::fs::remove_dir_all(&data).unwrap();
+    std::fs::rename(w.base.path().join("data.moved"), &data).unwrap();
+    w.ok(&["up"]);
+    w.ok(&["status"]);
+    let doctor = |w: &Warren| -> serde_json::Value {
+        let out = w.run(&["doctor", "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(out.status.success(), v["ready"].as_bool().unwrap(), "{v}");
+        v["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "daemons")
+            .cloned()
+            .expect("doctor checks the daemons when warren is up")
+    };
+    assert_eq!(doctor(&w)["state"], "ok");
+    w.ok(&["call", "echo", r#"{"x":2}"#]);
+
+    // The key gone while up; receiptd restarted finds its registry's key missing.
+    std::fs::rename(&key, w.base.path().join("signing.key.away")).unwrap();
+    let receiptd = daemon_pid(&w.runtime(), "warren-receiptd").unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(receiptd),
+        nix::sys::signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        let out = w.run(&["status"]);
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        if said.contains("receiptd   not working") {
+            assert!(!out.status.success(), "{said}");
+            break said;
+        }
+        assert!(Instant::now() < deadline, "status never said so: {said}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.contains("cannot sign receipts"), "{status}");
+    let check = doctor(&w);
+    assert_eq!(check["state"], "missing", "{check}");
+    assert!(
+        check["detail"]
+            .as_str()
+            .unwrap()
+            .contains("receiptd not working"),
+        "{check}"
+    );
+    let call = w.run(&["call", "echo", r#"{"x":3}"#]);
+    assert!(!call.status.success(), "a call ran while status said so");
+    let already = w.run(&["up"]);
+    assert!(!already.status.success());
+    assert!(
+        String::from_utf8_lossy(&already.stderr).contains("not working"),
+        "{already:?}"
+    );
+}

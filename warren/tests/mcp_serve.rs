@@ -937,8 +937,15 @@ fn client_configurations_parse_and_serve() {
     let (name, command) = from_cli;
     assert_eq!(name, "warren");
     assert_eq!(command[..3], ["warren", "mcp", "serve"]);
+    let at = command
+        .iter()
+        .position(|a| a == "--runtime-dir")
+        .expect("the snippet names the runtime dir: a client may pass no WARREN_RUNTIME_DIR");
+    assert_eq!(command[at + 1], "/run/warren");
 
-    // The command, with this test's spec for /etc/warren/agent.ns, serves that grant.
+    // The command, with this test's spec for /etc/warren/agent.ns and its runtime dir for
+    // /run/warren, serves that grant with none of warren's variables in its environment (as a
+    // client that passes only a whitelist starts it).
     let w = Warren::up();
     server_built();
     let project = tempfile::Builder::new()
@@ -952,11 +959,14 @@ fn client_configurations_parse_and_serve() {
         format!("mount tool /tool fs_read fs_list\ntool fs_read -r {dir}\ntool fs_list -r {dir}\n"),
     )
     .unwrap();
+    let runtime = w.runtime();
     let args: Vec<&str> = command[1..]
         .iter()
         .map(|a| {
             if a == "/etc/warren/agent.ns" {
                 spec.to_str().unwrap()
+            } else if a == "/run/warren" {
+                runtime.to_str().unwrap()
             } else {
                 a.as_str()
             }
@@ -964,6 +974,9 @@ fn client_configurations_parse_and_serve() {
         .collect();
     let child = w
         .cmd(&args)
+        .env_remove("WARREN_RUNTIME_DIR")
+        .env_remove("WARREN_DATA_DIR")
+        .env_remove("WARREN_SECRETS_DIR")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()

@@ -116,7 +116,7 @@ fn scopes(w: &Warren) -> Vec<String> {
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| l.trim_end_matches('/').to_string())
-        .filter(|s| !["append", "keys", "ctl"].contains(&s.as_str()))
+        .filter(|s| !warren_receiptd::receipt::RESERVED_NAMES.contains(&s.as_str()))
         .collect()
 }
 

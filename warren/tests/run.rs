@@ -295,32 +295,6 @@ fn nsd_builds_warren_runs_namespace_and_it_dies_with_the_launcher() {
     wait_until("it leaves /ns", || ns_ids(&w).is_empty());
 }
 
-/// `warren run` with no daemons up starts the standard set (the same flock as `warren up`),
-/// runs the command through nsd, and leaves the daemons up.
-#[test]
-fn warren_run_starts_the_daemons_when_none_are_up() {
-    warren_test_support::kernel::require_root();
-    warren_test_support::kernel::require_fuse();
-    let base = tempfile::Builder::new()
-        .prefix("wrup")
-        .tempdir_in("/tmp")
-        .unwrap();
-    let w = Warren { base };
-    let (code, out, err) = w.sh(
-        &["--asks", "operator", "--tool", "echo"],
-        "cut -f1 /tool/tools; exit 3",
-    );
-    assert_eq!(code, 3, "{err}");
-    assert_eq!(out, "echo\n");
-    let status = w.run(&["status"]);
-    assert!(
-        status.status.success(),
-        "daemons not up after warren run: {}",
-        String::from_utf8_lossy(&status.stdout)
-    );
-    assert!(w.runtime().join("ns.run").exists());
-}
-
 /// An operator namespace (`warren sh`'s, through `warren_ns::launch` with `operator: true`):
 /// `mount gate|receipts|ns` are the launcher's own connections to the operator sockets, so the
 /// namespace sees the operator's /ns (listing itself) and /receipts. Without the flag the same

@@ -130,16 +130,41 @@ fn valid_tool(name: &str) -> bool {
 }
 
 impl Peers {
-    /// Reads the peers file: it must belong to root (or to whoever runs this) and be writable
-    /// by its owner only, since it says who may call this host's tools. The text is read from
-    /// the handle whose owner and mode were checked, never from the path a second time.
+    /// Reads the peers file: it and its directory must belong to root (or to whoever runs this)
+    /// and be writable by their owner only, since it says who may call this host's tools. The
+    /// directory is checked as warren checks its own (`warren_daemon::dirs::open_checked_dir`:
+    /// no symlink, no ancestor another user could rename), the file is opened from that
+    /// directory's fd without following a symlink, and its text is read from the handle whose
+    /// owner and mode were checked, never from the path a second time.
     pub fn load(path: &Path) -> io::Result<Peers> {
         let named =
             |e: io::Error| io::Error::new(e.kind(), format!("read {}: {e}", path.display()));
-        let mut file = std::fs::File::open(path).map_err(named)?;
-        let meta = file.metadata().map_err(named)?;
         let me = nix::unistd::geteuid().as_raw();
-        if (meta.uid() != 0 && meta.uid() != me) || meta.mode() & 0o022 != 0 {
+        let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+            return Err(named(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a file's path",
+            )));
+        };
+        let dir = warren_daemon::dirs::open_checked_dir(dir, me).map_err(named)?;
+        let flags = nix::fcntl::OFlag::O_RDONLY
+            | nix::fcntl::OFlag::O_NOFOLLOW
+            | nix::fcntl::OFlag::O_CLOEXEC
+            | nix::fcntl::OFlag::O_NONBLOCK;
+        let mut file = nix::fcntl::openat(&dir, name, flags, nix::sys::stat::Mode::empty())
+            .map(std::fs::File::from)
+            .map_err(|e| match e {
+                nix::errno::Errno::ELOOP => io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "{} is a symlink: the peers file is never read through one",
+                        path.display()
+                    ),
+                ),
+                e => named(e.into()),
+            })?;
+        let meta = file.metadata().map_err(named)?;
+        if !meta.is_file() || (meta.uid() != 0 && meta.uid() != me) || meta.mode() & 0o022 != 0 {
             return Err(io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 format!(
