@@ -80,17 +80,18 @@ fn main() -> ExitCode {
         Ok(end) => {
             match &end {
                 End::Finished(answer) => {
-                    eprintln!("agent: finished");
+                    agent::say("finished");
                     // The model's words reach a terminal: controls and the like escaped.
                     println!("{}", warren_daemon::escape::escaped_lines(answer));
                 }
-                End::Budget(which) => eprintln!("agent: stopped: the {which} budget is spent"),
-                End::ModelError(e) => eprintln!("agent: stopped: the model failed: {e}"),
+                End::Budget(which) => agent::say(&format!("stopped: the {which} budget is spent")),
+                // The backend's or llmfs's words: escaped like every other line.
+                End::ModelError(e) => agent::say(&format!("stopped: the model failed: {e}")),
             }
             ExitCode::from(end.status())
         }
         Err(e) => {
-            eprintln!("agent: {e:#}");
+            agent::say(&format!("{e:#}"));
             ExitCode::from(3)
         }
     }

@@ -272,6 +272,56 @@ fn check_own_file(path: &Path, meta: &std::fs::Metadata) -> io::Result<()> {
     Ok(())
 }
 
+/// Creates, or empties, a file warren writes for the operator at a path the operator named (a
+/// transcript, a manual page): the one way the front door makes such a file. The path may be
+/// in a directory someone else can write to (an agent's output directory), so nothing there is
+/// trusted: the open does not follow a symlink (`O_NOFOLLOW`) nor block on a FIFO
+/// (`O_NONBLOCK`), and does not truncate; what it opened is then checked by its fd — a regular
+/// file of the caller's, with no other name (one link) — and only then emptied and given
+/// `mode`. Anything else is refused with an error naming the path, and left as it was.
+pub fn create_operator_file(path: &Path, mode: u32) -> io::Result<File> {
+    let refuse = |why: &str| {
+        io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{}: {why}: refusing to write it", path.display()),
+        )
+    };
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .mode(mode)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => refuse("is a symbolic link"),
+            Some(libc::EISDIR) => refuse("is a directory"),
+            // O_NONBLOCK: a FIFO with no reader, or a device with nothing behind it.
+            Some(libc::ENXIO) => refuse("is not a regular file"),
+            _ => io::Error::new(e.kind(), format!("create {}: {e}", path.display())),
+        })?;
+    let st = fstat(&file).map_err(|e| with_path(e, "stat", path))?;
+    let me = nix::unistd::geteuid().as_raw();
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(refuse("is not a regular file"));
+    }
+    if st.st_uid != me {
+        return Err(refuse(&format!(
+            "belongs to uid {}, not to uid {me}",
+            st.st_uid
+        )));
+    }
+    if st.st_nlink != 1 {
+        return Err(refuse(&format!(
+            "has {} names (hard links), so it is also another file",
+            st.st_nlink
+        )));
+    }
+    file.set_len(0)
+        .map_err(|e| io::Error::new(e.kind(), format!("empty {}: {e}", path.display())))?;
+    fchmod(&file, Mode::from_bits_truncate(mode)).map_err(|e| with_path(e, "chmod", path))?;
+    Ok(file)
+}
+
 /// Write permission for others, or for a group other than root's.
 fn writable_by_others(st: &FileStat) -> bool {
     st.st_mode & 0o002 != 0 || (st.st_mode & 0o020 != 0 && st.st_gid != 0)
@@ -286,6 +336,54 @@ fn with_path(e: Errno, what: &str, path: &Path) -> io::Error {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    /// A symlink, a directory, a FIFO, a hard link or another uid's file at an operator's output
+    /// path is refused, and left as it was; a file of the caller's is emptied and given its mode.
+    #[test]
+    fn an_operators_output_file_is_never_written_through_anything_planted() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "keep me\n").unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, Mode::from_bits_truncate(0o600)).unwrap();
+        let hard = dir.path().join("hard");
+        std::fs::hard_link(&victim, &hard).unwrap();
+        for (path, why) in [
+            (&link, "is a symbolic link"),
+            (&dir.path().to_path_buf(), "is a directory"),
+            (&fifo, "is not a regular file"),
+            (&hard, "names (hard links)"),
+        ] {
+            let e = create_operator_file(path, 0o600).unwrap_err();
+            assert!(e.to_string().contains(why), "{}: {e}", path.display());
+        }
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep me\n");
+        assert_eq!(
+            std::fs::metadata(&victim).unwrap().permissions().mode() & 0o7777,
+            0o644
+        );
+        let out = dir.path().join("out");
+        std::fs::write(&out, "old content").unwrap();
+        let mut f = create_operator_file(&out, 0o600).unwrap();
+        f.write_all(b"new").unwrap();
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "new");
+        assert_eq!(
+            std::fs::metadata(&out).unwrap().permissions().mode() & 0o7777,
+            0o600
+        );
+        if nix::unistd::geteuid().is_root() {
+            let theirs = dir.path().join("theirs");
+            std::fs::write(&theirs, "theirs").unwrap();
+            nix::unistd::chown(&theirs, Some(65534.into()), None).unwrap();
+            let e = create_operator_file(&theirs, 0o600).unwrap_err();
+            assert!(e.to_string().contains("belongs to uid 65534"), "{e}");
+            assert_eq!(std::fs::read_to_string(&theirs).unwrap(), "theirs");
+        }
+    }
 
     const STRANGER: u32 = 4242;
 

@@ -88,3 +88,14 @@ pub fn pidfd_namespace(pidfd: BorrowedFd<'_>, which: libc::c_ulong) -> io::Resul
     // SAFETY: an argument-less ioctl on a valid pidfd; returns a new fd.
     owned(unsafe { libc::ioctl(pidfd.as_raw_fd(), which as _, 0) } as libc::c_long)
 }
+
+/// SIGPIPE back to its default action (the Rust runtime ignores it, so a write to a closed pipe
+/// fails with EPIPE and `println!` panics on it). A command-line program then ends as coreutils
+/// do when the reader of its output goes away (`warren keys init | head -1`): killed by SIGPIPE,
+/// quietly. Called first thing in `main`, before any thread exists.
+pub fn default_sigpipe() -> io::Result<()> {
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    // SAFETY: SIG_DFL installs no handler, so no handler can run with broken invariants.
+    unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) }?;
+    Ok(())
+}

@@ -34,6 +34,46 @@ fn versions_of(root: &Path) -> Vec<Vec<String>> {
     files
 }
 
+/// The result names where the file landed, as the kernel resolved it (`RESOLVE_IN_ROOT`), not
+/// the argument as written: `..` at the root is clamped there, so `/repo/docs/../.git/hooks/x`
+/// lands at, and is reported as, `/repo/docs/.git/hooks/x`; a symlinked directory is named as
+/// its target; fs_edit says the same.
+#[tokio::test]
+async fn a_write_names_the_path_it_resolved_not_the_argument() {
+    let scratch = Scratch::new();
+    let docs = scratch.worker_dir("docs");
+    scratch.worker_dir("docs/real/sub");
+    symlink("real", docs.join("link")).unwrap();
+    let w = spawn("fs_write", &[("/repo/docs", &docs, true)]);
+    let out = call(
+        &w,
+        json!({"path": "/repo/docs/../.git/hooks/pre-push", "content": "x", "create_dirs": true}),
+    )
+    .await;
+    assert_eq!(
+        assert_ok(&out),
+        "created /repo/docs/.git/hooks/pre-push (1 bytes)"
+    );
+    assert!(docs.join(".git/hooks/pre-push").is_file());
+    let out = call(&w, json!({"path": "real/../../../b.txt", "content": "y"})).await;
+    assert_eq!(assert_ok(&out), "created /repo/docs/b.txt (1 bytes)");
+    let out = call(&w, json!({"path": "link/sub/c.txt", "content": "z"})).await;
+    assert_eq!(
+        assert_ok(&out),
+        "created /repo/docs/real/sub/c.txt (1 bytes)"
+    );
+    let edit = spawn("fs_edit", &[("/repo/docs", &docs, true)]);
+    let out = call(
+        &edit,
+        json!({"path": "/repo/docs/link/../../real/sub/c.txt", "old": "z", "new": "zz"}),
+    )
+    .await;
+    assert_eq!(
+        assert_ok(&out),
+        "replaced /repo/docs/real/sub/c.txt (2 bytes)"
+    );
+}
+
 #[tokio::test]
 async fn fs_write_creates_and_replaces_keeping_owner_and_mode() {
     let scratch = Scratch::new();
@@ -42,7 +82,7 @@ async fn fs_write_creates_and_replaces_keeping_owner_and_mode() {
 
     assert_eq!(
         assert_ok(&call(&w, json!({"path": "new.txt", "content": "one"})).await),
-        "created new.txt (3 bytes)"
+        "created /r/new.txt (3 bytes)"
     );
     assert_eq!(
         std::fs::read_to_string(repo.join("new.txt")).unwrap(),

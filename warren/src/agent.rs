@@ -171,11 +171,11 @@ pub fn agent_then(
         );
         return Ok(ExitCode::from(125));
     }
-    // The agent runs as a uid of its own: it may append to the transcript, not read it back.
-    if let Some(t) = &args.transcript {
-        std::fs::File::create(t).with_context(|| format!("create {}", t.display()))?;
-        std::fs::set_permissions(t, std::fs::Permissions::from_mode(0o622))?;
-    }
+    // Refused now, before anything runs, if anything but a file of the operator's is there.
+    let transcript = match &args.transcript {
+        Some(t) => Some(Transcript::prepare(t)?),
+        None => None,
+    };
     let run = args.run_args();
     // The operator's spec, for the agent to tell its model (readable by the agent's uid).
     let operator_spec = match run.spec() {
@@ -195,7 +195,7 @@ pub fn agent_then(
         &args.context,
         &agentd,
         grant.path(),
-        args.transcript.as_deref(),
+        transcript.as_ref().map(|t| t.bound.as_path()),
     ) {
         Ok(s) => s,
         Err(e) => {
@@ -212,8 +212,53 @@ pub fn agent_then(
         );
         started(launched);
     });
-    if let Some(t) = &args.transcript {
-        std::fs::set_permissions(t, std::fs::Permissions::from_mode(0o600))?;
+    if let Some(t) = transcript {
+        t.finish()?;
     }
     status
+}
+
+/// `--transcript FILE`. The agent runs as a uid of its own and appends to a file warren made
+/// in a directory of its own (mkdtemp: 0700, root's), which is what the spec binds: nothing the
+/// agent or anyone else can reach by name, so no symlink or swap in the operator's directory
+/// can redirect the bind. The operator's FILE is opened at the start by
+/// [`warren_daemon::dirs::create_operator_file`] (refused if anything but a file of the
+/// operator's is there) and gets the transcript when the run ends; it is never opened to others.
+struct Transcript {
+    operator: std::fs::File,
+    operator_path: PathBuf,
+    /// The file the agent writes (0622: it may append, not read back), and its directory.
+    bound: PathBuf,
+    _private: tempfile::TempDir,
+}
+
+impl Transcript {
+    fn prepare(path: &Path) -> Result<Transcript> {
+        let operator = warren_daemon::dirs::create_operator_file(path, 0o600)?;
+        let private = tempfile::Builder::new()
+            .prefix("warren-agent-transcript")
+            .tempdir_in(std::env::temp_dir())?;
+        let bound = private.path().join("transcript.jsonl");
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&bound)
+            .with_context(|| format!("create {}", bound.display()))?;
+        // Set by the fd, past the umask.
+        file.set_permissions(std::fs::Permissions::from_mode(0o622))?;
+        Ok(Transcript {
+            operator,
+            operator_path: path.to_owned(),
+            bound,
+            _private: private,
+        })
+    }
+
+    /// Copies what the agent wrote into the operator's file (through the fd opened at the start).
+    fn finish(mut self) -> Result<()> {
+        let mut written = std::fs::File::open(&self.bound)?;
+        std::io::copy(&mut written, &mut self.operator)
+            .with_context(|| format!("write {}", self.operator_path.display()))?;
+        Ok(())
+    }
 }

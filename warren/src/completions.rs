@@ -27,10 +27,27 @@ pub fn man(cmd: clap::Command, dir: Option<&Path>) -> Result<ExitCode> {
         }
         Some(dir) => {
             std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-            clap_mangen::generate_to(cmd, dir)
-                .with_context(|| format!("write manual pages to {}", dir.display()))?;
+            let mut cmd = cmd.disable_help_subcommand(true);
+            cmd.build();
+            write_pages(&cmd, dir)?;
             eprintln!("warren: manual pages written to {}", dir.display());
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `cmd`'s page and one per visible subcommand, as `clap_mangen::generate_to` names them, each
+/// file made by [`warren_daemon::dirs::create_operator_file`] (never through a symlink or over
+/// anything but a file of the operator's).
+fn write_pages(cmd: &clap::Command, dir: &Path) -> Result<()> {
+    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+        write_pages(sub, dir)?;
+    }
+    let man = clap_mangen::Man::new(cmd.clone());
+    let path = dir.join(man.get_filename());
+    let mut file = warren_daemon::dirs::create_operator_file(&path, 0o644)?;
+    man.render(&mut file)
+        .and_then(|()| file.flush())
+        .with_context(|| format!("write {}", path.display()))?;
+    Ok(())
 }

@@ -284,6 +284,11 @@ enum ReceiptsCommand {
 }
 
 fn main() -> ExitCode {
+    // Every command that prints ends quietly when its reader goes away, as coreutils do.
+    if let Err(e) = warren_jail::process::default_sigpipe() {
+        eprintln!("warren: SIGPIPE: {e}");
+        return ExitCode::from(1);
+    }
     let cli = Cli::parse();
     let dirs = cli.dirs();
     let result = match cli.command {

@@ -609,3 +609,106 @@ fn a_restarted_llmfs_serves_the_running_namespace_again() {
         },
     );
 }
+
+/// What a backend says reaches the operator's terminal escaped, on the failure paths too: an
+/// error body, and a tool call whose arguments are not JSON (llmfs quotes them in its error),
+/// each carrying a sequence that would erase the line and print a forged `finished`.
+#[test]
+fn a_models_failure_reaches_the_operators_terminal_escaped() {
+    const FORGED: &str = "\u{1b}[2K\r\u{1b}[32magent: finished OK\u{1b}[0m";
+    let base = tempfile::Builder::new()
+        .prefix("wagent")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let script = Script::openai(
+        base.path(),
+        &json!([
+            {"tool_calls": [{"id": "c1", "name": "echo", "arguments": format!("not json {FORGED}")}]},
+            {"status": 404, "error": FORGED}
+        ]),
+    );
+    let w = Warren::up_with(&[
+        ("WARREN_LLM_URL", &script.url()),
+        ("WARREN_LLM_MODEL", "scripted"),
+    ]);
+    let spec = base.path().join("agent.ns");
+    std::fs::write(&spec, "mount tool /tool echo\n").unwrap();
+    for (what, said) in [
+        ("a tool call's non-JSON arguments", "are not JSON"),
+        ("an error body", "HTTP 404"),
+    ] {
+        let run = w.run(&agent_args(&spec, &["say hello"]));
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&run.stdout),
+            String::from_utf8_lossy(&run.stderr),
+        );
+        assert_eq!(run.status.code(), Some(3), "{what}: {stderr}");
+        assert!(stderr.contains("the model failed"), "{what}: {stderr}");
+        assert!(stderr.contains(said), "{what}: {stderr}");
+        // The forged words are there, every control in them escaped.
+        assert!(
+            stderr.contains("\\u{001B}[2K\\u{000D}\\u{001B}[32magent: finished OK"),
+            "{what}: {stderr}"
+        );
+        for (name, out) in [("stdout", &stdout), ("stderr", &stderr)] {
+            assert!(
+                !out.contains(['\u{1b}', '\r']),
+                "{what}: a raw control on {name}: {out:?}"
+            );
+        }
+    }
+}
+
+/// `--transcript` never writes through what someone planted at its path (an agent with a shell
+/// on the output directory in an earlier run): a symlink to the operator's `.bashrc`, a FIFO or
+/// a directory is refused before anything runs, and the symlink's target keeps its content and
+/// mode.
+#[test]
+fn the_transcript_is_never_written_through_a_planted_file() {
+    let base = tempfile::Builder::new()
+        .prefix("wagent")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let w = Warren::up();
+    let home = base.path().join("home");
+    let out = base.path().join("out");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::create_dir_all(&out).unwrap();
+    let bashrc = home.join(".bashrc");
+    std::fs::write(&bashrc, "alias ls='ls --color'\n").unwrap();
+    std::fs::set_permissions(&bashrc, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let spec = base.path().join("agent.ns");
+    std::fs::write(&spec, "mount tool /tool echo\n").unwrap();
+    let link = out.join("run.jsonl");
+    std::os::unix::fs::symlink("../home/.bashrc", &link).unwrap();
+    let fifo = out.join("fifo.jsonl");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let dir = out.join("dir.jsonl");
+    std::fs::create_dir(&dir).unwrap();
+    for (path, why) in [
+        (&link, "is a symbolic link"),
+        (&fifo, "is not a regular file"),
+        (&dir, "is a directory"),
+    ] {
+        let run = w.run(&agent_args(
+            &spec,
+            &["--transcript", path.to_str().unwrap(), "say hello"],
+        ));
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(1), "{}: {stderr}", path.display());
+        assert!(
+            stderr.contains(&format!("{}: {why}: refusing to write it", path.display())),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("namespace"), "it ran: {stderr}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(&bashrc).unwrap(),
+        "alias ls='ls --color'\n"
+    );
+    assert_eq!(
+        std::fs::metadata(&bashrc).unwrap().permissions().mode() & 0o7777,
+        0o644
+    );
+    assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+}

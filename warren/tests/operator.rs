@@ -125,6 +125,84 @@ fn the_man_page_names_every_subcommand_and_renders() {
     assert!(text.contains("--follow"), "{text}");
 }
 
+/// `warren man --dir` never writes a page through what someone planted in the directory: a
+/// symlink at `warren.1` (to the operator's `.bashrc`) or a FIFO at a subcommand's page is
+/// refused with the path named, and the symlink's target keeps its content and mode.
+#[test]
+fn man_pages_are_never_written_through_a_planted_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let base = tempfile::tempdir().unwrap();
+    let bashrc = base.path().join(".bashrc");
+    std::fs::write(&bashrc, "alias ls='ls --color'\n").unwrap();
+    std::fs::set_permissions(&bashrc, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let dir = base.path().join("man");
+    std::fs::create_dir(&dir).unwrap();
+    std::os::unix::fs::symlink(&bashrc, dir.join("warren.1")).unwrap();
+    let out = warren().args(["man", "--dir"]).arg(&dir).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{}: is a symbolic link: refusing to write it",
+            dir.join("warren.1").display()
+        )),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&bashrc).unwrap(),
+        "alias ls='ls --color'\n"
+    );
+    assert_eq!(
+        std::fs::metadata(&bashrc).unwrap().permissions().mode() & 0o7777,
+        0o644
+    );
+    let fifo_dir = base.path().join("man2");
+    std::fs::create_dir(&fifo_dir).unwrap();
+    let fifo = fifo_dir.join("warren-log.1");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let out = warren()
+        .args(["man", "--dir"])
+        .arg(&fifo_dir)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("{}: is not a regular file", fifo.display())),
+        "{stderr}"
+    );
+}
+
+/// A command whose reader goes away (`warren keys init | head -1`) ends as coreutils do: killed
+/// by SIGPIPE, quietly, with no panic. The pipe's read end is closed before the command starts,
+/// so its first write meets a closed pipe.
+#[test]
+fn a_command_whose_reader_goes_away_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let secrets = tempfile::tempdir().unwrap();
+    let runs: [&[&str]; 3] = [&["keys", "init"], &["man"], &["completions", "bash"]];
+    for args in runs {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = warren()
+            .args(args)
+            .env("WARREN_SECRETS_DIR", secrets.path().join("secrets"))
+            .stdout(writer)
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "warren {args:?}: {stderr}");
+        assert_eq!(
+            out.status.signal(),
+            Some(nix::libc::SIGPIPE),
+            "warren {args:?}: {:?} {stderr}",
+            out.status
+        );
+        assert!(stderr.is_empty(), "warren {args:?}: {stderr}");
+    }
+}
+
 /// The shipped unit runs a real binary with a real subcommand, sets exactly the directories the
 /// code reads (with the code's defaults), and passes `systemd-analyze verify`.
 #[test]

@@ -18,7 +18,7 @@ use nix::sys::stat::{FileStat, Mode, SFlag, fchmod, fstat, fstatat, mkdirat};
 use nix::unistd::{Gid, Uid, UnlinkatFlags, fchown, fsync, unlinkat};
 use warren_daemon::escape::escape_bytes;
 
-use super::resolve::{Target, describe, join, kind, open_in_root, require_regular};
+use super::resolve::{Target, describe, join, kind, open_in_root, require_regular, resolved_path};
 use super::{elision, versions};
 
 /// The largest file these tools replace or write (an existing file is read whole, for the
@@ -33,6 +33,9 @@ const NEW_DIR_MODE: u32 = 0o755;
 pub struct Replaced {
     pub bytes: usize,
     pub created: bool,
+    /// The file's path as resolved (`resolve::resolved_path` of its parent, and its name), in
+    /// the escaping rule's form: what the result names, not the argument as written.
+    pub path: String,
 }
 
 /// Replaces the file `target` names with what `make_new` returns given the current content
@@ -62,6 +65,12 @@ pub fn replace_file(
         ));
     }
     let parent = open_parent(target, parent_components, create_dirs)?;
+    let path = resolved_path(target.root, &parent)
+        .map(|dir| {
+            let sep = if dir.ends_with('/') { "" } else { "/" };
+            format!("{dir}{sep}{}", escape_bytes(name.as_encoded_bytes()))
+        })
+        .map_err(|e| format!("{}: where it resolved: {}", target.shown, e.desc()))?;
     let existing = read_existing(&parent, name, &target.shown)?;
     let old_text = existing
         .as_ref()
@@ -121,6 +130,7 @@ pub fn replace_file(
     Ok(Replaced {
         bytes: new.len(),
         created: existing.is_none(),
+        path,
     })
 }
 

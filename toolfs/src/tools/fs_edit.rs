@@ -54,5 +54,5 @@ fn edit(ctx: &ToolContext, args: &Args) -> Result<String, String> {
             )),
         }
     })?;
-    Ok(summary(&target.shown, &done))
+    Ok(summary(&done))
 }

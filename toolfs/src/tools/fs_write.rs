@@ -28,11 +28,11 @@ fn write(ctx: &ToolContext, args: Args) -> Result<String, String> {
     let done = replace_file(&target, args.create_dirs, |_old| {
         Ok((content.clone().into_bytes(), content.clone()))
     })?;
-    Ok(summary(&target.shown, &done))
+    Ok(summary(&done))
 }
 
-/// The result line both writing tools give.
-pub fn summary(shown: &str, done: &Replaced) -> String {
+/// The result line both writing tools give: the path the file was written at, as resolved.
+pub fn summary(done: &Replaced) -> String {
     let verb = if done.created { "created" } else { "replaced" };
-    format!("{verb} {shown} ({} bytes)", done.bytes)
+    format!("{verb} {} ({} bytes)", done.path, done.bytes)
 }

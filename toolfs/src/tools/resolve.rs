@@ -243,3 +243,61 @@ pub fn describe(errno: Errno, shown: &str) -> String {
         other => format!("{shown}: {}", other.desc()),
     }
 }
+
+/// How deep below its root a directory's name is looked for (a bound on the walk up).
+const MAX_DEPTH: usize = 4096;
+
+/// Where `dir` (resolved in `root`) really is, named as the root's path plus the names below it
+/// (escaping rule's form): found by walking up from the fd (`..`, then the entry of the parent
+/// that is the directory just left) until the root, so it is the path the kernel resolved —
+/// `docs/../.git` at a root `…/docs` is `…/docs/.git`, a symlink is named as its target — not
+/// the argument as written.
+pub fn resolved_path(root: &RootDir, dir: &OwnedFd) -> Result<String, Errno> {
+    let root_st = fstat(&root.fd)?;
+    let mut st = fstat(dir)?;
+    let mut here = dir.try_clone().map_err(|_| Errno::EBADF)?;
+    let mut names: Vec<Vec<u8>> = Vec::new();
+    for _ in 0..MAX_DEPTH {
+        if (st.st_dev, st.st_ino) == (root_st.st_dev, root_st.st_ino) {
+            let mut path = root.path.as_bytes().to_vec();
+            for n in names.iter().rev() {
+                if !path.ends_with(b"/") {
+                    path.push(b'/');
+                }
+                path.extend_from_slice(n);
+            }
+            return Ok(escape_bytes(&path));
+        }
+        let up = nix::fcntl::openat(
+            &here,
+            "..",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            nix::sys::stat::Mode::empty(),
+        )?;
+        let mut entries = nix::dir::Dir::from_fd(up.try_clone().map_err(|_| Errno::EBADF)?)?;
+        let mut found = None;
+        for entry in entries.iter() {
+            let entry = entry?;
+            let name = entry.file_name().to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            // Compared by stat, not d_ino: a mount point's entry has the covered inode's.
+            match nix::sys::stat::fstatat(
+                &up,
+                entry.file_name(),
+                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+            ) {
+                Ok(s) if (s.st_dev, s.st_ino) == (st.st_dev, st.st_ino) => {
+                    found = Some(name.to_vec());
+                    break;
+                }
+                _ => {}
+            }
+        }
+        names.push(found.ok_or(Errno::ENOENT)?);
+        st = fstat(&up)?;
+        here = up;
+    }
+    Err(Errno::ELOOP)
+}
