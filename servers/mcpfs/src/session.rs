@@ -375,7 +375,8 @@ impl Session {
         self.tools_changed.swap(false, Ordering::AcqRel)
     }
 
-    /// Every tool the server lists (all pages), each made a [`Definition`] or refused. Bounded,
+    /// Every tool the server lists (all pages), each made a [`Definition`] or refused (a name
+    /// listed twice is refused each time: [`Definition::from_listings`]). Bounded,
     /// so a hostile server cannot grow mcpfs (which serves every server) without end: at most
     /// [`MAX_TOOLS`] tools over [`MAX_LIST_PAGES`] pages and [`MAX_LISTING_BYTES`] in all, all
     /// within `deadline`.
@@ -402,9 +403,7 @@ impl Session {
                     "the tool listing is over {MAX_LISTING_BYTES} bytes"
                 )));
             }
-            for t in v["tools"].as_array().into_iter().flatten() {
-                tools.push(Definition::from_listing(t));
-            }
+            tools.extend(v["tools"].as_array().into_iter().flatten().cloned());
             if tools.len() > MAX_TOOLS {
                 return Err(SessionError::Malformed(format!(
                     "the server lists more than {MAX_TOOLS} tools"
@@ -412,7 +411,7 @@ impl Session {
             }
             match v.get("nextCursor").and_then(Value::as_str) {
                 Some(next) if !next.is_empty() => cursor = Some(next.to_string()),
-                _ => return Ok(tools),
+                _ => return Ok(Definition::from_listings(&tools)),
             }
         }
         Err(SessionError::Malformed(format!(
