@@ -101,6 +101,12 @@ pub fn pins_path(dir: &Path, name: &str) -> std::path::PathBuf {
     dir.join(format!("{name}.pins"))
 }
 
+/// Where `warren mcp check` records what it showed the operator of server `name` (the digest of
+/// each tool), for `warren mcp accept` to accept from.
+pub fn shown_path(dir: &Path, name: &str) -> std::path::PathBuf {
+    dir.join(format!("{name}.checked"))
+}
+
 /// A server name is a file name, a gate-name component and a path component at once.
 pub fn valid_name(name: &str) -> bool {
     !name.is_empty()

@@ -91,11 +91,12 @@ impl ToolDef {
     }
 }
 
-/// A tool's name is a file name in its tree, beside `tools`.
+/// A tool's name is a file name in its tree, beside the names the tree serves itself
+/// ([`crate::tree::RESERVED_NAMES`]).
 fn check_file_name(name: &str) -> Result<(), String> {
     if name.is_empty()
         || name.len() > 128
-        || name == "tools"
+        || crate::tree::RESERVED_NAMES.contains(&name)
         || name == "."
         || name == ".."
         || name.chars().any(|c| c == '/' || c.is_control())

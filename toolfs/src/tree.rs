@@ -66,6 +66,11 @@ pub trait ResourceFiles: Send + Sync {
 /// The name of the directory of a resource's MCP form.
 const RESOURCES_MCP: &str = "resources.mcp";
 
+/// The names the tree itself serves beside the tools (`tools`, and a whole-server mount's
+/// `resources` and `resources.mcp`): no tool may be named one of them, or it would be shadowed
+/// (or shadow) in one tree and not in another.
+pub const RESERVED_NAMES: [&str; 3] = ["tools", "resources", RESOURCES_MCP];
+
 const DIR_FILES: [&str; 3] = ["doc", "schema", "call"];
 
 /// State of one fid.
@@ -223,7 +228,6 @@ impl ToolTree {
         match (node, name) {
             (Node::Root, "..") => Some(Node::Root),
             (Node::Dir(_) | Node::Resources(_), "..") => Some(Node::Root),
-            // A tool named `resources` or `resources.mcp` is shadowed by the directory.
             (Node::Root, "resources") if self.resources.is_some() => {
                 Some(Node::Resources(ResultForm::Envelope))
             }

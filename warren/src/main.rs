@@ -262,9 +262,12 @@ enum McpCommand {
         replace: bool,
     },
     /// Start a server the way warren does (confined by its own spec) and list its tools:
-    /// name, tier, whether its definition is accepted, digest, description.
+    /// name, tier, whether its definition is accepted, TOOL@sha256:… (what `accept` takes),
+    /// description. What it shows is recorded for `accept`.
     Check { name: String },
-    /// Pin the tool definitions a server lists now (every tool, or those named).
+    /// Pin tool definitions you were shown: each TOOL@sha256:… as `check` printed it, or for
+    /// a bare TOOL (every tool when none is named) the digest `check` last showed. Refused,
+    /// with nothing pinned, when the server now lists another definition.
     Accept { name: String, tools: Vec<String> },
     /// Serve a namespace's grant to an MCP client on stdin/stdout: built by nsd from the
     /// flags, the server runs inside it; its asks wait for `warren approvals`.

@@ -4,7 +4,9 @@
 //! tool definitions the operator accepted are pinned beside it in `<name>.pins`. `check` starts
 //! a stdio server the only way warren ever starts one — in a namespace of its own that nsd
 //! builds from the file's `spec`, speaking MCP on pipes — lists its tools with their tier and
-//! digest and says where each stands against the pins. `accept` pins what `check` shows.
+//! digest and says where each stands against the pins. `accept` pins only what the operator
+//! was shown: a `TOOL@sha256:…` token `check` printed, or a digest from `check`'s record of what
+//! it showed (`<name>.checked`), and only while the server still lists that very definition.
 
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
@@ -14,12 +16,13 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use warren_daemon::Dirs;
 use warren_mcpfs::config::Transport;
+use warren_mcpfs::pins::Shown;
 use warren_mcpfs::{Definition, Pins, ServerConfig, Session, Standing};
 
 /// How long a server has to answer the handshake and its listing.
 const DEADLINE: Duration = Duration::from_secs(30);
 
-use warren_mcpfs::config::{config_dir, pins_path};
+use warren_mcpfs::config::{config_dir, pins_path, shown_path};
 
 /// `warren mcp list`: each defined server, how it is reached, and how many tools are pinned.
 pub fn list() -> Result<ExitCode> {
@@ -86,7 +89,7 @@ pub fn add(name: &str, definition: &std::path::Path, replace: bool) -> Result<Ex
     std::fs::set_permissions(&tmp, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
     std::fs::rename(&tmp, &target).with_context(|| format!("installing {}", target.display()))?;
     println!(
-        "defined {name} in {}; `warren mcp check {name}` lists its tools, `warren mcp accept {name}` pins them",
+        "defined {name} in {}; `warren mcp check {name}` lists its tools, `warren mcp accept {name}` pins what it showed",
         target.display()
     );
     Ok(ExitCode::SUCCESS)
@@ -164,44 +167,156 @@ fn standing_word(s: &Standing) -> &'static str {
     }
 }
 
-/// `warren mcp check NAME`: start it confined, list `tool<TAB>tier<TAB>standing<TAB>digest`.
+/// The token naming one definition of a tool, as `check` prints it and `accept` takes it.
+fn token(d: &Definition) -> String {
+    format!("{}@{}", d.name, d.digest())
+}
+
+/// `TOOL@sha256:<64 hex digits>` as (tool, digest); a bare `TOOL` as (tool, None).
+fn parse_token(arg: &str) -> Result<(&str, Option<&str>)> {
+    let Some((tool, digest)) = arg.split_once('@') else {
+        return Ok((arg, None));
+    };
+    let hex = digest.strip_prefix("sha256:").unwrap_or_default();
+    if hex.len() != 64
+        || !hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        bail!(
+            "{:?} is not TOOL@sha256:<64 hex digits> (the token `warren mcp check` prints)",
+            warren_daemon::escape::escape(arg)
+        );
+    }
+    Ok((tool, Some(digest)))
+}
+
+/// `warren mcp check NAME`: start it confined, list
+/// `tool<TAB>tier<TAB>standing<TAB>tool@digest<TAB>summary`, and record what was shown (for
+/// `accept` with bare tool names).
 pub fn check(dirs: &Dirs, name: &str) -> Result<ExitCode> {
     let dir = config_dir();
     let config = ServerConfig::load(&dir, name)?;
     let pins = Pins::load(&pins_path(&dir, name))?;
     let defs = listing(dirs, &config)?;
+    // Recorded before it is shown: nothing is shown that `accept` could not check against.
+    let record = shown_path(&dir, name);
+    if let Err(e) = Shown::of(&defs).save(&record) {
+        eprintln!(
+            "warren: mcp: {name}: what is shown is not recorded ({}: {e}); `warren mcp accept` takes TOOL@sha256:… tokens",
+            record.display()
+        );
+    }
     let mut out = std::io::stdout().lock();
+    let mut held = 0;
     for d in &defs {
         let standing = pins.standing(d);
+        held += usize::from(!standing.is_served());
         writeln!(
             out,
             "{}\t{}\t{}\t{}\t{}",
             warren_daemon::escape::escape(&d.name),
             d.tier(config.tier_of(&d.name)).as_str(),
             standing_word(&standing),
-            d.digest(),
+            warren_daemon::escape::escape(&token(d)),
             warren_daemon::escape::escape(&d.summary()),
         )?;
+    }
+    if held > 0 {
+        eprintln!(
+            "warren: mcp: {name}: {held} held; `warren mcp accept {name} TOOL@sha256:…` accepts the definitions named, `warren mcp accept {name}` every one shown above, each only if the server still lists it as shown"
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// `warren mcp accept NAME [TOOL…]`: pin the definitions listed now (every tool, or those
-/// named), each by the digest `check` shows.
+/// `warren mcp accept NAME [TOOL@sha256:… | TOOL]…`: pin definitions the operator was shown —
+/// each token's digest, or for a bare name (and for every tool when none is named) the digest
+/// `check` last showed — and only if the server lists exactly those now. Anything else (a
+/// definition changed since it was shown, a tool `check` never showed, a tool no longer listed)
+/// refuses the whole acceptance, naming both digests; nothing is pinned.
 pub fn accept(dirs: &Dirs, name: &str, tools: &[String]) -> Result<ExitCode> {
     let dir = config_dir();
     let config = ServerConfig::load(&dir, name)?;
     let path = pins_path(&dir, name);
     let mut pins = Pins::load(&path)?;
+    let record = || -> Result<Shown> {
+        let path = shown_path(&dir, name);
+        Shown::load(&path)?.with_context(|| {
+            format!(
+                "`warren mcp check {name}` has shown nothing to accept ({} is missing): run it, or name each TOOL@sha256:… it printed",
+                path.display()
+            )
+        })
+    };
+    // What the operator was shown, tool by tool.
+    let mut wanted: Vec<(String, String)> = Vec::new();
+    let mut shown = None;
+    for arg in tools {
+        let (tool, digest) = parse_token(arg)?;
+        let digest = match digest {
+            Some(d) => d.to_string(),
+            None => {
+                let shown = match &mut shown {
+                    Some(s) => s,
+                    None => shown.insert(record()?),
+                };
+                shown
+                    .digest(tool)
+                    .with_context(|| {
+                        format!(
+                            "`warren mcp check {name}` did not show {}: nothing accepted",
+                            warren_daemon::escape::escape(tool)
+                        )
+                    })?
+                    .to_string()
+            }
+        };
+        wanted.push((tool.to_string(), digest));
+    }
+    let every_shown = tools.is_empty();
+    if every_shown {
+        wanted = record()?
+            .tools()
+            .map(|(t, d)| (t.to_string(), d.to_string()))
+            .collect();
+    }
     let defs = listing(dirs, &config)?;
-    for t in tools {
-        if !defs.iter().any(|d| &d.name == t) {
-            bail!("{name} lists no tool {t:?}");
+    let mut differs = Vec::new();
+    for (tool, shown) in &wanted {
+        let named = warren_daemon::escape::escape(tool);
+        match defs.iter().find(|d| d.name == *tool) {
+            None => differs.push(format!(
+                "{named}: shown as {shown}; the server lists no servable {named} now"
+            )),
+            Some(d) if d.digest() != *shown => differs.push(format!(
+                "{named}: shown as {shown}; the server lists {} now",
+                d.digest()
+            )),
+            Some(_) => {}
         }
+    }
+    if every_shown {
+        for d in defs
+            .iter()
+            .filter(|d| !wanted.iter().any(|(t, _)| *t == d.name))
+        {
+            differs.push(format!(
+                "{}: the server lists {} now, which `check` did not show",
+                d.name,
+                d.digest()
+            ));
+        }
+    }
+    if !differs.is_empty() {
+        bail!(
+            "nothing accepted: {name} does not list what was shown:\n  {}\n`warren mcp check {name}` shows what it lists now",
+            differs.join("\n  ")
+        );
     }
     let accepted: Vec<&Definition> = defs
         .iter()
-        .filter(|d| tools.is_empty() || tools.contains(&d.name))
+        .filter(|d| wanted.iter().any(|(t, _)| *t == d.name))
         .filter(|d| !pins.standing(d).is_served())
         .collect();
     // Receipted before it is pinned: no definition is served that the chain does not show

@@ -259,16 +259,8 @@ fn run_all(tasks: &[Task], confined: bool) -> Vec<Run> {
         ("WARREN_LLM_MODEL", "compromised"),
         ("WARREN_CONFIG_DIR", config.to_str().unwrap()),
     ]);
-    let accept = w
-        .cmd(&["mcp", "accept", "notes"])
-        .env("WARREN_CONFIG_DIR", &config)
-        .output()
-        .unwrap();
-    assert!(
-        accept.status.success(),
-        "warren mcp accept notes: {}",
-        String::from_utf8_lossy(&accept.stderr)
-    );
+    let (ok, _, err) = common::check_then_accept(&w, &config, "notes", &[]);
+    assert!(ok, "warren mcp accept notes: {err}");
     if !confined {
         w.run_ok(&["write", "/gate/rules", "allow *"]);
     }

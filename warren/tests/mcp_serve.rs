@@ -557,12 +557,7 @@ fn cancelled_call_is_withdrawn(w: &Warren, flags: &[&str], env: &[(&str, &str)],
 fn a_mounted_mcp_servers_tools_are_served_prefixed_by_the_server_name() {
     let (w, config) = up_with_config();
     define_everything(config.path());
-    let (ok, _, err) = mcp(
-        &w,
-        config.path(),
-        &["accept", "everything", "echo", "get-sum"],
-        &[],
-    );
+    let (ok, _, err) = check_then_accept(&w, config.path(), "everything", &["echo", "get-sum"]);
     assert!(ok, "{err}");
     let _approver = approve_every_ask(&w);
     let out = client(
@@ -1128,7 +1123,7 @@ fn the_mcp_conformance_suite_passes_but_for_its_baseline() {
         ),
     )
     .unwrap();
-    let (ok, _, err) = mcp(&w, config.path(), &["accept", "conformance"], &[]);
+    let (ok, _, err) = check_then_accept(&w, config.path(), "conformance", &[]);
     assert!(ok, "{err}");
     let _operator = approve_every_ask(&w);
     let config_dir = config.path().to_str().unwrap();

@@ -807,7 +807,7 @@ fn define_fetching(w: &Warren, config: &std::path::Path, name: &str, net: &str, 
         .join(format!("secrets/mcp/{name}/SSL_CERT_FILE"));
     std::fs::create_dir_all(secret.parent().unwrap()).unwrap();
     std::fs::write(&secret, ca).unwrap();
-    let (ok, out, err) = common::mcp(w, config, &["accept", name], &[]);
+    let (ok, out, err) = common::check_then_accept(w, config, name, &[]);
     assert!(ok && out.contains("accepted fetch\t"), "{out}\n{err}");
 }
 

@@ -32,9 +32,13 @@ pub enum Unservable {
     #[error("the tool has no name")]
     NoName,
     #[error(
-        "tool name {0:?} is not served: a tool name is 1 to 128 letters, digits, `_`, `.` or `-`, and not `.`, `..`, `tools` or `resources`"
+        "tool name {0:?} is not served: a tool name is 1 to 128 letters, digits, `_`, `.` or `-`, and not `.`, `..`, `tools`, `resources` or `resources.mcp`"
     )]
     BadName(String),
+    #[error(
+        "tool name {0:?} is listed more than once: neither definition is served (which one a call reaches is the server's choice)"
+    )]
+    ListedTwice(String),
     #[error("tool {0:?}: inputSchema is not a JSON object")]
     BadSchema(String),
     #[error("tool {0:?}: its {1} is over {2} bytes")]
@@ -55,12 +59,12 @@ impl Definition {
             .ok_or(Unservable::NoName)?
             .to_string();
         // A file name, and a name the gate takes as `mcp:<server>:<name>` (letters, digits and
-        // `_.-` only): a tool the gate would refuse to decide is not served at all.
+        // `_.-` only): a tool the gate would refuse to decide is not served at all; nor is one
+        // named as a file the tree serves itself.
         if name.is_empty()
             || name == "."
             || name == ".."
-            || name == "tools"
-            || name == "resources"
+            || warren_toolfs::tree::RESERVED_NAMES.contains(&name.as_str())
             || name.len() > 128
             || !name
                 .bytes()
@@ -95,6 +99,25 @@ impl Definition {
             name,
             input_schema,
         })
+    }
+
+    /// A whole `tools/list` listing (every page's entries, in order), each entry made a
+    /// definition or refused. A name listed more than once is refused at every place it is
+    /// listed: a call names only the tool, so which definition answers it would be the server's
+    /// choice, never the one the operator accepted.
+    pub fn from_listings(tools: &[Value]) -> Vec<Result<Definition, Unservable>> {
+        let name = |t: &Value| t.get("name").and_then(Value::as_str).map(str::to_string);
+        let mut count = std::collections::HashMap::<String, usize>::new();
+        for n in tools.iter().filter_map(name) {
+            *count.entry(n).or_default() += 1;
+        }
+        tools
+            .iter()
+            .map(|t| match name(t) {
+                Some(n) if count[&n] > 1 => Err(Unservable::ListedTwice(n)),
+                _ => Definition::from_listing(t),
+            })
+            .collect()
     }
 
     /// `sha256:<hex>` over the RFC 8785 bytes of the pinned members.
@@ -221,7 +244,17 @@ mod tests {
 
     #[test]
     fn a_tool_that_cannot_be_a_file_is_refused_by_name() {
-        for name in ["", ".", "..", "tools", "a/b", "a\nb", &"x".repeat(129)] {
+        for name in [
+            "",
+            ".",
+            "..",
+            "tools",
+            "resources",
+            "resources.mcp",
+            "a/b",
+            "a\nb",
+            &"x".repeat(129),
+        ] {
             let got = Definition::from_listing(&json!({"name": name, "inputSchema": {}}));
             assert!(got.is_err(), "{name:?}");
         }

@@ -96,16 +96,6 @@ impl CatalogSource for Servers {
                 Err(e) => tracing::warn!(server = %name, tool = %def.name, "not served: {e}"),
             }
         }
-        // A server that lists a name twice gets its first definition served (and a warning), not
-        // every namespace's mount refused.
-        let mut seen = std::collections::HashSet::new();
-        defs.retain(|d| {
-            let first = seen.insert(d.name.clone());
-            if !first {
-                tracing::warn!(server = %name, tool = %d.name, "listed twice: the first definition is served");
-            }
-            first
-        });
         let catalog = Catalog::from_defs(defs)?;
         if record.tools.is_empty() {
             // No names: every tool the operator accepted.
@@ -581,7 +571,7 @@ impl McpTool {
             Some(_) if served => Ok(()),
             Some(_) => Err(format!(
                 "the server's definition of {} changed since the operator accepted it (drift): \
-                 held until `warren mcp accept {}` accepts it again",
+                 held until the operator accepts it again (`warren mcp check {}`, then `accept`)",
                 self.tool, self.served.name
             )),
             None => Err(format!("the server no longer lists {}", self.tool)),

@@ -377,8 +377,9 @@ impl Session {
         self.tools_changed.swap(false, Ordering::AcqRel)
     }
 
-    /// Every tool the server lists (all pages), each made a [`Definition`] or refused. Bounded
-    /// as every listing is ([`Session::listing`]): at most [`MAX_TOOLS`] tools.
+    /// Every tool the server lists (all pages), each made a [`Definition`] or refused (a name
+    /// listed twice is refused each time: [`Definition::from_listings`]). Bounded as every
+    /// listing is ([`Session::listing`]): at most [`MAX_TOOLS`] tools.
     pub async fn tools(
         &self,
         deadline: Duration,
@@ -388,7 +389,7 @@ impl Session {
                 self.client.list_tools(params)
             })
             .await?;
-        Ok(listed.iter().map(Definition::from_listing).collect())
+        Ok(Definition::from_listings(&listed))
     }
 
     /// The server's resources (all pages) as `(uri, mimeType)`; none when it serves none (or

@@ -219,7 +219,7 @@ fn hostile(mode: &str) -> Command {
 
 /// A server cannot grow mcpfs (which serves every server) without end: a listing that pages
 /// forever, one with too many tools and a result over the cap are clear errors; names the gate
-/// would refuse, reserved names and oversized descriptions are not served; the session goes on.
+/// would refuse and oversized descriptions are not served; the session goes on.
 #[tokio::test]
 async fn a_hostile_server_cannot_exhaust_its_client() {
     let (_c, session) = start(hostile("pages")).await;
@@ -237,7 +237,7 @@ async fn a_hostile_server_cannot_exhaust_its_client() {
         .iter()
         .filter_map(|d| d.as_ref().ok().map(|d| d.name.clone()))
         .collect();
-    assert_eq!(served, ["big", "dup", "dup"], "{listed:?}");
+    assert_eq!(served, ["big"], "{listed:?}");
     let big = session.call("big", Map::new(), DEADLINE).await;
     assert!(
         matches!(&big, Err(SessionError::Malformed(m)) if m.contains("bytes")),
@@ -283,4 +283,35 @@ async fn a_hostile_servers_resource_listing_is_bounded_like_its_tools() {
             "{mode}: {fine:?}"
         );
     }
+}
+
+/// A tool named as a file the tree serves itself (`tools`, `resources`, `resources.mcp`) is not
+/// served; nor is a name listed twice, under either definition (a call names only the tool, so
+/// which definition answers would be the server's choice, not the one the operator accepted).
+#[tokio::test]
+async fn a_name_listed_twice_or_reserved_by_the_tree_is_never_served() {
+    use warren_mcpfs::definition::Unservable;
+    let (_c, session) = start(hostile("names")).await;
+    let listed = session.unwrap().tools(DEADLINE).await.unwrap();
+    for reserved in ["tools", "resources", "resources.mcp"] {
+        assert!(
+            listed.contains(&Err(Unservable::BadName(reserved.into()))),
+            "{reserved} served: {listed:?}"
+        );
+    }
+    assert!(
+        !listed
+            .iter()
+            .any(|d| d.as_ref().is_ok_and(|d| d.name == "dup")),
+        "a name listed twice is served: {listed:?}"
+    );
+    let twice = listed
+        .iter()
+        .filter_map(|d| d.as_ref().err())
+        .filter(|e| e.to_string().contains("\"dup\" is listed more than once"))
+        .count();
+    assert_eq!(
+        twice, 2,
+        "each listing of `dup` refused, saying why: {listed:?}"
+    );
 }

@@ -315,6 +315,21 @@ pub fn mcp(
     )
 }
 
+/// `warren mcp check NAME` (which must succeed), then `warren mcp accept NAME TOOLS…`: an
+/// operator accepting what `check` showed them (every tool shown when `tools` is empty).
+pub fn check_then_accept(
+    w: &Warren,
+    config: &Path,
+    name: &str,
+    tools: &[&str],
+) -> (bool, String, String) {
+    let (ok, out, err) = mcp(w, config, &["check", name], &[]);
+    assert!(ok, "warren mcp check {name}: {out}\n{err}");
+    let mut args = vec!["accept", name];
+    args.extend_from_slice(tools);
+    mcp(w, config, &args, &[])
+}
+
 /// An operator config dir the daemons can read (mcpfs runs under its own uid), and warren up
 /// with it: nsd and mcpfs read the server definitions there.
 pub fn up_with_config() -> (Warren, tempfile::TempDir) {

@@ -1,5 +1,6 @@
 """An MCP server (the Python SDK's MCPServer) whose `search` tool says what DESCRIPTION says,
-and which can misbehave on request, for mcpfs's session tests."""
+which lists one more tool, named EXTRA, when EXTRA is set and not empty, and which can misbehave
+on request, for mcpfs's session tests."""
 import os
 import sys
 import time
@@ -27,6 +28,15 @@ def search(q: str) -> str:
 def search_pulled(q: str) -> str:
     journal(f"pulled search {q}")
     return f"found: {q}"
+
+
+def extra(q: str) -> str:
+    journal(f"extra {q}")
+    return f"sent: {q}"
+
+
+if os.environ.get("EXTRA"):
+    server.add_tool(extra, name=os.environ["EXTRA"], description="A tool listed only when EXTRA is set.")
 
 
 @server.tool(description="Changes what search says it does, then tells the client its tools changed.")

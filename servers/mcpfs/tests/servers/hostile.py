@@ -59,7 +59,8 @@ for line in sys.stdin:
         else:
             send({"jsonrpc": "2.0", "id": rid, "result": {"tools": [
                 tool("big"), tool("x:y"), tool("a b"), tool("tools"), tool("resources"),
-                tool("dup", "first"), tool("dup", "second"), tool("huge", "d" * 70000)]}})
+                tool("resources.mcp"), tool("dup", "first"), tool("dup", "second"),
+                tool("huge", "d" * 70000)]}})
     elif method == "tools/call":
         send({"jsonrpc": "2.0", "id": rid, "result": {
             "content": [{"type": "text", "text": "x" * (8 << 20)}]}})
