@@ -125,6 +125,7 @@ pub fn member(session: &str, namespace: &str, command: &[String], limits: &Limit
             receipts: limits.receipts,
             receipt_bytes: limits.receipt_bytes,
             asks: limits.asks,
+            llm_bytes: limits.llm_bytes,
         },
     }
 }
