@@ -309,6 +309,7 @@ pub fn covers(parent: &Spec, child: &Spec) -> Result<(), Widening> {
         ("receipts", p.receipts, c.receipts),
         ("receipt-bytes", p.receipt_bytes, c.receipt_bytes),
         ("asks", p.asks, c.asks),
+        ("llm-bytes", p.llm_bytes, c.llm_bytes),
     ] {
         if let Some(pv) = pl
             && cl.is_none_or(|cv| cv > pv)
@@ -566,6 +567,18 @@ mod tests {
             vec![Widened::Limit {
                 key: "asks",
                 parent: 4,
+                child: None
+            }]
+        );
+        // llmfs's memory budget is carved the same way.
+        let parent = spec("limit llm-bytes=8M");
+        assert!(covers(&parent, &spec("limit llm-bytes=4M")).is_ok());
+        let e = covers(&parent, &spec("")).unwrap_err();
+        assert_eq!(
+            e.0,
+            vec![Widened::Limit {
+                key: "llm-bytes",
+                parent: 8 << 20,
                 child: None
             }]
         );

@@ -145,10 +145,11 @@ pub struct Limits {
     /// live namespaces in this one's subtree (itself not counted), cloned through its `/ns`
     pub clones: Option<u64>,
     /// Budgets of the namespace's subtree (its clones' use counts against it): receipts per
-    /// second, receipt bytes in total, open asks at once.
+    /// second, receipt bytes in total, open asks at once, bytes llmfs holds for its sessions.
     pub receipts: Option<u64>,
     pub receipt_bytes: Option<u64>,
     pub asks: Option<u64>,
+    pub llm_bytes: Option<u64>,
 }
 
 /// Live clones a namespace's subtree may hold when its spec sets no `clones`: far more than an
@@ -957,11 +958,12 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                         "receipts" => (&mut spec.limits.receipts, parse_number(v)),
                         "receipt-bytes" => (&mut spec.limits.receipt_bytes, parse_size(v)),
                         "asks" => (&mut spec.limits.asks, parse_number(v)),
+                        "llm-bytes" => (&mut spec.limits.llm_bytes, parse_size(v)),
                         _ => {
                             return Err(ctx.err(
                                 w,
                                 format!(
-                                    "unknown limit `{k}`: expected mem, pids, cpu, wall, clones, receipts, receipt-bytes or asks"
+                                    "unknown limit `{k}`: expected mem, pids, cpu, wall, clones, receipts, receipt-bytes, asks or llm-bytes"
                                 ),
                             ));
                         }
@@ -970,7 +972,7 @@ pub fn parse(file: &str, text: &str) -> Result<Spec, SpecError> {
                         return Err(ctx.err(
                             w,
                             format!(
-                                "bad value `{v}` for {k} (mem, receipt-bytes: 512M/1G/bytes; pids, clones, receipts (per second), asks: count; cpu, wall: 30s/5m/2h), must be > 0"
+                                "bad value `{v}` for {k} (mem, receipt-bytes, llm-bytes: 512M/1G/bytes; pids, clones, receipts (per second), asks: count; cpu, wall: 30s/5m/2h), must be > 0"
                             ),
                         ));
                     };
@@ -1184,6 +1186,9 @@ impl Spec {
             if let Some(v) = l.asks {
                 out.push_str(&format!(" asks={v}"));
             }
+            if let Some(v) = l.llm_bytes {
+                out.push_str(&format!(" llm-bytes={v}"));
+            }
             out.push('\n');
         }
         out
@@ -1307,12 +1312,22 @@ mod tests {
 
     #[test]
     fn subtree_budgets_parse_and_print_back() {
-        let s = parse("x", "limit receipts=500 receipt-bytes=64M asks=8").unwrap();
+        let s = parse(
+            "x",
+            "limit receipts=500 receipt-bytes=64M asks=8 llm-bytes=16M",
+        )
+        .unwrap();
         assert_eq!(s.limits.receipts, Some(500));
         assert_eq!(s.limits.receipt_bytes, Some(64 << 20));
         assert_eq!(s.limits.asks, Some(8));
+        assert_eq!(s.limits.llm_bytes, Some(16 << 20));
         assert_eq!(parse("x", &s.to_text()).unwrap(), s);
-        for bad in ["limit receipts=0", "limit asks=many", "limit asks=1 asks=2"] {
+        for bad in [
+            "limit receipts=0",
+            "limit asks=many",
+            "limit asks=1 asks=2",
+            "limit llm-bytes=0",
+        ] {
             assert!(parse("x", bad).is_err(), "{bad}");
         }
     }

@@ -125,6 +125,7 @@ pub fn member(session: &str, namespace: &str, command: &[String], limits: &Limit
             receipts: limits.receipts,
             receipt_bytes: limits.receipt_bytes,
             asks: limits.asks,
+            llm_bytes: limits.llm_bytes,
         },
     }
 }
@@ -1086,6 +1087,27 @@ impl Drop for ServedMounts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A namespace's lineage carries every subtree budget its spec sets, llmfs's memory budget
+    /// among them: what the daemons charge a subtree to is what its spec says.
+    #[test]
+    fn a_member_carries_every_budget_its_spec_sets() {
+        let spec = warren_ns::spec::parse(
+            "x",
+            "limit receipts=500 receipt-bytes=64M asks=8 llm-bytes=16M",
+        )
+        .unwrap();
+        let m = member(&"a".repeat(32), "3", &[], &spec.limits);
+        assert_eq!(
+            m.budget,
+            Budget {
+                receipts: Some(500),
+                receipt_bytes: Some(64 << 20),
+                asks: Some(8),
+                llm_bytes: Some(16 << 20),
+            }
+        );
+    }
 
     /// After a failed re-dial the next request is refused without dialling until the wait is
     /// over; each failure doubles the wait up to the cap, and a success starts it over.

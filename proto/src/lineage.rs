@@ -2,8 +2,9 @@
 //! in the records it hands the gate and the servers with a connection, so it is as trusted as
 //! the connection itself; nothing a caller writes names or changes it.
 //!
-//! Budgets (`limit receipts= receipt-bytes= asks=` in a spec) are kept per subtree: a clone's
-//! usage counts against every namespace above it, up to the root, and each of them may cap it.
+//! Budgets (`limit receipts= receipt-bytes= asks= llm-bytes=` in a spec) are kept per subtree: a
+//! clone's usage counts against every namespace above it, up to the root, and each of them may
+//! cap it.
 
 use serde::{Deserialize, Serialize};
 
@@ -33,6 +34,10 @@ pub struct Budget {
     /// Open asks at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub asks: Option<u64>,
+    /// Bytes llmfs holds for the subtree's model sessions at once (settings, conversations,
+    /// messages being written, requests and replies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm_bytes: Option<u64>,
 }
 
 /// One namespace of a chain.

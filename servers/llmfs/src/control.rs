@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use tokio::net::UnixListener;
 use warren_daemon::accept::{next_blocking_peer, refusal, root_only};
+use warren_proto::lineage::{Lineage, Member};
 use warren_proto::llm::{LlmGrant, reply_line};
 
 use crate::gate::ModelGate;
@@ -81,7 +82,15 @@ fn accept(
         }
         (None, _) => None,
     };
-    let tree = Arc::new(make().in_scope(grant.session.clone(), gate));
+    // Without a lineage (only with no gate: llmfs's own tests), the namespace is its own root.
+    let lineage = grant.lineage.clone().unwrap_or_else(|| {
+        Lineage::root(Member {
+            session: grant.session.clone(),
+            namespace: grant.namespace.clone(),
+            ..Member::default()
+        })
+    });
+    let tree = Arc::new(make().in_scope(grant.session.clone(), gate, &lineage));
     let limits = limits.clone();
     let label = format!("namespace {}", grant.namespace);
     tracing::info!(peer = %label, "serving a namespace's connection");

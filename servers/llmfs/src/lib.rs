@@ -5,6 +5,7 @@
 pub mod backend;
 pub mod control;
 pub mod gate;
+pub mod memory;
 pub mod receipts;
 pub mod session;
 pub mod tree;

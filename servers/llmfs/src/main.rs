@@ -84,6 +84,15 @@ struct Args {
     /// connection (`WARREN_GATE_FD`), every namespace's model call is denied.
     #[arg(long)]
     no_gate: bool,
+    /// MiB llmfs holds at most for one namespace subtree's sessions (settings, conversations,
+    /// requests, replies) when its root's spec sets no `limit llm-bytes=`; and for each operator
+    /// connection.
+    #[arg(long, default_value_t = warren_llmfs::memory::DEFAULT_SUBTREE_BYTES >> 20)]
+    subtree_mb: u64,
+    /// MiB one request to the model may have at most (its JSON body): an ask whose conversation
+    /// needs more is refused.
+    #[arg(long, default_value_t = warren_llmfs::memory::DEFAULT_MAX_REQUEST_BYTES >> 20)]
+    max_request_mb: u64,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -100,6 +109,13 @@ fn main() -> anyhow::Result<()> {
     if !(args.timeout.is_finite() && args.timeout > 0.0) {
         anyhow::bail!("--timeout {}: seconds, more than 0", args.timeout);
     }
+    let mib = |flag: &str, n: u64| {
+        n.checked_mul(1 << 20)
+            .filter(|&b| b > 0)
+            .ok_or_else(|| anyhow::anyhow!("{flag} {n}: MiB, more than 0"))
+    };
+    let subtree_bytes = mib("--subtree-mb", args.subtree_mb)?;
+    let max_request_bytes = mib("--max-request-mb", args.max_request_mb)?;
     // A new session starts with this name: it must be one a namespace could write to `model`.
     warren_llmfs::session::check_model(args.model.as_bytes())
         .map_err(|e| anyhow::anyhow!("--model {:?}: {e}", args.model))?;
@@ -132,7 +148,9 @@ fn main() -> anyhow::Result<()> {
         model: args.model.clone(),
         timeout: Duration::from_secs_f64(args.timeout),
         max_tokens: (args.max_tokens > 0).then_some(args.max_tokens),
+        max_request_bytes,
     };
+    let ledger = warren_llmfs::memory::Ledger::new(subtree_bytes);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -161,8 +179,14 @@ fn main() -> anyhow::Result<()> {
             url = %args.url,
             "llmfs ready"
         );
-        let make_tree: Arc<dyn Fn() -> LlmTree + Send + Sync> =
-            Arc::new(move || LlmTree::new(backend.clone(), receipts.clone(), defaults.clone()));
+        let make_tree: Arc<dyn Fn() -> LlmTree + Send + Sync> = Arc::new(move || {
+            LlmTree::new(
+                backend.clone(),
+                receipts.clone(),
+                defaults.clone(),
+                ledger.clone(),
+            )
+        });
         let for_ctl = make_tree.clone();
         let make = move |_peer| Some(Arc::new(make_tree()));
         tokio::spawn(warren_llmfs::control::serve_control(

@@ -19,6 +19,8 @@ use tokio::sync::mpsc;
 use warren_9p::Errno;
 use warren_proto::receipts::{Appender, Refusal};
 
+use crate::memory::EDQUOT;
+
 pub const QUEUE_CAP: usize = 1024;
 const RETRY_FIRST: Duration = Duration::from_millis(10);
 const RETRY_MAX: Duration = Duration::from_secs(1);
@@ -110,6 +112,5 @@ async fn write_queue(socket: PathBuf, mut rx: mpsc::Receiver<Vec<u8>>, failing: 
 /// subtree is over a budget), so that the same bytes would be refused again; anything else
 /// (receiptd unreachable, restarting, rate-limited, below its free-space floor) passes.
 fn refused_for_good(refusal: &Refusal) -> bool {
-    const EDQUOT: Errno = Errno(libc::EDQUOT as u32);
     matches!(refusal.errno, Errno::EINVAL | Errno::EACCES | EDQUOT)
 }

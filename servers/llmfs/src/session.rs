@@ -18,6 +18,7 @@ use tokio::task::AbortHandle;
 
 use crate::backend::{AskError, AskRequest, Backend, Event, Reply, Usage};
 use crate::gate::{Admitted, ModelGate};
+use crate::memory::{Account, Charge};
 use crate::receipts::Receipts;
 
 /// Bytes a settings file (`model`, `system`, `tools`) or one message may hold.
@@ -38,6 +39,9 @@ pub enum SettingError {
     /// Not a value the file takes (a model's name with other characters).
     #[error("{0}")]
     Invalid(String),
+    /// Past the subtree's memory budget (`crate::memory`).
+    #[error("{0}")]
+    OverBudget(String),
 }
 
 /// Settings every new session starts with.
@@ -46,6 +50,9 @@ pub struct Defaults {
     pub model: String,
     pub timeout: Duration,
     pub max_tokens: Option<u32>,
+    /// The most bytes one request may have (its JSON body): a conversation that would need
+    /// more is refused, not sent.
+    pub max_request_bytes: u64,
 }
 
 /// The reply of the session's current ask, as lines, and whether it ended.
@@ -66,6 +73,8 @@ struct Settings {
     history: Vec<Value>,
     usage: Usage,
     running: Option<AbortHandle>,
+    /// `system`, `tools` and the conversation, charged to the subtree's memory budget.
+    held: Charge,
 }
 
 /// A settings file.
@@ -83,19 +92,34 @@ pub struct Session {
     scope: String,
     settings: Mutex<Settings>,
     reply: watch::Sender<ReplyLines>,
+    /// The current reply's lines, charged to the subtree's memory budget.
+    reply_held: Mutex<Charge>,
+    /// Its connection's memory account: an ask in flight charges its request to it.
+    account: Arc<Account>,
+    max_request_bytes: u64,
+    /// Why the last write to one of its files was refused (the `err` file).
+    refusal: Mutex<String>,
 }
 
 impl Session {
-    pub fn new(token: String, defaults: &Defaults) -> Session {
+    pub fn new(token: String, defaults: &Defaults, account: Arc<Account>) -> Session {
         let scope = scope_of(&token);
-        Session::in_scope(token, scope, defaults)
+        Session::in_scope(token, scope, defaults, account)
     }
 
-    /// A session whose model calls are receipted in `scope`.
-    pub fn in_scope(token: String, scope: String, defaults: &Defaults) -> Session {
+    /// A session whose model calls are receipted in `scope`, its bytes charged to `account`.
+    pub fn in_scope(
+        token: String,
+        scope: String,
+        defaults: &Defaults,
+        account: Arc<Account>,
+    ) -> Session {
         Session {
             token,
             scope,
+            reply_held: Mutex::new(Charge::new(account.clone())),
+            max_request_bytes: defaults.max_request_bytes,
+            refusal: Mutex::new(String::new()),
             settings: Mutex::new(Settings {
                 model: defaults.model.clone().into_bytes(),
                 system: Vec::new(),
@@ -105,9 +129,38 @@ impl Session {
                 history: Vec::new(),
                 usage: Usage::default(),
                 running: None,
+                held: Charge::new(account.clone()),
             }),
             reply: watch::Sender::new(ReplyLines::default()),
+            account,
         }
+    }
+
+    /// A memory charge of this session's connection (for a message being written to `ask`).
+    pub fn charge(&self) -> Charge {
+        Charge::new(self.account.clone())
+    }
+
+    fn reply_held(&self) -> MutexGuard<'_, Charge> {
+        self.reply_held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps why a write to one of the session's files was refused, for its `err` file.
+    pub fn refused(&self, why: &str) {
+        let mut line: String = why
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        line.push('\n');
+        *self.refusal.lock().unwrap_or_else(|p| p.into_inner()) = line;
+    }
+
+    /// The `err` file: why the last refused write was refused (empty: none was).
+    pub fn refusal_text(&self) -> String {
+        self.refusal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub fn token(&self) -> &str {
@@ -135,7 +188,8 @@ impl Session {
         offset: u64,
         data: &[u8],
     ) -> Result<(), SettingError> {
-        let mut s = self.settings();
+        let mut guard = self.settings();
+        let s = &mut *guard;
         let file = match which {
             Setting::Model => &mut s.model,
             Setting::System => &mut s.system,
@@ -159,6 +213,12 @@ impl Session {
             let mut whole = file[..at].to_vec();
             whole.extend_from_slice(data);
             check_model(&whole).map_err(SettingError::Invalid)?;
+        } else {
+            // `system` and `tools` are charged; the model's name is bounded far below a budget.
+            let to = s.held.bytes() - file.len() as u64 + (at + data.len()) as u64;
+            s.held
+                .set(to)
+                .map_err(|e| SettingError::OverBudget(e.to_string()))?;
         }
         file.truncate(at);
         file.extend_from_slice(data);
@@ -257,15 +317,31 @@ impl Session {
             bytes: Vec::new(),
             done: false,
         });
+        // The last reply's lines are gone.
+        let _ = self.reply_held().set(0);
         let prepared = running_share(in_flight).and_then(|share| {
             let (request, body) = prepare(&s, message, &backend)?;
-            Ok((share, request, body))
+            let text = serde_json::to_vec(&body).expect("json");
+            let size = text.len() as u64;
+            if size > self.max_request_bytes {
+                return Err(format!(
+                    "the request would be {size} bytes, more than llmfs sends in one ({} bytes, --max-request-mb); the conversation so far is {} messages: start a new session",
+                    self.max_request_bytes,
+                    s.history.len()
+                ));
+            }
+            // The request is held while the ask runs.
+            let mut held = self.charge();
+            held.set(size)
+                .map_err(|e| format!("{e}: this ask's request is not sent"))?;
+            // Hashed once: the gate decides on it and the receipt carries it.
+            Ok((share, request, body, sha256(&text), held))
         });
         let session = self.clone();
         let timeout = s.timeout;
         let task = tokio::spawn(async move {
             // Held until the ask ends: the connection's share of asks running at once.
-            let (_share, request, body) = match prepared {
+            let (_share, request, body, request_digest, request_held) = match prepared {
                 Ok(p) => p,
                 Err(e) => {
                     session.finish(turn, json!({"error": e}));
@@ -273,8 +349,6 @@ impl Session {
                 }
             };
             let deadline = tokio::time::Instant::now() + timeout;
-            // Hashed once: the gate decides on it and the receipt carries it.
-            let request_digest = sha256(&serde_json::to_vec(&body).expect("json"));
             let admitted = match &gate {
                 Some(g) => match g
                     .admit(&session.scope, &request.model, &request_digest, deadline)
@@ -303,6 +377,8 @@ impl Session {
                 backend.ask(&body, &request.model, deadline, &mut on_event),
             )
             .await;
+            // Sent: its body is given back before the conversation takes the new messages.
+            drop((body, request_held));
             match asked {
                 Ok(Ok(reply)) => {
                     session.answered(turn, &request, &reply);
@@ -335,24 +411,27 @@ impl Session {
     fn emit(&self, turn: u64, ev: &Event) {
         let mut line = serde_json::to_vec(ev).expect("json");
         line.push(b'\n');
-        let mut over = false;
+        let mut over = None;
         self.reply.send_if_modified(|r| {
             if r.turn != turn || r.done {
                 return false;
             }
-            over = r.bytes.len() + line.len() > MAX_REPLY_BYTES;
-            if !over {
-                r.bytes.extend_from_slice(&line);
+            let size = r.bytes.len() + line.len();
+            if size > MAX_REPLY_BYTES {
+                over = Some(format!("the reply is over {MAX_REPLY_BYTES} bytes: cut"));
+                return false;
             }
-            !over
+            if let Err(e) = self.reply_held().set(size as u64) {
+                over = Some(format!("{e}: the reply is cut"));
+                return false;
+            }
+            r.bytes.extend_from_slice(&line);
+            true
         });
-        if over {
+        if let Some(why) = over {
             // The reply is cut with an error, and the ask (this task) stopped.
             let running = self.settings().running.take();
-            self.finish(
-                turn,
-                json!({"error": format!("the reply is over {MAX_REPLY_BYTES} bytes: cut")}),
-            );
+            self.finish(turn, json!({ "error": why }));
             if let Some(h) = running {
                 h.abort();
             }
@@ -371,9 +450,22 @@ impl Session {
             // trace in it, so asking again does not repeat the message.
             // One ask is one or more new messages (a JSON array of them: the results of several
             // tool calls); the history did not change while it ran (one ask at a time).
-            let new = request.messages[s.history.len().min(request.messages.len())..].to_vec();
+            let mut new = request.messages[s.history.len().min(request.messages.len())..].to_vec();
+            new.push(reply.as_message());
+            let added: u64 = new
+                .iter()
+                .map(|m| serde_json::to_vec(m).expect("json").len() as u64)
+                .sum();
+            let to = s.held.bytes() + added;
+            if let Err(e) = s.held.set(to) {
+                drop(s);
+                self.finish(
+                    turn,
+                    json!({"error": format!("{e}: the conversation does not keep this ask")}),
+                );
+                return;
+            }
             s.history.extend(new);
-            s.history.push(reply.as_message());
             s.usage.prompt_tokens += reply.usage.prompt_tokens;
             s.usage.completion_tokens += reply.usage.completion_tokens;
         }
@@ -571,7 +663,9 @@ mod tests {
                 model: String::new(),
                 timeout: Duration::from_secs(300),
                 max_tokens: None,
+                max_request_bytes: crate::memory::DEFAULT_MAX_REQUEST_BYTES,
             },
+            crate::memory::Ledger::new(crate::memory::DEFAULT_SUBTREE_BYTES).connection(),
         )
     }
 
@@ -676,6 +770,7 @@ mod tests {
                         receipts: Some(u64::MAX),
                         receipt_bytes: Some(u64::MAX),
                         asks: Some(u64::MAX),
+                        llm_bytes: Some(u64::MAX),
                     },
                     ..Member::default()
                 })

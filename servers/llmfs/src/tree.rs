@@ -1,5 +1,5 @@
 //! The `/llm` tree of one connection (a [`warren_9p::FileTree`]): `new`, and for each session
-//! this connection minted `<token>/{model,system,tools,ask,usage,ctl}`. A token minted on another
+//! this connection minted `<token>/{model,system,tools,ask,usage,ctl,err}`. A token minted on another
 //! connection does not exist here (ENOENT): a connection sees only its own sessions.
 
 use std::collections::HashMap;
@@ -13,6 +13,7 @@ use warren_9p::{DirEntry, Errno, FileTree, GetAttrMask, QId, QIdType, Result, St
 
 use crate::backend::Backend;
 use crate::gate::ModelGate;
+use crate::memory::{Account, Charge, EDQUOT, Ledger};
 use crate::receipts::Receipts;
 use crate::session::{
     Defaults, MAX_ASKS_IN_FLIGHT, MAX_FILE_BYTES, Session, Setting, SettingError,
@@ -29,15 +30,17 @@ enum File {
     Ask,
     Usage,
     Ctl,
+    Err,
 }
 
-const FILES: [(&str, File); 6] = [
+const FILES: [(&str, File); 7] = [
     ("model", File::Model),
     ("system", File::System),
     ("tools", File::Tools),
     ("ask", File::Ask),
     ("usage", File::Usage),
     ("ctl", File::Ctl),
+    ("err", File::Err),
 ];
 
 impl File {
@@ -77,9 +80,10 @@ enum Opened {
 /// One open of `ask`: writes gather a message, whatever their offset; the next read (or the
 /// clunk) starts the ask with it; reads return the reply at `offset − o₀`, o₀ being the offset
 /// of the first read of that turn.
-#[derive(Default)]
 struct AskOpen {
     message: Vec<u8>,
+    /// The message's bytes, charged to the subtree's memory budget until the ask takes it.
+    held: Charge,
     /// The turn this fid reads, and its o₀.
     reading: Option<(u64, u64)>,
 }
@@ -97,11 +101,20 @@ pub struct LlmTree {
     gate: Option<Arc<ModelGate>>,
     /// The connection's share of asks running at once ([`MAX_ASKS_IN_FLIGHT`]).
     in_flight: Arc<Semaphore>,
+    /// What its sessions hold is charged to: the namespace's subtree, or (the operator socket)
+    /// the connection's own.
+    ledger: Arc<Ledger>,
+    account: Arc<Account>,
     mtime: Time,
 }
 
 impl LlmTree {
-    pub fn new(backend: Arc<Backend>, receipts: Option<Arc<Receipts>>, defaults: Defaults) -> Self {
+    pub fn new(
+        backend: Arc<Backend>,
+        receipts: Option<Arc<Receipts>>,
+        defaults: Defaults,
+        ledger: Arc<Ledger>,
+    ) -> Self {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();
@@ -113,6 +126,8 @@ impl LlmTree {
             scope: None,
             gate: None,
             in_flight: Arc::new(Semaphore::new(MAX_ASKS_IN_FLIGHT)),
+            account: ledger.connection(),
+            ledger,
             mtime: Time {
                 sec: now.as_secs(),
                 nsec: u64::from(now.subsec_nanos()),
@@ -121,10 +136,16 @@ impl LlmTree {
     }
 
     /// This connection's sessions are receipted in `scope` (a namespace's session), their calls
-    /// decided through `gate`.
-    pub fn in_scope(mut self, scope: String, gate: Option<ModelGate>) -> Self {
+    /// decided through `gate`, their bytes charged to the subtree `lineage` names.
+    pub fn in_scope(
+        mut self,
+        scope: String,
+        gate: Option<ModelGate>,
+        lineage: &warren_proto::lineage::Lineage,
+    ) -> Self {
         self.scope = Some(scope);
         self.gate = gate.map(Arc::new);
+        self.account = self.ledger.namespace(lineage);
         self
     }
 
@@ -144,8 +165,13 @@ impl LlmTree {
         sessions.insert(
             token.clone(),
             Arc::new(match &self.scope {
-                Some(scope) => Session::in_scope(token.clone(), scope.clone(), &self.defaults),
-                None => Session::new(token.clone(), &self.defaults),
+                Some(scope) => Session::in_scope(
+                    token.clone(),
+                    scope.clone(),
+                    &self.defaults,
+                    self.account.clone(),
+                ),
+                None => Session::new(token.clone(), &self.defaults, self.account.clone()),
             }),
         );
         Ok(token)
@@ -213,7 +239,9 @@ impl LlmTree {
                 &self.in_flight,
             )
             .ok_or(Errno::EBUSY)?;
-        ask.message.clear();
+        ask.message = Vec::new();
+        // Given back: the ask's request holds the message now.
+        let _ = ask.held.set(0);
         ask.reading = Some((turn, offset));
         Ok(())
     }
@@ -303,7 +331,7 @@ impl FileTree for LlmTree {
     async fn getattr(&self, fid: &LlmFid, _mask: GetAttrMask) -> Result<(QId, Stat)> {
         let mode = match &fid.node {
             Node::Root | Node::Dir(_) => libc::S_IFDIR | 0o555,
-            Node::New | Node::File(_, File::Usage) => libc::S_IFREG | 0o444,
+            Node::New | Node::File(_, File::Usage | File::Err) => libc::S_IFREG | 0o444,
             Node::File(..) => libc::S_IFREG | 0o666,
         };
         let dir = mode & libc::S_IFDIR != 0;
@@ -330,13 +358,19 @@ impl FileTree for LlmTree {
         let writes = flags & oflags::ACCMODE != oflags::RDONLY;
         fid.open = Some(match &fid.node {
             Node::Root | Node::Dir(_) if writes => return Err(Errno::EISDIR),
-            Node::New | Node::File(_, File::Usage) if writes => return Err(Errno::EACCES),
+            Node::New | Node::File(_, File::Usage | File::Err) if writes => {
+                return Err(Errno::EACCES);
+            }
             Node::New => {
                 let mut token = self.mint()?.into_bytes();
                 token.push(b'\n');
                 Opened::New(token)
             }
-            Node::File(_, File::Ask) => Opened::Ask(AskOpen::default()),
+            Node::File(s, File::Ask) => Opened::Ask(AskOpen {
+                message: Vec::new(),
+                held: s.charge(),
+                reading: None,
+            }),
             _ => Opened::Plain,
         });
         Ok((Self::qid(&fid.node), 0))
@@ -362,6 +396,11 @@ impl FileTree for LlmTree {
                 offset,
                 count,
             )),
+            (Node::File(s, File::Err), _) => Ok(warren_9p::synthetic::slice(
+                s.refusal_text().as_bytes(),
+                offset,
+                count,
+            )),
             (Node::File(s, f), _) => {
                 let which = f.setting().ok_or(Errno::EINVAL)?;
                 Ok(warren_9p::synthetic::slice(
@@ -379,31 +418,42 @@ impl FileTree for LlmTree {
             return Err(Errno::EBADF);
         };
         let taken = u32::try_from(data.len()).map_err(|_| Errno::EINVAL)?;
+        // A refused write fails with its errno; the session's `err` file says why.
+        let refuse = |s: &Session, file: File, errno: Errno, why: String| {
+            tracing::info!("{} refused: {why}", file.name());
+            s.refused(&format!("{}: {why}", file.name()));
+            errno
+        };
         match (&fid.node, open) {
-            (Node::File(_, File::Ask), Opened::Ask(ask)) => {
-                if ask.message.len() + data.len() > MAX_FILE_BYTES {
-                    return Err(Errno::EFBIG);
+            (Node::File(s, File::Ask), Opened::Ask(ask)) => {
+                let size = ask.message.len() + data.len();
+                if size > MAX_FILE_BYTES {
+                    let why = format!("a message is at most {MAX_FILE_BYTES} bytes");
+                    return Err(refuse(s, File::Ask, Errno::EFBIG, why));
                 }
+                ask.held
+                    .set(size as u64)
+                    .map_err(|e| refuse(s, File::Ask, EDQUOT, e.to_string()))?;
                 ask.message.extend_from_slice(data);
                 Ok(taken)
             }
             // Each write is whole lines of control (Plan 9's ctl files): applied, or refused whole.
             (Node::File(s, File::Ctl), Opened::Plain) => {
-                let text = std::str::from_utf8(data).map_err(|_| Errno::EINVAL)?;
-                s.control(text).map_err(|e| {
-                    tracing::info!("ctl refused: {e}");
-                    Errno::EINVAL
-                })?;
+                let text = std::str::from_utf8(data)
+                    .map_err(|_| refuse(s, File::Ctl, Errno::EINVAL, "not UTF-8".into()))?;
+                s.control(text)
+                    .map_err(|e| refuse(s, File::Ctl, Errno::EINVAL, e))?;
                 Ok(taken)
             }
             (Node::File(s, f), Opened::Plain) => {
                 let which = f.setting().ok_or(Errno::EACCES)?;
                 s.write_setting(which, offset, data).map_err(|e| {
-                    tracing::info!("{} refused: {e}", f.name());
-                    match e {
+                    let errno = match e {
                         SettingError::TooBig(_) => Errno::EFBIG,
                         SettingError::Invalid(_) => Errno::EINVAL,
-                    }
+                        SettingError::OverBudget(_) => EDQUOT,
+                    };
+                    refuse(s, *f, errno, e.to_string())
                 })?;
                 Ok(taken)
             }

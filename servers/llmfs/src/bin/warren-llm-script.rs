@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
 use axum::routing::post;
@@ -143,6 +143,9 @@ fn main() -> anyhow::Result<()> {
         let app = Router::new()
             .route("/v1/chat/completions", post(answer))
             .route("/v1/messages", post(answer))
+            // Hosted APIs take requests of tens of MiB (axum's default is 2 MB): llmfs's own
+            // bound on a request is what the tests reach.
+            .layer(DefaultBodyLimit::max(32 << 20))
             .with_state(replay);
         axum::serve(listener, app).await?;
         anyhow::Ok(())

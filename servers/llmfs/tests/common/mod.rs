@@ -62,18 +62,25 @@ impl Llmfs {
     /// A connection handed over on `llmfs.ctl` as nsd hands a namespace's (`mount llm`), with
     /// `session` as the namespace's session.
     pub async fn hand_over(&self, session: &str) -> Conn {
+        self.hand_over_lineage(warren_proto::lineage::Lineage::root(
+            warren_proto::lineage::Member {
+                session: session.into(),
+                namespace: "1".into(),
+                ..Default::default()
+            },
+        ))
+        .await
+    }
+
+    /// A connection handed over as nsd hands the namespace `lineage` starts with (a clone's
+    /// lineage names the namespaces above it, up to its subtree's root).
+    pub async fn hand_over_lineage(&self, lineage: warren_proto::lineage::Lineage) -> Conn {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
         let grant = warren_proto::llm::LlmGrant {
             version: 1,
-            session: session.into(),
-            namespace: "1".into(),
-            lineage: Some(warren_proto::lineage::Lineage::root(
-                warren_proto::lineage::Member {
-                    session: session.into(),
-                    namespace: "1".into(),
-                    ..Default::default()
-                },
-            )),
+            session: lineage.0[0].session.clone(),
+            namespace: lineage.0[0].namespace.clone(),
+            lineage: Some(lineage),
         };
         let ctl = self.socket.with_file_name("llmfs.ctl");
         warren_proto::llm::hand_over(&ctl, &grant, std::os::fd::AsFd::as_fd(&theirs)).unwrap();
