@@ -349,13 +349,19 @@ impl ModelApi {
             .collect()
     }
 
-    /// The Messages requests among them (Claude Code also asks `GET /api/claude_code/settings`
-    /// and `…/policy_limits`, unscripted: answered 400, which it tolerates).
-    fn messages(&self) -> Vec<serde_json::Value> {
+    /// The model requests among them (`POST path`): Claude Code also asks
+    /// `GET /api/claude_code/settings` and `…/policy_limits`, Codex first asks for a WebSocket
+    /// (`GET /v1/responses`); unscripted, answered 400 and 404, which they take.
+    fn posts(&self, path: &str) -> Vec<serde_json::Value> {
         self.requests()
             .into_iter()
-            .filter(|r| r["method"] == "POST" && r["path"] == "/v1/messages?beta=true")
+            .filter(|r| r["method"] == "POST" && r["path"] == path)
             .collect()
+    }
+
+    /// [`ModelApi::posts`] of Anthropic Messages, as Claude Code asks.
+    fn messages(&self) -> Vec<serde_json::Value> {
+        self.posts("/v1/messages?beta=true")
     }
 }
 
@@ -366,38 +372,52 @@ impl Drop for ModelApi {
     }
 }
 
-/// `warren run --profile claude -- -p TASK` in the fixture's project, against `api`: warren up
-/// with its proxy asking the API's DNS; Claude's config dir (owned by the project's owner) holds
-/// the test CA, named by `NODE_EXTRA_CA_CERTS` (a path the profile binds).
-fn run_claude(f: &Fixture, api: &ModelApi, task: &str) -> (Warren, Output) {
+/// `warren run --profile AGENT -- ARGS…` in the fixture's project, against `api`: warren up
+/// with its proxy asking the API's DNS; the agent's config dir (`.claude`, `.codex`: owned by
+/// the project's owner) holds the test CA, named by `ca_env` (a path the profile binds).
+fn run_agent(
+    f: &Fixture,
+    api: &ModelApi,
+    agent: &str,
+    ca_env: &str,
+    args: &[&str],
+) -> (Warren, Output) {
     let bin = agents_bin();
     let w = Warren::up_with(&[("WARREN_NETPROXY_DNS", &format!("{}:53", api.ip))]);
-    let config = f.home.path().join(".claude");
+    let config = f.home.path().join(format!(".{agent}"));
     std::fs::create_dir(&config).unwrap();
     std::fs::copy(api.dir.path().join("ca.pem"), config.join("ca.pem")).unwrap();
     for p in [&config, &config.join("ca.pem")] {
         std::os::unix::fs::chown(p, Some(OWNER), Some(OWNER)).unwrap();
     }
+    let mut all = vec!["run", "--profile", agent, "--"];
+    all.extend_from_slice(args);
     let out = w
-        .cmd(&[
-            "run",
-            "--profile",
-            "claude",
-            "--",
-            "-p",
-            task,
-            "--dangerously-skip-permissions",
-        ])
+        .cmd(&all)
         .current_dir(f.project.path())
         .env("HOME", f.home.path())
         .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
         .env("WARREN_CONFIG_DIR", f.config.path())
         .env("ANTHROPIC_API_KEY", "sk-ant-test")
-        .env("NODE_EXTRA_CA_CERTS", "/home/agent/.claude/ca.pem")
+        .env("OPENAI_API_KEY", "sk-test")
+        .env(ca_env, format!("/home/agent/.{agent}/ca.pem"))
         .env_remove("ANTHROPIC_BASE_URL")
+        .env_remove("OPENAI_BASE_URL")
         .output()
         .unwrap();
     (w, out)
+}
+
+/// [`run_agent`]: `claude -p TASK --dangerously-skip-permissions`, trusting the test CA by
+/// `NODE_EXTRA_CA_CERTS`.
+fn run_claude(f: &Fixture, api: &ModelApi, task: &str) -> (Warren, Output) {
+    run_agent(
+        f,
+        api,
+        "claude",
+        "NODE_EXTRA_CA_CERTS",
+        &["-p", task, "--dangerously-skip-permissions"],
+    )
 }
 
 /// Claude Code, the real package, under its built-in profile, talks to a scripted Anthropic
@@ -460,15 +480,21 @@ fn claude_code_finishes_a_scripted_task_and_cannot_read_a_planted_secret() {
         "the operator's secret\n"
     );
 
+    assert_api_receipted(&w, &api, "api.anthropic.com");
+}
+
+/// The gate allowed `net:HOST:443`, and each connection to `host` is an `effect` receipt from
+/// the API's address that carried bytes.
+fn assert_api_receipted(w: &Warren, api: &ModelApi, host: &str) {
     common::wait_until("the API connection's effect receipt", || {
-        common::all_receipts(&w)
+        common::all_receipts(w)
             .iter()
-            .any(|r| r["kind"] == "effect" && r["subject"]["host"] == "api.anthropic.com")
+            .any(|r| r["kind"] == "effect" && r["subject"]["host"] == host)
     });
-    let receipts = common::all_receipts(&w);
+    let receipts = common::all_receipts(w);
     let effects: Vec<_> = receipts
         .iter()
-        .filter(|r| r["kind"] == "effect" && r["subject"]["host"] == "api.anthropic.com")
+        .filter(|r| r["kind"] == "effect" && r["subject"]["host"] == host)
         .map(|r| &r["subject"])
         .collect();
     assert!(
@@ -478,11 +504,12 @@ fn claude_code_finishes_a_scripted_task_and_cannot_read_a_planted_secret() {
                 && e["bytes_client_to_server"].as_u64().unwrap() > 0),
         "{effects:#?}"
     );
+    let tool = format!("net:{host}:443");
     assert!(
         receipts.iter().any(|r| r["kind"] == "decision"
-            && r["subject"]["tool"] == "net:api.anthropic.com:443"
+            && r["subject"]["tool"] == tool.as_str()
             && r["subject"]["verdict"] == "allow"),
-        "no allow decision for net:api.anthropic.com:443: {receipts:#?}"
+        "no allow decision for {tool}: {receipts:#?}"
     );
 }
 
@@ -502,4 +529,77 @@ fn claude_code_failing_on_a_model_api_error_fails_warren_run() {
         text(&out.stderr)
     );
     assert!(!f.project.path().join("DONE.txt").exists());
+}
+
+/// Codex, the real package, under its built-in profile (less its memory limit, see below), talks
+/// to a scripted OpenAI Responses API
+/// at `api.openai.com` through warren's proxy (trusting the test CA by `SSL_CERT_FILE`): told by
+/// the model, its shell tool (`exec_command`, called from its `exec` tool) tries to `cat` a
+/// planted secret in the operator's HOME and fails — the tool output it sends back says so and
+/// carries none of the secret — then writes the task's file in the project, owned by the
+/// project's owner; the connection to the API is an `effect` receipt.
+#[test]
+fn codex_finishes_a_scripted_task_and_cannot_read_a_planted_secret() {
+    let f = Fixture::new();
+    let secret = f.home.path().join("secret");
+    let done = f.project.path().join("DONE.txt");
+    let shell = |cmd: &str| {
+        serde_json::json!({"custom_tool_call": {"name": "exec", "input": format!(
+            "const r = await tools.exec_command({{cmd: {}}});\ntext(r);",
+            serde_json::Value::from(cmd)
+        )}})
+    };
+    let api = ModelApi::start(
+        "api.openai.com",
+        &serde_json::json!([
+            shell(&format!("cat {}", secret.display())),
+            shell("echo done > DONE.txt"),
+            {"text": "All done."}
+        ]),
+    );
+    // The built-in profile less its `mem=4G`: on a host with no writable cgroup v2 (this one)
+    // `limit mem` is RLIMIT_AS, and Codex's code-mode host (the V8 isolate its `exec` tool runs
+    // in) dies under it (docs/gaps.md, "Coding agents"). The operator's own profile replaces it.
+    let builtin = std::fs::read_to_string(repo().join("specs/profiles/codex.ns")).unwrap();
+    let limits = "limit mem=4G pids=1024";
+    assert!(builtin.contains(limits), "{builtin}");
+    std::fs::write(
+        f.config.path().join("profiles/codex.ns"),
+        builtin.replace(limits, "limit pids=1024"),
+    )
+    .unwrap();
+    let (w, out) = run_agent(
+        &f,
+        &api,
+        "codex",
+        "SSL_CERT_FILE",
+        &["exec", "--skip-git-repo-check", "Write DONE.txt"],
+    );
+    let requests = api.posts("/v1/responses");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}\nrequests: {requests:#?}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stdout).contains("All done."),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(requests.len(), 3, "{requests:#?}");
+    let sent = requests[1]["body"]["input"].to_string();
+    assert!(!sent.contains("the operator's secret"), "{sent}");
+    let answer = requests[1]["body"]["input"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "custom_tool_call_output" && i["call_id"] == "call_0")
+        .unwrap_or_else(|| panic!("no output for call_0: {sent}"))
+        .to_string();
+    assert!(answer.contains("No such file or directory"), "{answer}");
+    assert_eq!(std::fs::read_to_string(&done).unwrap(), "done\n");
+    assert_eq!(std::fs::metadata(&done).unwrap().uid(), OWNER);
+    assert_api_receipted(&w, &api, "api.openai.com");
 }
