@@ -420,6 +420,29 @@ fn run_claude(f: &Fixture, api: &ModelApi, task: &str) -> (Warren, Output) {
     )
 }
 
+/// [`run_agent`]: `codex exec --skip-git-repo-check TASK`, trusting the test CA by
+/// `SSL_CERT_FILE`, under the built-in profile less its `mem=4G` (as the operator's
+/// `profiles/codex.ns`): on a host with no writable cgroup v2 (this one) `limit mem` is
+/// RLIMIT_AS, and Codex's code-mode host (the V8 isolate its `exec` tool runs in) dies under it
+/// (docs/gaps.md, "Coding agents").
+fn run_codex(f: &Fixture, api: &ModelApi, task: &str) -> (Warren, Output) {
+    let builtin = std::fs::read_to_string(repo().join("specs/profiles/codex.ns")).unwrap();
+    let limits = "limit mem=4G pids=1024";
+    assert!(builtin.contains(limits), "{builtin}");
+    std::fs::write(
+        f.config.path().join("profiles/codex.ns"),
+        builtin.replace(limits, "limit pids=1024"),
+    )
+    .unwrap();
+    run_agent(
+        f,
+        api,
+        "codex",
+        "SSL_CERT_FILE",
+        &["exec", "--skip-git-repo-check", task],
+    )
+}
+
 /// Claude Code, the real package, under its built-in profile, talks to a scripted Anthropic
 /// Messages API at `api.anthropic.com` through warren's proxy: told by the model, its Bash tool
 /// tries to `cat` a planted secret in the operator's HOME (outside the grant) and fails — the
@@ -531,8 +554,8 @@ fn claude_code_failing_on_a_model_api_error_fails_warren_run() {
     assert!(!f.project.path().join("DONE.txt").exists());
 }
 
-/// Codex, the real package, under its built-in profile (less its memory limit, see below), talks
-/// to a scripted OpenAI Responses API
+/// Codex, the real package, under its built-in profile (less its memory limit: [`run_codex`]),
+/// talks to a scripted OpenAI Responses API
 /// at `api.openai.com` through warren's proxy (trusting the test CA by `SSL_CERT_FILE`): told by
 /// the model, its shell tool (`exec_command`, called from its `exec` tool) tries to `cat` a
 /// planted secret in the operator's HOME and fails — the tool output it sends back says so and
@@ -557,24 +580,7 @@ fn codex_finishes_a_scripted_task_and_cannot_read_a_planted_secret() {
             {"text": "All done."}
         ]),
     );
-    // The built-in profile less its `mem=4G`: on a host with no writable cgroup v2 (this one)
-    // `limit mem` is RLIMIT_AS, and Codex's code-mode host (the V8 isolate its `exec` tool runs
-    // in) dies under it (docs/gaps.md, "Coding agents"). The operator's own profile replaces it.
-    let builtin = std::fs::read_to_string(repo().join("specs/profiles/codex.ns")).unwrap();
-    let limits = "limit mem=4G pids=1024";
-    assert!(builtin.contains(limits), "{builtin}");
-    std::fs::write(
-        f.config.path().join("profiles/codex.ns"),
-        builtin.replace(limits, "limit pids=1024"),
-    )
-    .unwrap();
-    let (w, out) = run_agent(
-        &f,
-        &api,
-        "codex",
-        "SSL_CERT_FILE",
-        &["exec", "--skip-git-repo-check", "Write DONE.txt"],
-    );
+    let (w, out) = run_codex(&f, &api, "Write DONE.txt");
     let requests = api.posts("/v1/responses");
     assert_eq!(
         out.status.code(),
@@ -602,4 +608,22 @@ fn codex_finishes_a_scripted_task_and_cannot_read_a_planted_secret() {
     assert_eq!(std::fs::read_to_string(&done).unwrap(), "done\n");
     assert_eq!(std::fs::metadata(&done).unwrap().uid(), OWNER);
     assert_api_receipted(&w, &api, "api.openai.com");
+}
+
+/// The scripted API answers Codex's first request with an error: Codex gives up, and `warren
+/// run` exits non-zero with it, having written nothing.
+#[test]
+fn codex_failing_on_a_model_api_error_fails_warren_run() {
+    let f = Fixture::new();
+    let api = ModelApi::start("api.openai.com", &serde_json::json!([{"error": 400}]));
+    let (_w, out) = run_codex(&f, &api, "Write DONE.txt");
+    assert_eq!(api.posts("/v1/responses").len(), 1, "{:#?}", api.requests());
+    assert_ne!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(!f.project.path().join("DONE.txt").exists());
 }
