@@ -16,7 +16,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Warren, approve_every_ask, field};
+use common::netns::answer_dns;
+use common::{Warren, all_receipts, approve_every_ask, field, scopes};
 
 const SYSTEM: &str =
     "bind -r /usr /usr\nbind -r /bin /bin\nbind -r /lib /lib\nbind -r /lib64 /lib64\n";
@@ -108,24 +109,6 @@ fn up_asking(env: &[(&str, &str)]) -> Warren {
     let w = Warren::up_with(env);
     w.run_ok(&["write", "/gate/rules", "ask tier:network"]);
     w
-}
-
-/// Every receipts scope (a namespace's session each).
-fn scopes(w: &Warren) -> Vec<String> {
-    let out = w.run_ok(&["ls", "/receipts"]);
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| l.trim_end_matches('/').to_string())
-        .filter(|s| !warren_receiptd::receipt::RESERVED_NAMES.contains(&s.as_str()))
-        .collect()
-}
-
-/// Every receipt of every scope.
-fn all_receipts(w: &Warren) -> Vec<serde_json::Value> {
-    scopes(w)
-        .iter()
-        .flat_map(|scope| w.receipts(scope))
-        .collect()
 }
 
 fn effects_for(receipts: &[serde_json::Value], host: &str) -> Vec<serde_json::Value> {
@@ -656,35 +639,6 @@ impl Internet {
             http: World::serve(http),
             dir,
             _link: link,
-        }
-    }
-}
-
-/// A DNS server for `names` (A records; AAAA: none; any other name: NXDOMAIN), forever.
-fn answer_dns(sock: &std::net::UdpSocket, names: &[(&str, std::net::Ipv4Addr)]) {
-    use hickory_proto::op::{Message, ResponseCode};
-    use hickory_proto::rr::{RData, Record, RecordType, rdata::A};
-    let mut buf = [0u8; 1500];
-    while let Ok((n, peer)) = sock.recv_from(&mut buf) {
-        let Ok(query) = Message::from_vec(&buf[..n]) else {
-            continue;
-        };
-        let mut reply = Message::response(query.metadata.id, query.metadata.op_code);
-        reply.metadata.authoritative = true;
-        reply.metadata.recursion_desired = query.metadata.recursion_desired;
-        for q in &query.queries {
-            reply.add_query(q.clone());
-            let asked = q.name().to_ascii().trim_end_matches('.').to_lowercase();
-            match names.iter().find(|(name, _)| *name == asked) {
-                Some((_, ip)) if q.query_type() == RecordType::A => {
-                    reply.add_answer(Record::from_rdata(q.name().clone(), 60, RData::A(A(*ip))));
-                }
-                Some(_) => {}
-                None => reply.metadata.response_code = ResponseCode::NXDomain,
-            }
-        }
-        if let Ok(bytes) = reply.to_vec() {
-            let _ = sock.send_to(&bytes, peer);
         }
     }
 }

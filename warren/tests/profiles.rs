@@ -284,3 +284,337 @@ fn the_real_agents_start_under_their_built_in_profiles() {
     assert_eq!(code, Some(1), "{out}{err}");
     assert!(out.contains("Not logged in"), "{out}{err}");
 }
+
+/// A scripted model API (scripts/scripted-model-api) for `host` on 443, in a network namespace
+/// playing the internet (as netgrant.rs's): the API's certificate is signed by a test CA
+/// (`dir/ca.pem`), and a DNS server there answers `host` with the namespace's address. warren's
+/// proxy is pointed at that DNS server, so the agent reaches `host` exactly as in production:
+/// `HTTPS_PROXY`, CONNECT by name, the gate, TLS to the real name.
+struct ModelApi {
+    server: std::process::Child,
+    ip: String,
+    /// `ca.pem`, the leaf, the script and the request log (`requests.jsonl`).
+    dir: tempfile::TempDir,
+    /// Last: the servers end before their network namespace goes.
+    _link: common::netns::Link,
+}
+
+impl ModelApi {
+    fn start(host: &'static str, turns: &serde_json::Value) -> ModelApi {
+        use std::io::BufRead;
+        let link = common::netns::Link::in_prefix("11.232");
+        let ip = link.inside_ip.clone();
+        let dir = tempdir_with_mode("wmodel", 0o755);
+        warren_test_support::tls::test_ca(dir.path(), &[host]);
+        std::fs::write(dir.path().join("script.json"), turns.to_string()).unwrap();
+        let (d, at) = (dir.path().to_path_buf(), ip.clone());
+        let mut server = link.inside(move || {
+            std::process::Command::new(repo().join("scripts/scripted-model-api"))
+                .arg("--script")
+                .arg(d.join("script.json"))
+                .arg("--log")
+                .arg(d.join("requests.jsonl"))
+                .args(["--listen", &format!("{at}:443"), "--cert"])
+                .arg(d.join("leaf.pem"))
+                .arg("--key")
+                .arg(d.join("leaf.key"))
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("scripts/scripted-model-api runs")
+        });
+        // It prints its port once it listens.
+        let mut port = String::new();
+        std::io::BufReader::new(server.stdout.take().unwrap())
+            .read_line(&mut port)
+            .unwrap();
+        assert_eq!(port.trim(), "443", "scripted-model-api printed {port:?}");
+        let at = ip.clone();
+        let dns = link.inside(move || std::net::UdpSocket::bind(format!("{at}:53")).unwrap());
+        let addr: std::net::Ipv4Addr = ip.parse().unwrap();
+        std::thread::spawn(move || common::netns::answer_dns(&dns, &[(host, addr)]));
+        ModelApi {
+            server,
+            ip,
+            dir,
+            _link: link,
+        }
+    }
+
+    /// The requests it received, in order (`{"method", "path", "body"}`).
+    fn requests(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.dir.path().join("requests.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    /// The model requests among them (`POST path`): Claude Code also asks
+    /// `GET /api/claude_code/settings` and `…/policy_limits`, Codex first asks for a WebSocket
+    /// (`GET /v1/responses`); unscripted, answered 400 and 404, which they take.
+    fn posts(&self, path: &str) -> Vec<serde_json::Value> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r["method"] == "POST" && r["path"] == path)
+            .collect()
+    }
+
+    /// [`ModelApi::posts`] of Anthropic Messages, as Claude Code asks.
+    fn messages(&self) -> Vec<serde_json::Value> {
+        self.posts("/v1/messages?beta=true")
+    }
+}
+
+impl Drop for ModelApi {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
+/// `warren run --profile AGENT -- ARGS…` in the fixture's project, against `api`: warren up
+/// with its proxy asking the API's DNS; the agent's config dir (`.claude`, `.codex`: owned by
+/// the project's owner) holds the test CA, named by `ca_env` (a path the profile binds).
+fn run_agent(
+    f: &Fixture,
+    api: &ModelApi,
+    agent: &str,
+    ca_env: &str,
+    args: &[&str],
+) -> (Warren, Output) {
+    let bin = agents_bin();
+    let w = Warren::up_with(&[("WARREN_NETPROXY_DNS", &format!("{}:53", api.ip))]);
+    let config = f.home.path().join(format!(".{agent}"));
+    std::fs::create_dir(&config).unwrap();
+    std::fs::copy(api.dir.path().join("ca.pem"), config.join("ca.pem")).unwrap();
+    for p in [&config, &config.join("ca.pem")] {
+        std::os::unix::fs::chown(p, Some(OWNER), Some(OWNER)).unwrap();
+    }
+    let mut all = vec!["run", "--profile", agent, "--"];
+    all.extend_from_slice(args);
+    let out = w
+        .cmd(&all)
+        .current_dir(f.project.path())
+        .env("HOME", f.home.path())
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .env("WARREN_CONFIG_DIR", f.config.path())
+        .env("ANTHROPIC_API_KEY", "sk-ant-test")
+        .env("OPENAI_API_KEY", "sk-test")
+        .env(ca_env, format!("/home/agent/.{agent}/ca.pem"))
+        .env_remove("ANTHROPIC_BASE_URL")
+        .env_remove("OPENAI_BASE_URL")
+        .output()
+        .unwrap();
+    (w, out)
+}
+
+/// [`run_agent`]: `claude -p TASK --dangerously-skip-permissions`, trusting the test CA by
+/// `NODE_EXTRA_CA_CERTS`.
+fn run_claude(f: &Fixture, api: &ModelApi, task: &str) -> (Warren, Output) {
+    run_agent(
+        f,
+        api,
+        "claude",
+        "NODE_EXTRA_CA_CERTS",
+        &["-p", task, "--dangerously-skip-permissions"],
+    )
+}
+
+/// [`run_agent`]: `codex exec --skip-git-repo-check TASK`, trusting the test CA by
+/// `SSL_CERT_FILE`, under the built-in profile (which sets no `mem`: on a host with no writable
+/// cgroup v2, such as this one, `limit mem` is RLIMIT_AS, and Codex's code-mode host, the V8
+/// isolate its `exec` tool runs in, dies under it).
+fn run_codex(f: &Fixture, api: &ModelApi, task: &str) -> (Warren, Output) {
+    run_agent(
+        f,
+        api,
+        "codex",
+        "SSL_CERT_FILE",
+        &["exec", "--skip-git-repo-check", task],
+    )
+}
+
+/// Claude Code, the real package, under its built-in profile, talks to a scripted Anthropic
+/// Messages API at `api.anthropic.com` through warren's proxy: told by the model, its Bash tool
+/// tries to `cat` a planted secret in the operator's HOME (outside the grant) and fails — the
+/// tool_result it sends back says so and carries none of the secret — and its Write tool writes
+/// the task's file in the project, owned by the project's owner; the connection to the API is
+/// an `effect` receipt.
+#[test]
+fn claude_code_finishes_a_scripted_task_and_cannot_read_a_planted_secret() {
+    let f = Fixture::new();
+    let secret = f.home.path().join("secret");
+    let done = f.project.path().join("DONE.txt");
+    let api = ModelApi::start(
+        "api.anthropic.com",
+        &serde_json::json!([
+            {"tool_use": {"name": "Bash", "input": {
+                "command": format!("cat {}", secret.display()),
+                "description": "Read the secret"}}},
+            {"tool_use": {"name": "Write", "input": {
+                "file_path": done.display().to_string(), "content": "done\n"}}},
+            {"text": "All done."}
+        ]),
+    );
+    let (w, out) = run_claude(&f, &api, "Write DONE.txt");
+    let requests = api.messages();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}\nrequests: {requests:#?}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert_eq!(text(&out.stdout).trim(), "All done.");
+    assert_eq!(requests.len(), 3, "{requests:#?}");
+    for r in &requests {
+        assert_eq!(r["body"]["stream"], true, "{r:#?}");
+    }
+    // The second request answers the Bash tool_use: the cat failed, and nothing of the secret
+    // left the namespace.
+    let sent = requests[1]["body"]["messages"].to_string();
+    assert!(!sent.contains("the operator's secret"), "{sent}");
+    let answer = &requests[1]["body"]["messages"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()["content"][0];
+    assert_eq!(answer["type"], "tool_result", "{answer:#?}");
+    assert_eq!(answer["is_error"], true, "{answer:#?}");
+    assert!(
+        answer["content"]
+            .to_string()
+            .contains("No such file or directory"),
+        "{answer:#?}"
+    );
+    assert_eq!(std::fs::read_to_string(&done).unwrap(), "done\n");
+    assert_eq!(std::fs::metadata(&done).unwrap().uid(), OWNER);
+    assert_eq!(
+        std::fs::read_to_string(&secret).unwrap(),
+        "the operator's secret\n"
+    );
+
+    assert_api_receipted(&w, &api, "api.anthropic.com");
+}
+
+/// The gate allowed `net:HOST:443`, and each connection to `host` is an `effect` receipt from
+/// the API's address that carried bytes.
+fn assert_api_receipted(w: &Warren, api: &ModelApi, host: &str) {
+    common::wait_until("the API connection's effect receipt", || {
+        common::all_receipts(w)
+            .iter()
+            .any(|r| r["kind"] == "effect" && r["subject"]["host"] == host)
+    });
+    let receipts = common::all_receipts(w);
+    let effects: Vec<_> = receipts
+        .iter()
+        .filter(|r| r["kind"] == "effect" && r["subject"]["host"] == host)
+        .map(|r| &r["subject"])
+        .collect();
+    assert!(
+        effects
+            .iter()
+            .all(|e| e["address"] == format!("{}:443", api.ip).as_str()
+                && e["bytes_client_to_server"].as_u64().unwrap() > 0),
+        "{effects:#?}"
+    );
+    let tool = format!("net:{host}:443");
+    assert!(
+        receipts.iter().any(|r| r["kind"] == "decision"
+            && r["subject"]["tool"] == tool.as_str()
+            && r["subject"]["verdict"] == "allow"),
+        "no allow decision for {tool}: {receipts:#?}"
+    );
+}
+
+/// The scripted API answers Claude's first request with an error: Claude gives up, and `warren
+/// run` exits non-zero with it, having written nothing.
+#[test]
+fn claude_code_failing_on_a_model_api_error_fails_warren_run() {
+    let f = Fixture::new();
+    let api = ModelApi::start("api.anthropic.com", &serde_json::json!([{"error": 400}]));
+    let (_w, out) = run_claude(&f, &api, "Write DONE.txt");
+    assert_eq!(api.messages().len(), 1, "{:#?}", api.requests());
+    assert_ne!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(!f.project.path().join("DONE.txt").exists());
+}
+
+/// Codex, the real package, under its built-in profile ([`run_codex`]),
+/// talks to a scripted OpenAI Responses API
+/// at `api.openai.com` through warren's proxy (trusting the test CA by `SSL_CERT_FILE`): told by
+/// the model, its shell tool (`exec_command`, called from its `exec` tool) tries to `cat` a
+/// planted secret in the operator's HOME and fails — the tool output it sends back says so and
+/// carries none of the secret — then writes the task's file in the project, owned by the
+/// project's owner; the connection to the API is an `effect` receipt.
+#[test]
+fn codex_finishes_a_scripted_task_and_cannot_read_a_planted_secret() {
+    let f = Fixture::new();
+    let secret = f.home.path().join("secret");
+    let done = f.project.path().join("DONE.txt");
+    let shell = |cmd: &str| {
+        serde_json::json!({"custom_tool_call": {"name": "exec", "input": format!(
+            "const r = await tools.exec_command({{cmd: {}}});\ntext(r);",
+            serde_json::Value::from(cmd)
+        )}})
+    };
+    let api = ModelApi::start(
+        "api.openai.com",
+        &serde_json::json!([
+            shell(&format!("cat {}", secret.display())),
+            shell("echo done > DONE.txt"),
+            {"text": "All done."}
+        ]),
+    );
+    let (w, out) = run_codex(&f, &api, "Write DONE.txt");
+    let requests = api.posts("/v1/responses");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}\nrequests: {requests:#?}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stdout).contains("All done."),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(requests.len(), 3, "{requests:#?}");
+    let sent = requests[1]["body"]["input"].to_string();
+    assert!(!sent.contains("the operator's secret"), "{sent}");
+    let answer = requests[1]["body"]["input"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "custom_tool_call_output" && i["call_id"] == "call_0")
+        .unwrap_or_else(|| panic!("no output for call_0: {sent}"))
+        .to_string();
+    assert!(answer.contains("No such file or directory"), "{answer}");
+    assert_eq!(std::fs::read_to_string(&done).unwrap(), "done\n");
+    assert_eq!(std::fs::metadata(&done).unwrap().uid(), OWNER);
+    assert_api_receipted(&w, &api, "api.openai.com");
+}
+
+/// The scripted API answers Codex's first request with an error: Codex gives up, and `warren
+/// run` exits non-zero with it, having written nothing.
+#[test]
+fn codex_failing_on_a_model_api_error_fails_warren_run() {
+    let f = Fixture::new();
+    let api = ModelApi::start("api.openai.com", &serde_json::json!([{"error": 400}]));
+    let (_w, out) = run_codex(&f, &api, "Write DONE.txt");
+    assert_eq!(api.posts("/v1/responses").len(), 1, "{:#?}", api.requests());
+    assert_ne!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(!f.project.path().join("DONE.txt").exists());
+}

@@ -1,5 +1,6 @@
-//! A TLS server for `api.test` with a test CA made by rcgen: `openssl s_server` serving a file.
-//! netproxy's HTTPS test and warren's network-grant tests.
+//! A test CA made by rcgen, and a TLS server for `api.test` with it: `openssl s_server` serving a
+//! file. netproxy's HTTPS test, warren's network-grant tests and its coding-agent tests (their
+//! scripted model API's certificate).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -20,10 +21,9 @@ impl Drop for TlsServer {
     }
 }
 
-/// Writes `ca.pem` into `dir` and starts a TLS server for `api.test` at `accept` (`IP:PORT`)
-/// serving `dir/www` (its file `hello` is [`BODY`]). Started from a thread in another network
-/// namespace, the server is that namespace's.
-pub fn tls_server(dir: &std::path::Path, accept: &str) -> TlsServer {
+/// Writes a test CA (`ca.pem`) and a certificate it signed for `names` (`leaf.pem`, its key
+/// `leaf.key`) into `dir`. A client trusting `ca.pem` accepts a server holding the leaf.
+pub fn test_ca(dir: &std::path::Path, names: &[&str]) {
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca_params
@@ -31,13 +31,21 @@ pub fn tls_server(dir: &std::path::Path, accept: &str) -> TlsServer {
         .push(DnType::CommonName, "warren netproxy test CA");
     let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
     let leaf_key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["api.test".to_owned()])
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+    let leaf = CertificateParams::new(names)
         .unwrap()
         .signed_by(&leaf_key, &ca)
         .unwrap();
     std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
     std::fs::write(dir.join("leaf.pem"), leaf.pem()).unwrap();
     std::fs::write(dir.join("leaf.key"), leaf_key.serialize_pem()).unwrap();
+}
+
+/// Writes `ca.pem` into `dir` and starts a TLS server for `api.test` at `accept` (`IP:PORT`)
+/// serving `dir/www` (its file `hello` is [`BODY`]). Started from a thread in another network
+/// namespace, the server is that namespace's.
+pub fn tls_server(dir: &std::path::Path, accept: &str) -> TlsServer {
+    test_ca(dir, &["api.test"]);
     let www = dir.join("www");
     std::fs::create_dir(&www).unwrap();
     std::fs::write(www.join("hello"), BODY).unwrap();

@@ -193,6 +193,24 @@ fn sh_args<'a>(flags: &[&'a str], script: &'a str) -> Vec<&'a str> {
     args
 }
 
+/// Every receipts scope (a namespace's session each).
+pub fn scopes(w: &Warren) -> Vec<String> {
+    let out = w.run_ok(&["ls", "/receipts"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim_end_matches('/').to_string())
+        .filter(|s| !warren_receiptd::receipt::RESERVED_NAMES.contains(&s.as_str()))
+        .collect()
+}
+
+/// Every receipt of every scope.
+pub fn all_receipts(w: &Warren) -> Vec<serde_json::Value> {
+    scopes(w)
+        .iter()
+        .flat_map(|scope| w.receipts(scope))
+        .collect()
+}
+
 /// Waits (bounded) for a pending ask with an id above `after` to appear on the gate and returns
 /// (id, request text).
 /// The operator, as a task on a runtime of its own: every `pending` event on the gate's operator

@@ -94,3 +94,32 @@ impl Drop for Link {
             .status();
     }
 }
+
+/// A DNS server for `names` (A records; AAAA: none; any other name: NXDOMAIN), forever.
+pub fn answer_dns(sock: &std::net::UdpSocket, names: &[(&str, std::net::Ipv4Addr)]) {
+    use hickory_proto::op::{Message, ResponseCode};
+    use hickory_proto::rr::{RData, Record, RecordType, rdata::A};
+    let mut buf = [0u8; 1500];
+    while let Ok((n, peer)) = sock.recv_from(&mut buf) {
+        let Ok(query) = Message::from_vec(&buf[..n]) else {
+            continue;
+        };
+        let mut reply = Message::response(query.metadata.id, query.metadata.op_code);
+        reply.metadata.authoritative = true;
+        reply.metadata.recursion_desired = query.metadata.recursion_desired;
+        for q in &query.queries {
+            reply.add_query(q.clone());
+            let asked = q.name().to_ascii().trim_end_matches('.').to_lowercase();
+            match names.iter().find(|(name, _)| *name == asked) {
+                Some((_, ip)) if q.query_type() == RecordType::A => {
+                    reply.add_answer(Record::from_rdata(q.name().clone(), 60, RData::A(A(*ip))));
+                }
+                Some(_) => {}
+                None => reply.metadata.response_code = ResponseCode::NXDomain,
+            }
+        }
+        if let Ok(bytes) = reply.to_vec() {
+            let _ = sock.send_to(&bytes, peer);
+        }
+    }
+}
