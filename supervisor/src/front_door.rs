@@ -17,7 +17,7 @@ use warren_jail::child::BeforeExec;
 
 use crate::daemons::DAEMONS;
 use crate::prepare::{ensure_operator_group, prepare_dirs};
-use crate::state::{DaemonState, log_path, read_states, running_pid, try_lock};
+use crate::state::{DaemonState, log_path, read_states, running_pid, supervisor_running, try_lock};
 
 /// Where the supervisor and the daemons are: `WARREN_LIBEXEC_DIR`, else the running
 /// executable's own directory (they are installed side by side with `warren`).
@@ -138,8 +138,14 @@ pub fn down_with(
     force: bool,
     settle: impl FnOnce(&Dirs, bool) -> Result<bool>,
 ) -> Result<ExitCode> {
-    if try_lock(dirs).ok().flatten().is_some() {
-        println!("warren is not up");
+    // Only a supervisor holding the lock is "up": a runtime dir that is not there, or a lock
+    // nobody holds, is "not up" — never "the lock is held" (taking the lock here could not
+    // tell a missing dir from a held lock).
+    if !supervisor_running(dirs) {
+        println!(
+            "warren is not up at {} (--runtime-dir or WARREN_RUNTIME_DIR names another)",
+            dirs.runtime.display()
+        );
         return Ok(ExitCode::SUCCESS);
     }
     let pid = running_pid(dirs).context("the lock is held but there is no pid file")?;

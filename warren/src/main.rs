@@ -264,7 +264,14 @@ enum McpCommand {
     /// Start a server the way warren does (confined by its own spec) and list its tools:
     /// name, tier, whether its definition is accepted, TOOL@sha256:… (what `accept` takes),
     /// description. What it shows is recorded for `accept`.
-    Check { name: String },
+    Check {
+        name: String,
+        /// Also print each tool's whole pinned definition (name, description, inputSchema,
+        /// annotations: every byte its digest covers, escaped), not only the first line of
+        /// its description.
+        #[arg(long)]
+        full: bool,
+    },
     /// Pin tool definitions you were shown: each TOOL@sha256:… as `check` printed it, or for
     /// a bare TOOL (every tool when none is named) the digest `check` last showed. Refused,
     /// with nothing pinned, when the server now lists another definition.
@@ -337,7 +344,7 @@ fn main() -> ExitCode {
             definition,
             replace,
         }) => mcp::add(&name, &definition, replace),
-        Command::Mcp(McpCommand::Check { name }) => mcp::check(&dirs, &name),
+        Command::Mcp(McpCommand::Check { name, full }) => mcp::check(&dirs, &name, full),
         Command::Mcp(McpCommand::Accept { name, tools }) => mcp::accept(&dirs, &name, &tools),
         Command::Mcp(McpCommand::Serve(args)) => mcp_serve::serve(&dirs, &args),
         Command::Log {

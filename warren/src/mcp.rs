@@ -193,8 +193,10 @@ fn parse_token(arg: &str) -> Result<(&str, Option<&str>)> {
 
 /// `warren mcp check NAME`: start it confined, list
 /// `tool<TAB>tier<TAB>standing<TAB>tool@digest<TAB>summary`, and record what was shown (for
-/// `accept` with bare tool names).
-pub fn check(dirs: &Dirs, name: &str) -> Result<ExitCode> {
+/// `accept` with bare tool names). With `full`, each row is followed by the tool's whole
+/// pinned definition, escaped and indented: the summary is one line of the description, but
+/// the digest `accept` pins covers every byte of it, the input schema and the annotations.
+pub fn check(dirs: &Dirs, name: &str, full: bool) -> Result<ExitCode> {
     let dir = config_dir();
     let config = ServerConfig::load(&dir, name)?;
     let pins = Pins::load(&pins_path(&dir, name))?;
@@ -221,6 +223,10 @@ pub fn check(dirs: &Dirs, name: &str) -> Result<ExitCode> {
             warren_daemon::escape::escape(&token(d)),
             warren_daemon::escape::escape(&d.summary()),
         )?;
+        if full {
+            let pinned = warren_daemon::escape::escape_bytes(&d.pinned_bytes());
+            writeln!(out, "\t{pinned}")?;
+        }
     }
     if held > 0 {
         eprintln!(

@@ -791,3 +791,27 @@ fn up_status_and_doctor_tell_the_truth_when_receiptd_cannot_sign() {
         "{already:?}"
     );
 }
+
+/// `warren down` where no warren is up — the runtime dir not even there — says so and where it
+/// looked, and exits 0; it used to report "the lock is held but there is no pid file".
+#[test]
+fn down_with_no_warren_at_the_runtime_dir_says_it_is_not_up() {
+    let w = Warren::new();
+    let missing = w.base.path().join("no-such-runtime");
+    let out = w
+        .cmd(&[])
+        .arg("--runtime-dir")
+        .arg(&missing)
+        .arg("down")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.starts_with(&format!("warren is not up at {}", missing.display())),
+        "{stdout}{stderr}"
+    );
+    assert!(!missing.exists(), "down made the runtime dir");
+}

@@ -57,6 +57,28 @@ fn check_lists_a_confined_servers_tools_and_accept_pins_them() {
         .strip_prefix("echo@")
         .unwrap_or_else(|| panic!("a TOOL@sha256:… token: {out}"));
     assert!(echo_digest.starts_with("sha256:"), "{out}");
+    // `--full` shows every byte the digest covers (the summary is one line of the
+    // description): the line after each row is the pinned definition, and it hashes to the
+    // token `accept` takes.
+    let (ok, full, err) = mcp(&w, config, &["check", "everything", "--full"], &[]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = full.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with("echo\t"))
+        .unwrap_or_else(|| panic!("no echo row in:\n{full}"));
+    let pinned = lines[at + 1]
+        .strip_prefix('\t')
+        .unwrap_or_else(|| panic!("no pinned definition after the echo row:\n{full}"));
+    assert!(pinned.contains("\"inputSchema\""), "{pinned}");
+    {
+        use sha2::Digest;
+        let shown = format!(
+            "sha256:{}",
+            hex::encode(sha2::Sha256::digest(pinned.as_bytes()))
+        );
+        assert_eq!(shown, echo_digest, "what --full shows is what accept pins");
+    }
     assert_eq!(
         row(&out, "get-sum")[1],
         "exec",

@@ -120,8 +120,9 @@ impl Definition {
             .collect()
     }
 
-    /// `sha256:<hex>` over the RFC 8785 bytes of the pinned members.
-    pub fn digest(&self) -> String {
+    /// The pinned members (name, description, inputSchema, annotations) as RFC 8785 bytes:
+    /// what [`Definition::digest`] covers, and what `warren mcp check --full` shows.
+    pub fn pinned_bytes(&self) -> Vec<u8> {
         let mut pinned = Map::new();
         pinned.insert("name".into(), Value::String(self.name.clone()));
         if let Some(d) = &self.description {
@@ -131,9 +132,16 @@ impl Definition {
         if let Some(a) = &self.annotations {
             pinned.insert("annotations".into(), a.clone());
         }
-        let bytes = warren_jcs::value_to_vec(&Value::Object(pinned))
-            .expect("a parsed JSON value always canonicalises");
-        format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+        warren_jcs::value_to_vec(&Value::Object(pinned))
+            .expect("a parsed JSON value always canonicalises")
+    }
+
+    /// `sha256:<hex>` over [`Definition::pinned_bytes`].
+    pub fn digest(&self) -> String {
+        format!(
+            "sha256:{}",
+            hex::encode(Sha256::digest(self.pinned_bytes()))
+        )
     }
 
     /// Does the server claim the tool destroys something? (`destructiveHint: true` and not
