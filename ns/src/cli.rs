@@ -104,15 +104,14 @@ impl Invocation {
             Some(u) => out.push_str(&format!("# uid: {u}\n")),
             // nsd runs a non-root operator's namespace as that operator.
             None if operator != 0 => out.push_str(&format!("# uid: {operator}\n")),
-            // Shown only: what runs is decided by nsd, on the handle it binds.
+            // Shown only: nsd decides, with fstat on the handle it binds at that target.
             None if self.uid_from_bind.is_some() => {
                 use std::os::unix::fs::MetadataExt;
                 let target = self.uid_from_bind.as_deref().unwrap_or_default();
-                let owner = std::fs::metadata(target)
-                    .map_or_else(|e| format!("unknown ({e})"), |m| m.uid().to_string());
-                out.push_str(&format!(
-                    "# uid: {owner} (the owner of {target}, taken by nsd from the directory it binds)\n"
-                ));
+                match std::fs::metadata(target) {
+                    Ok(m) => out.push_str(&format!("# uid: {}\n", m.uid())),
+                    Err(_) => out.push_str(&format!("# uid: the owner of {target}\n")),
+                }
             }
             None => out.push_str("# uid: a per-namespace uid\n"),
         }
