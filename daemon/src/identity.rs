@@ -49,6 +49,32 @@ impl Role {
     }
 }
 
+/// Whether `uid` is one of warren's own: a daemon's or its tool workers' (`uid_base()` up to
+/// [`Role::Worker`]'s). A payload never runs as one: it would hold that daemon's authority.
+pub fn is_warren_uid(uid: u32) -> bool {
+    (uid_base()..=uid_base() + Role::Worker.offset()).contains(&uid)
+}
+
+/// Refuses `uid` as a payload's: root, or one of warren's own ([`is_warren_uid`]). `what`
+/// names where the uid came from.
+pub fn refuse_payload_uid(uid: u32, what: &str) -> Result<(), String> {
+    if uid == 0 {
+        return Err(format!(
+            "{what} is owned by root, and an agent never runs as root: pass --uid N (and chown \
+             the project to N), or run warren as the project's owner"
+        ));
+    }
+    if is_warren_uid(uid) {
+        return Err(format!(
+            "{what}: uid {uid} is one of warren's own daemon uids ({}..={}), and an agent never \
+             runs as one: pass --uid N of an account made for the agent",
+            uid_base(),
+            uid_base() + Role::Worker.offset()
+        ));
+    }
+    Ok(())
+}
+
 /// `WARREN_UID_BASE`, else [`DEFAULT_UID_BASE`].
 pub fn uid_base() -> u32 {
     std::env::var("WARREN_UID_BASE")

@@ -75,6 +75,9 @@ pub struct Invocation {
     pub spec: Spec,
     pub command: Vec<String>,
     pub uid: Option<u32>,
+    /// Without `uid`: the payload runs as the owner of the source of the bind at this target,
+    /// as nsd opens it (`Request::uid_from_bind`).
+    pub uid_from_bind: Option<String>,
     /// Inside the namespace; `None`: HOME.
     pub cwd: Option<String>,
     /// Values for some of the spec's `env` names, over the launcher's environment.
@@ -101,6 +104,15 @@ impl Invocation {
             Some(u) => out.push_str(&format!("# uid: {u}\n")),
             // nsd runs a non-root operator's namespace as that operator.
             None if operator != 0 => out.push_str(&format!("# uid: {operator}\n")),
+            // Shown only: nsd decides, with fstat on the handle it binds at that target.
+            None if self.uid_from_bind.is_some() => {
+                use std::os::unix::fs::MetadataExt;
+                let target = self.uid_from_bind.as_deref().unwrap_or_default();
+                match std::fs::metadata(target) {
+                    Ok(m) => out.push_str(&format!("# uid: {}\n", m.uid())),
+                    Err(_) => out.push_str(&format!("# uid: the owner of {target}\n")),
+                }
+            }
             None => out.push_str("# uid: a per-namespace uid\n"),
         }
         for (k, v) in &self.env_set {
@@ -157,6 +169,7 @@ impl RunArgs {
             spec,
             command: self.command.clone(),
             uid: self.uid,
+            uid_from_bind: None,
             cwd,
             env_set: Default::default(),
             profile: None,
@@ -218,7 +231,9 @@ impl RunArgs {
         Ok(Invocation {
             spec,
             command,
-            uid: profile_uid(self.uid, &project)?,
+            uid: profile_uid(self.uid)?,
+            uid_from_bind: (nix::unistd::geteuid().is_root() && self.uid.is_none())
+                .then(|| project_text.to_string()),
             cwd: Some(self.cwd.clone().unwrap_or_else(|| project_text.to_string())),
             env_set: profile.set,
             profile: Some(origin),
@@ -249,28 +264,19 @@ fn shown_at_same_path(spec: &Spec, dir: &Path) -> bool {
     })
 }
 
-/// A profile's payload uid: a non-root operator's own (nsd allows no other), else `--uid`,
-/// else the owner of the project, so what the agent writes there is that user's; never 0.
-fn profile_uid(asked: Option<u32>, project: &Path) -> Result<Option<u32>, String> {
-    use std::os::unix::fs::MetadataExt;
+/// A profile's payload uid: a non-root operator's own (nsd allows no other), else `--uid`
+/// (never 0 nor a uid of warren's own), else `None`: nsd runs the agent as the owner of the
+/// project bind's handle (`Invocation::uid_from_bind`), so the uid and what is bound come from
+/// one open file, never from two lookups of the project's name.
+fn profile_uid(asked: Option<u32>) -> Result<Option<u32>, String> {
     let operator = nix::unistd::geteuid().as_raw();
     if operator != 0 {
         return Ok(asked.or(Some(operator)));
     }
-    if asked.is_some() {
-        return Ok(asked);
+    if let Some(uid) = asked {
+        warren_daemon::identity::refuse_payload_uid(uid, &format!("--uid {uid}"))?;
     }
-    let owner = std::fs::metadata(project)
-        .map_err(|e| format!("{}: {e}", project.display()))?
-        .uid();
-    if owner == 0 {
-        return Err(format!(
-            "the project {} is owned by root, and a profile never runs its agent as root: \
-             pass --uid N (and chown the project to N), or run warren as its owner",
-            project.display()
-        ));
-    }
-    Ok(Some(owner))
+    Ok(asked)
 }
 
 /// A started command the foreground loop drives: a namespace built here (`warren-nsd run`) or
@@ -396,6 +402,7 @@ pub fn run_through_nsd(
         pty,
         weaker_landlock: args.weaker_landlock,
         uid: run.uid,
+        uid_from_bind: run.uid_from_bind.clone(),
         bare: args.bare,
         cwd: run.cwd.clone(),
         env_set: run.env_set.clone(),

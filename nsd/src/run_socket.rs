@@ -15,7 +15,7 @@ use warren_daemon::peer::{PeerCred, peer_cred};
 use nix::sys::signal::Signal;
 
 use crate::mount_server::{ServedMounts, new_session_id};
-use crate::nsd::{Info, Nsd, Status, now_secs};
+use crate::nsd::{Info, Nsd, Space, Status, now_secs};
 use warren_ns::confine::guard::Guard;
 use warren_ns::launch::attach::{AttachPlan, Attached, attach};
 use warren_ns::launch::{
@@ -347,6 +347,13 @@ fn start(
         build.mounts.push(crate::mount_server::client_asks_mount());
     }
     let built = (|| {
+        if let Some(target) = &request.uid_from_bind {
+            opts.uid = Some(bind_owner_uid(cred.uid, &request, &space)?);
+            tracing::info!(
+                "namespace {id}: the payload runs as uid {:?}, the owner of the bind at {target}",
+                opts.uid
+            );
+        }
         let served = nsd
             .served_mounts(id, &space, &build, &request.argv)?
             .map(|s| {
@@ -410,10 +417,14 @@ fn start(
     ))
 }
 
-/// The payload's uid: a non-root operator's own (asking for another is refused); root's choice,
-/// or `None` for a per-namespace uid (uid 0 is refused later, by the confinement itself).
+/// The payload's uid: a non-root operator's own (asking for another is refused); root's choice
+/// (never 0 nor one of warren's daemon uids), or `None` for a per-namespace uid.
 fn payload_uid(operator: u32, requested: Option<u32>) -> io::Result<Option<u32>> {
     if operator == 0 {
+        if let Some(u) = requested {
+            warren_daemon::identity::refuse_payload_uid(u, &format!("uid {u}"))
+                .map_err(|m| io::Error::new(io::ErrorKind::PermissionDenied, m))?;
+        }
         return Ok(requested);
     }
     match requested {
@@ -422,6 +433,43 @@ fn payload_uid(operator: u32, requested: Option<u32>) -> io::Result<Option<u32>>
         ))),
         _ => Ok(Some(operator)),
     }
+}
+
+/// `Request::uid_from_bind`: the owner of the handle nsd opened for the bind at that target —
+/// the same open file the namespace binds, so no rename between a lookup and the bind can make
+/// the uid one directory's and the bind another's. Root operators only, and not with `uid`.
+fn bind_owner_uid(operator: u32, request: &Request, space: &Space) -> io::Result<u32> {
+    let target = request.uid_from_bind.as_deref().unwrap_or_default();
+    if operator != 0 || request.uid.is_some() {
+        return Err(invalid(format!(
+            "uid_from_bind {target}: for a root operator that names no uid"
+        )));
+    }
+    let index = space
+        .build()
+        .binds
+        .iter()
+        .position(|b| b.path == target)
+        .ok_or_else(|| {
+            invalid(format!(
+                "uid_from_bind {target}: the spec binds nothing there"
+            ))
+        })?;
+    let handle = space
+        .handles()
+        .bind(index)
+        .ok_or_else(|| invalid(format!("uid_from_bind {target}: no handle for that bind")))?;
+    handle_owner_uid(handle.as_fd(), target)
+}
+
+/// The owner of an open file, as a payload's uid: refused if root or one of warren's own.
+fn handle_owner_uid(handle: BorrowedFd<'_>, target: &str) -> io::Result<u32> {
+    let owner = nix::sys::stat::fstat(handle)
+        .map_err(|e| io::Error::other(format!("the project {target}: fstat: {e}")))?
+        .st_uid;
+    warren_daemon::identity::refuse_payload_uid(owner, &format!("the project {target}"))
+        .map_err(|m| io::Error::new(io::ErrorKind::PermissionDenied, m))?;
+    Ok(owner)
 }
 
 /// The launcher's connections: one per `connections` name, each a mount the launcher must make
@@ -484,5 +532,37 @@ mod tests {
         assert_eq!(payload_uid(1000, Some(1000)).unwrap(), Some(1000));
         assert!(payload_uid(1000, Some(0)).is_err());
         assert!(payload_uid(1000, Some(1001)).is_err());
+    }
+
+    /// Root's `--uid` is never root nor one of warren's daemon uids (the gate's, here).
+    #[test]
+    fn root_never_runs_a_payload_as_root_or_a_daemon_uid() {
+        use warren_daemon::identity::Role;
+        for uid in [0, Role::Gate.uid(), Role::Worker.uid()] {
+            let e = payload_uid(0, Some(uid)).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{uid}: {e}");
+        }
+    }
+
+    /// The project handle's owner is the payload's uid; a handle owned by root or by one of
+    /// warren's daemon uids is refused, by name.
+    #[test]
+    fn a_project_handle_owned_by_root_or_a_daemon_uid_is_refused() {
+        use warren_daemon::identity::Role;
+        let dir = tempfile::tempdir().unwrap();
+        let handle = std::fs::File::open(dir.path()).unwrap();
+        let owned_by = |uid: u32| {
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(uid)).unwrap();
+            handle_owner_uid(handle.as_fd(), "/p")
+        };
+        assert_eq!(owned_by(4321).unwrap(), 4321);
+        let e = owned_by(0).unwrap_err().to_string();
+        assert!(e.contains("/p is owned by root"), "{e}");
+        let gate = Role::Gate.uid();
+        let e = owned_by(gate).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("uid {gate} is one of warren's own")),
+            "{e}"
+        );
     }
 }

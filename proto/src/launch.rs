@@ -54,6 +54,12 @@ pub struct Request {
     /// The payload's uid (root operators only; a non-root operator's is always their own).
     #[serde(default)]
     pub uid: Option<u32>,
+    /// Root operators only, without `uid`: the payload runs as the owner of the source of the
+    /// bind whose target is this path, taken with fstat on the handle nsd opened for that bind
+    /// (the same open file it binds), never from a name looked up again. Refused if that owner
+    /// is root or one of warren's daemon uids.
+    #[serde(default)]
+    pub uid_from_bind: Option<String>,
     /// No host /etc files.
     #[serde(default)]
     pub bare: bool,

@@ -40,6 +40,7 @@ pub fn run_spec(
         spec: spec.clone(),
         command: args.command.clone(),
         uid: args.uid,
+        uid_from_bind: None,
         cwd: args.cwd.clone(),
         env_set: Default::default(),
         profile: None,

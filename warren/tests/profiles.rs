@@ -154,6 +154,58 @@ fn warren_run_starts_in_the_current_directory_it_binds() {
     );
 }
 
+/// The agent's uid and what is bound at the project come from one open file: a profile whose
+/// project bind's source is a symlink (the project's owner's, 4321) to a directory another uid
+/// (4322) owns runs its agent as 4322, the owner of the directory nsd opened and bound — never
+/// as the project's owner over another user's directory (a lookup of the project's name apart
+/// from nsd's open of it could be swapped between the two).
+#[test]
+fn a_profile_runs_its_agent_as_the_owner_of_what_is_bound_at_the_project() {
+    let w = Warren::up();
+    let f = Fixture::new();
+    const OTHER: u32 = OWNER + 1;
+    let others = tempdir_with_mode("wother", 0o777);
+    std::os::unix::fs::chown(others.path(), Some(OTHER), Some(OTHER)).unwrap();
+    let link = f.project.path().join("link");
+    std::os::unix::fs::symlink(others.path(), &link).unwrap();
+    std::os::unix::fs::lchown(&link, Some(OWNER), Some(OWNER)).unwrap();
+    std::fs::write(
+        f.config.path().join("profiles/linked.ns"),
+        FAKE_PROFILE.replace(
+            "bind -w ${PROJECT} ${PROJECT}",
+            "bind -w ${PROJECT}/link ${PROJECT}",
+        ),
+    )
+    .unwrap();
+    let out = f.run_in(&w, f.project.path(), &["--profile", "linked", "--", "task"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let result = others.path().join("RESULT.txt");
+    let seen = std::fs::read_to_string(&result).unwrap();
+    assert_eq!(
+        seen.lines().nth(1),
+        Some(format!("uid {OTHER}").as_str()),
+        "{seen}"
+    );
+    assert_eq!(std::fs::metadata(&result).unwrap().uid(), OTHER);
+    assert!(!f.project.path().join("RESULT.txt").exists());
+}
+
+/// Root's `--uid` is never one of warren's daemon uids: refused before anything runs.
+#[test]
+fn a_profile_never_runs_its_agent_as_a_daemon_uid() {
+    let w = Warren::up();
+    let f = Fixture::new();
+    let gate = warren_daemon::identity::Role::Gate.uid().to_string();
+    let out = f.run_in(&w, f.project.path(), &["--profile", "fake", "--uid", &gate]);
+    let err = text(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "ran: {err}");
+    assert!(err.contains("one of warren's own daemon uids"), "{err}");
+    assert!(
+        !f.project.path().join("RESULT.txt").exists(),
+        "the agent ran"
+    );
+}
+
 /// A root-owned project, a missing config dir, an agent not on PATH, a profile nobody wrote:
 /// each refused by name, non-zero, and the agent never runs.
 #[test]

@@ -23,6 +23,9 @@ pub struct LaunchOptions {
     pub pty: Option<[u16; 4]>,
     pub weaker_landlock: bool,
     pub uid: Option<u32>,
+    /// The payload runs as the owner of this bind's source, as nsd opened it
+    /// (`Request::uid_from_bind`).
+    pub uid_from_bind: Option<String>,
     pub bare: bool,
     /// An operator namespace (see `Request::operator`).
     pub operator: bool,
@@ -133,6 +136,7 @@ pub fn launch(
         pty: opts.pty,
         weaker_landlock: opts.weaker_landlock,
         uid: opts.uid,
+        uid_from_bind: opts.uid_from_bind.clone(),
         bare: opts.bare,
         cwd: opts.cwd.clone(),
         operator: opts.operator,
