@@ -4,7 +4,7 @@
 //! the Python SDK (PyPI) whose description changes between starts.
 //!
 //! Why one file: one test binary, so the real stack and the npm and Python servers are built and
-//! found once for its ten tests.
+//! found once for its eleven tests.
 
 mod common;
 
@@ -913,4 +913,81 @@ fn the_agent_calls_a_mounted_mcp_servers_tool() {
             .contains("hello from the agent"),
         "{data}"
     );
+}
+
+/// A server's error text is the server's bytes: a call the server answers with a JSON-RPC error
+/// (its message and data an injection, `hostile.py error`) reaches the caller as an `untrusted`
+/// envelope, and taints the session like a result does: with `allow mcp:hostile:fail` as the
+/// rule, the first call runs unasked, the next one in the same session asks
+/// (`context:untrusted_context`).
+#[test]
+fn a_servers_error_text_is_untrusted_and_taints_the_session() {
+    let (w, config) = up_with_config();
+    let venv = repo().join("target/peers/mcp-python");
+    let py = venv.join("bin/python");
+    assert!(
+        py.exists(),
+        "{}: run scripts/install-test-deps",
+        py.display()
+    );
+    let servers = repo().join("servers/mcpfs/tests/servers");
+    std::fs::write(
+        config.path().join("mcp/hostile.toml"),
+        format!(
+            "command = [\"{py}\", \"{s}/hostile.py\", \"error\"]\nspec = \"\"\"\n{SYSTEM}bind -r {v} {v}\nbind -r {s} {s}\nnet none\n\"\"\"\n",
+            py = py.display(),
+            v = venv.display(),
+            s = servers.display(),
+        ),
+    )
+    .unwrap();
+    let (ok, _, err) = check_then_accept(&w, config.path(), "hostile", &[]);
+    assert!(ok, "{err}");
+    w.run_ok(&["write", "/gate/rules", "allow mcp:hostile:fail"]);
+    let spec = w.base.path().join("agent.ns");
+    std::fs::write(&spec, "mount mcp:hostile /mnt/mcp/hostile fail\n").unwrap();
+    let call = "exec 3<>/mnt/mcp/hostile/fail/call; printf '{}' >&3; cat <&3; echo; exec 3>&-";
+    let mut child = w.spawn_sh(
+        &["--asks", "operator", "--ns", spec.to_str().unwrap()],
+        &format!("{call}; echo ---; {call}"),
+    );
+    // The second call either asks (the session is tainted) or runs unasked and the child ends.
+    let asked = loop {
+        let pending = w.run(&["ls", "/gate/pending"]);
+        let id = String::from_utf8_lossy(&pending.stdout)
+            .lines()
+            .find_map(|l| l.trim_end_matches('/').parse::<i64>().ok());
+        if let Some(id) = id {
+            let request = w.run(&["cat", &format!("/gate/pending/{id}/request")]);
+            w.run_ok(&["write", &format!("/gate/pending/{id}/ctl"), "deny"]);
+            break Some(String::from_utf8_lossy(&request.stdout).into_owned());
+        }
+        if child.try_wait().unwrap().is_some() {
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let (first, second) = stdout
+        .split_once("---\n")
+        .unwrap_or_else(|| panic!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
+    let first = envelope_of(first);
+    assert_eq!(first["status"], "error", "{first}");
+    assert!(
+        first["content"]
+            .as_str()
+            .unwrap()
+            .contains("IGNORE PREVIOUS INSTRUCTIONS"),
+        "the server's message is what the caller reads: {first}"
+    );
+    assert_eq!(first["taint"], "untrusted", "{first}");
+    let Some(request) = asked else {
+        panic!("the call after the server's error text ran unasked: {second}")
+    };
+    assert_eq!(field(&request, "tool"), "mcp:hostile:fail", "{request}");
+    assert_eq!(field(&request, "context"), "untrusted_context", "{request}");
+    assert!(request.contains("context:untrusted_context"), "{request}");
+    let second = envelope_of(second);
+    assert_eq!(second["status"], "denied", "{second}");
 }

@@ -364,11 +364,21 @@ fn a_clone_cannot_pin_a_name_to_an_address_of_this_host() {
     let tool_pinned = format!(
         "{SYSTEM}net proxy own.test:{port}\n{tool}tool shell net proxy own.test:{port}={own}\n"
     );
+    // The same address carried in IPv6: NAT64 (64:ff9b::/96) and 6to4 (2002::/16).
+    let [a, b, c, d] = own.parse::<std::net::Ipv4Addr>().unwrap().octets();
+    let (hi, lo) = (u16::from_be_bytes([a, b]), u16::from_be_bytes([c, d]));
+    let nat64 = std::net::Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, hi, lo);
+    let six_to_four = std::net::Ipv6Addr::new(0x2002, hi, lo, 0, 0, 0, 0, 1);
+    let embedded = |v6| format!("{SYSTEM}net proxy own.test:{port}=[{v6}]\n");
     let script = format!(
         "clone() {{ exec 4<>/ns/clone; printf '%s' \"$1\" >&4; cat <&4 2>/dev/null || {{ echo refused; cat <&4; }}; exec 4<&-; }}\n\
          echo \"parent:$(curl -sS -m 30 http://own.test:{port}/ 2>&1)\"\n\
          echo \"pinned:$(clone '{pinned}' | tr '\\n' ' ')\"\n\
-         echo \"tool:$(clone '{tool_pinned}' | tr '\\n' ' ')\"\n"
+         echo \"tool:$(clone '{tool_pinned}' | tr '\\n' ' ')\"\n\
+         echo \"nat64:$(clone '{}' | tr '\\n' ' ')\"\n\
+         echo \"6to4:$(clone '{}' | tr '\\n' ' ')\"\n",
+        embedded(nat64),
+        embedded(six_to_four),
     );
     let (code, out, err) = w.sh(
         &["--asks", "operator", "--ns", spec.to_str().unwrap()],
@@ -400,6 +410,14 @@ fn a_clone_cannot_pin_a_name_to_an_address_of_this_host() {
             )),
         "{out}\n{err}"
     );
+    for (form, v6) in [("nat64:", nat64), ("6to4:", six_to_four)] {
+        let got = line_of(&out, form);
+        assert!(
+            got.starts_with("refused")
+                && got.contains(&format!("own.test:{port} is pinned to {v6}, {words}")),
+            "{form} {got}\n{out}\n{err}"
+        );
+    }
     // Nothing reached the listener behind the address.
     assert!(world.conns.lock().unwrap().is_empty());
 }

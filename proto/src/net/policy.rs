@@ -400,10 +400,15 @@ pub fn non_public(ip: IpAddr) -> Option<&'static str> {
 /// The address rule for a name no pin constrains, in one place for every address that enters
 /// under it: an address the proxy resolved for an unpinned name, and an address a clone's or a
 /// tool's pattern pins where its parent's list leaves the name unpinned. Refused: a non-public
-/// address, and any address of this host's interfaces (`own`).
+/// address, and any address of this host's interfaces (`own`), also written as IPv6 carrying it
+/// (IPv4-mapped, NAT64, 6to4: the same host is reached).
 pub fn unpinned_refusal(ip: IpAddr, own: &HashSet<IpAddr>) -> Option<&'static str> {
+    let carried = match ip {
+        IpAddr::V6(v6) => special::embedded_ipv4(v6).map(IpAddr::V4),
+        IpAddr::V4(_) => None,
+    };
     non_public(ip).or_else(|| {
-        own.contains(&canonical(ip))
+        (own.contains(&canonical(ip)) || carried.is_some_and(|v4| own.contains(&v4)))
             .then_some("an address of this host")
     })
 }
@@ -662,6 +667,50 @@ mod tests {
             widened("a.example.org=[2606:4700::1111]"),
             Vec::<String>::new()
         );
+    }
+
+    /// An address of this host is refused however IPv6 carries it: plain, IPv4-mapped, NAT64
+    /// (64:ff9b::/96) and 6to4 (2002::/16) all reach the same host, both as a clone's pin and as
+    /// what an unpinned name resolves to. IPv4-compatible (deprecated) is refused whatever it
+    /// carries, before the own-address rule.
+    #[test]
+    fn every_embedding_of_an_own_ipv4_address_is_an_address_of_this_host() {
+        let own: HashSet<IpAddr> = ["11.231.7.1".parse().unwrap()].into();
+        for written in [
+            "11.231.7.1",
+            "::ffff:11.231.7.1",
+            "64:ff9b::be7:701",
+            "2002:be7:701::1",
+            "2002:be7:701:ffff:ffff:ffff:ffff:ffff",
+        ] {
+            assert_eq!(
+                unpinned_refusal(written.parse().unwrap(), &own),
+                Some("an address of this host"),
+                "{written}"
+            );
+        }
+        assert_eq!(
+            unpinned_refusal("::11.231.7.1".parse().unwrap(), &own),
+            Some("a deprecated IPv4-compatible address")
+        );
+        // The same IPv4 address's neighbours stay public: only the carried address decides.
+        for public in ["11.231.7.2", "64:ff9b::be7:702", "2002:be7:702::1"] {
+            assert_eq!(
+                unpinned_refusal(public.parse().unwrap(), &own),
+                None,
+                "{public}"
+            );
+        }
+        // And as a clone's pin where the parent leaves the name unpinned.
+        let parent = Policy::parse(["own.test:8080"]).unwrap();
+        for pin in ["[64:ff9b::be7:701]", "[2002:be7:701::1]"] {
+            let child = Policy::parse([format!("own.test:8080={pin}").as_str()]).unwrap();
+            let got = parent.widenings_given(&child, &own);
+            assert!(
+                got.len() == 1 && got[0].contains("an address of this host"),
+                "{pin}: {got:?}"
+            );
+        }
     }
 
     #[test]

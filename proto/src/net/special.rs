@@ -186,19 +186,29 @@ pub fn entry_v6(ip: Ipv6Addr) -> Option<&'static Special<Ipv6Addr>> {
     most_specific(IPV6, u128::from(ip), 128, u128::from)
 }
 
+/// The IPv4 address `v6` carries where its entry judges it by that address (IPv4-mapped, NAT64's
+/// well-known prefix, 6to4), or `None`. The one place that unwraps IPv4 from IPv6: every check
+/// that must see through the embedding (special-purpose ranges, this host's own addresses) uses
+/// it.
+pub fn embedded_ipv4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    match entry_v6(v6)?.judged {
+        Judged::ByEmbeddedIpv4 { at } => Some(Ipv4Addr::from((u128::from(v6) >> (96 - at)) as u32)),
+        _ => None,
+    }
+}
+
 /// Why a name may not resolve to `ip` without a pin naming it (the words follow "resolved to
 /// ADDR, "), or `None` for a public address. IPv4 carried in IPv6 is judged by the IPv4 address
 /// where its entry says so.
 pub fn refusal(ip: IpAddr) -> Option<&'static str> {
     let judged = match ip {
         IpAddr::V4(v4) => entry_v4(v4)?.judged,
-        IpAddr::V6(v6) => match entry_v6(v6)?.judged {
-            Judged::ByEmbeddedIpv4 { at } => {
-                let carried = (u128::from(v6) >> (96 - at)) as u32;
-                return refusal(IpAddr::V4(Ipv4Addr::from(carried)));
+        IpAddr::V6(v6) => {
+            if let Some(carried) = embedded_ipv4(v6) {
+                return refusal(IpAddr::V4(carried));
             }
-            judged => judged,
-        },
+            entry_v6(v6)?.judged
+        }
     };
     match judged {
         Refused(words) => Some(words),

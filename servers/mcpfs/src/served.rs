@@ -521,25 +521,31 @@ struct McpTool {
 }
 
 impl McpTool {
+    /// A call that got no tool result. Untrusted, like the result itself: the reason is a
+    /// session's or a start's error, whose text quotes the server (a JSON-RPC error's message
+    /// and data, its handshake answer, the bytes a reply failed to parse on), so it may carry
+    /// injected text, and only an untrusted envelope taints the session. The few reasons in
+    /// warren's words alone (a timeout) are marked so too: one rule, failing closed.
     fn error(&self, status: Status, why: String) -> Envelope {
         Envelope::new(
             &format!("mcp:{}:{}", self.served.name, self.tool),
             status,
-            Taint::Trusted,
+            Taint::Untrusted,
             why,
         )
     }
 
     /// The definition the operator accepted is still the one the live server lists — listed
     /// again first if the server said its tools changed (a definition changed mid-session is
-    /// then held, like one changed between starts).
-    async fn still_accepted(&self, live: &Live) -> Result<(), String> {
+    /// then held, like one changed between starts). `Err` is the envelope to answer with.
+    async fn still_accepted(&self, live: &Live) -> Result<(), Envelope> {
         if live.session.take_tools_changed() {
-            let listed = live
-                .session
-                .tools(self.timeout)
-                .await
-                .map_err(|e| format!("listing the tools again after list_changed: {e}"))?;
+            let listed = live.session.tools(self.timeout).await.map_err(|e| {
+                self.error(
+                    Status::Error,
+                    format!("listing the tools again after list_changed: {e}"),
+                )
+            })?;
             let defs: Vec<Definition> = listed.into_iter().filter_map(Result::ok).collect();
             tracing::info!(server = %self.served.name, tools = defs.len(), "tools listed again after list_changed");
             *live.defs.lock().unwrap_or_else(|p| p.into_inner()) = defs;
@@ -554,7 +560,7 @@ impl McpTool {
             .as_ref()
             .is_none_or(|a| a.pins_modified != modified)
         {
-            let pins = Pins::load(&self.served.pins).map_err(|e| e.to_string())?;
+            let pins = Pins::load(&self.served.pins).map_err(|e| self.held(e.to_string()))?;
             *accepted = Some(Accepted {
                 pins_modified: modified,
                 tools: defs
@@ -569,13 +575,21 @@ impl McpTool {
             .is_some_and(|a| a.tools.contains(&self.tool));
         match defs.iter().find(|d| d.name == self.tool) {
             Some(_) if served => Ok(()),
-            Some(_) => Err(format!(
+            Some(_) => Err(self.held(format!(
                 "the server's definition of {} changed since the operator accepted it (drift): \
                  held until the operator accepts it again (`warren mcp check {}`, then `accept`)",
                 self.tool, self.served.name
-            )),
-            None => Err(format!("the server no longer lists {}", self.tool)),
+            ))),
+            None => Err(self.held(format!("the server no longer lists {}", self.tool))),
         }
+    }
+
+    /// The call denied as drift, `why` in warren's words (trusted).
+    fn held(&self, why: String) -> Envelope {
+        let mut env = Envelope::denied(&format!("mcp:{}:{}", self.served.name, self.tool), "drift");
+        env.content = format!("denied: {why}");
+        env.digest = warren_toolfs::envelope::content_digest(env.content.as_bytes());
+        env
     }
 }
 
@@ -586,11 +600,7 @@ impl ExternalTool for McpTool {
             Ok(l) => l,
             Err(e) => return self.error(Status::Error, e),
         };
-        if let Err(why) = self.still_accepted(&live).await {
-            let mut env =
-                Envelope::denied(&format!("mcp:{}:{}", self.served.name, self.tool), "drift");
-            env.content = format!("denied: {why}");
-            env.digest = warren_toolfs::envelope::content_digest(env.content.as_bytes());
+        if let Err(env) = self.still_accepted(&live).await {
             return env;
         }
         let arguments = value.as_object().cloned().unwrap_or_default();

@@ -315,3 +315,20 @@ async fn a_name_listed_twice_or_reserved_by_the_tree_is_never_served() {
         "each listing of `dup` refused, saying why: {listed:?}"
     );
 }
+
+/// A JSON-RPC error answering a call reaches the client with the server's message and data in
+/// it (mcpfs hands that text on, so its envelope is untrusted:
+/// `warren::mcp::a_servers_error_text_is_untrusted_and_taints_the_session`).
+#[tokio::test]
+async fn a_servers_error_answer_carries_its_message() {
+    let (_c, session) = start(hostile("error")).await;
+    let session = session.unwrap();
+    let e = session
+        .call("fail", Map::new(), DEADLINE)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, SessionError::Protocol(m) if m.contains("IGNORE PREVIOUS INSTRUCTIONS")),
+        "{e:?}"
+    );
+}
