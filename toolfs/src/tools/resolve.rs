@@ -274,30 +274,35 @@ pub fn resolved_path(root: &RootDir, dir: &OwnedFd) -> Result<String, Errno> {
             OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
             nix::sys::stat::Mode::empty(),
         )?;
-        let mut entries = nix::dir::Dir::from_fd(up.try_clone().map_err(|_| Errno::EBADF)?)?;
-        let mut found = None;
-        for entry in entries.iter() {
-            let entry = entry?;
-            let name = entry.file_name().to_bytes();
-            if name == b"." || name == b".." {
-                continue;
-            }
-            // Compared by stat, not d_ino: a mount point's entry has the covered inode's.
-            match nix::sys::stat::fstatat(
-                &up,
-                entry.file_name(),
-                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-            ) {
-                Ok(s) if (s.st_dev, s.st_ino) == (st.st_dev, st.st_ino) => {
-                    found = Some(name.to_vec());
-                    break;
-                }
-                _ => {}
-            }
-        }
-        names.push(found.ok_or(Errno::ENOENT)?);
+        names.push(entry_naming(&up, &st)?.ok_or(Errno::ENOENT)?);
         st = fstat(&up)?;
         here = up;
     }
     Err(Errno::ELOOP)
+}
+
+/// The name in directory `up` of the file `st` is. This runs on every write: entries whose
+/// `d_ino` is the file's are checked first, one `fstatat` each (the usual case: one); only when
+/// none is the file — a mount point, whose entry carries the covered inode's number — is every
+/// entry stat'ed.
+fn entry_naming(up: &OwnedFd, st: &FileStat) -> Result<Option<Vec<u8>>, Errno> {
+    let is_it = |name: &std::ffi::CStr| {
+        nix::sys::stat::fstatat(up, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+            .is_ok_and(|s| (s.st_dev, s.st_ino) == (st.st_dev, st.st_ino))
+    };
+    let mut entries = nix::dir::Dir::from_fd(up.try_clone().map_err(|_| Errno::EBADF)?)?;
+    // Each `iter` starts from the first entry (nix rewinds the stream when one is dropped).
+    for by_ino in [true, false] {
+        for entry in entries.iter() {
+            let entry = entry?;
+            let name = entry.file_name();
+            if matches!(name.to_bytes(), b"." | b"..") || (by_ino && entry.ino() != st.st_ino) {
+                continue;
+            }
+            if is_it(name) {
+                return Ok(Some(name.to_bytes().to_vec()));
+            }
+        }
+    }
+    Ok(None)
 }
