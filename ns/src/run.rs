@@ -591,18 +591,27 @@ fn mount_failed(e: io::Error) -> io::Error {
 mod tests {
     use super::*;
 
+    /// The payload's environment for `spec` given the launcher's `given`, as strings.
+    fn env_strings(spec: &crate::spec::Spec, given: &[(&str, &str)]) -> Vec<String> {
+        let given = given
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        payload_env(spec, Some(&given))
+            .unwrap()
+            .into_iter()
+            .map(|c| c.into_string().unwrap())
+            .collect()
+    }
+
     #[test]
     fn a_net_proxy_payload_gets_the_proxy_variables_over_the_launchers() {
         let spec =
             crate::spec::parse("p.ns", "net proxy api.test\nenv HTTPS_PROXY LANG\n").unwrap();
-        let given = [("HTTPS_PROXY", "http://elsewhere:1"), ("LANG", "C.UTF-8")]
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .into();
-        let env: Vec<String> = payload_env(&spec, Some(&given))
-            .unwrap()
-            .into_iter()
-            .map(|c| c.into_string().unwrap())
-            .collect();
+        let env = env_strings(
+            &spec,
+            &[("HTTPS_PROXY", "http://elsewhere:1"), ("LANG", "C.UTF-8")],
+        );
         assert!(
             env.contains(&"HTTPS_PROXY=http://127.0.0.1:3128".to_string()),
             "{env:?}"
@@ -616,14 +625,7 @@ mod tests {
     #[test]
     fn a_spec_env_name_replaces_the_default_of_that_name() {
         let spec = crate::spec::parse("p.ns", "env PATH\n").unwrap();
-        let given = [("PATH", "/opt/agent/bin:/usr/bin:/bin")]
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .into();
-        let env: Vec<String> = payload_env(&spec, Some(&given))
-            .unwrap()
-            .into_iter()
-            .map(|c| c.into_string().unwrap())
-            .collect();
+        let env = env_strings(&spec, &[("PATH", "/opt/agent/bin:/usr/bin:/bin")]);
         let paths: Vec<&String> = env.iter().filter(|e| e.starts_with("PATH=")).collect();
         assert_eq!(paths, ["PATH=/opt/agent/bin:/usr/bin:/bin"], "{env:?}");
     }

@@ -682,9 +682,7 @@ fn the_transcript_is_never_written_through_a_planted_file() {
     let out = base.path().join("out");
     std::fs::create_dir_all(&home).unwrap();
     std::fs::create_dir_all(&out).unwrap();
-    let bashrc = home.join(".bashrc");
-    std::fs::write(&bashrc, "alias ls='ls --color'\n").unwrap();
-    std::fs::set_permissions(&bashrc, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let bashrc = common::operators_bashrc(&home);
     let spec = base.path().join("agent.ns");
     std::fs::write(&spec, "mount tool /tool echo\n").unwrap();
     let link = out.join("run.jsonl");
@@ -710,13 +708,6 @@ fn the_transcript_is_never_written_through_a_planted_file() {
         );
         assert!(!stderr.contains("namespace"), "it ran: {stderr}");
     }
-    assert_eq!(
-        std::fs::read_to_string(&bashrc).unwrap(),
-        "alias ls='ls --color'\n"
-    );
-    assert_eq!(
-        std::fs::metadata(&bashrc).unwrap().permissions().mode() & 0o7777,
-        0o644
-    );
+    common::assert_bashrc_untouched(&bashrc);
     assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
 }

@@ -130,11 +130,8 @@ fn the_man_page_names_every_subcommand_and_renders() {
 /// refused with the path named, and the symlink's target keeps its content and mode.
 #[test]
 fn man_pages_are_never_written_through_a_planted_file() {
-    use std::os::unix::fs::PermissionsExt;
     let base = tempfile::tempdir().unwrap();
-    let bashrc = base.path().join(".bashrc");
-    std::fs::write(&bashrc, "alias ls='ls --color'\n").unwrap();
-    std::fs::set_permissions(&bashrc, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let bashrc = common::operators_bashrc(base.path());
     let dir = base.path().join("man");
     std::fs::create_dir(&dir).unwrap();
     std::os::unix::fs::symlink(&bashrc, dir.join("warren.1")).unwrap();
@@ -148,14 +145,7 @@ fn man_pages_are_never_written_through_a_planted_file() {
         )),
         "{stderr}"
     );
-    assert_eq!(
-        std::fs::read_to_string(&bashrc).unwrap(),
-        "alias ls='ls --color'\n"
-    );
-    assert_eq!(
-        std::fs::metadata(&bashrc).unwrap().permissions().mode() & 0o7777,
-        0o644
-    );
+    common::assert_bashrc_untouched(&bashrc);
     let fifo_dir = base.path().join("man2");
     std::fs::create_dir(&fifo_dir).unwrap();
     let fifo = fifo_dir.join("warren-log.1");

@@ -510,13 +510,7 @@ fn claude_code_finishes_a_scripted_task_and_cannot_read_a_planted_secret() {
     );
     let (w, out) = run_claude(&f, &api, "Write DONE.txt");
     let requests = api.messages();
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}{}\nrequests: {requests:#?}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
+    assert_finished(&out, &requests);
     assert_eq!(text(&out.stdout).trim(), "All done.");
     assert_eq!(requests.len(), 3, "{requests:#?}");
     for r in &requests {
@@ -539,14 +533,49 @@ fn claude_code_finishes_a_scripted_task_and_cannot_read_a_planted_secret() {
             .contains("No such file or directory"),
         "{answer:#?}"
     );
-    assert_eq!(std::fs::read_to_string(&done).unwrap(), "done\n");
-    assert_eq!(std::fs::metadata(&done).unwrap().uid(), OWNER);
     assert_eq!(
         std::fs::read_to_string(&secret).unwrap(),
         "the operator's secret\n"
     );
-
+    assert_done_by_the_owner(&done);
     assert_api_receipted(&w, &api, "api.anthropic.com");
+}
+
+/// The agent's run ended well (the model API's requests shown if not).
+fn assert_finished(out: &Output, requests: &[serde_json::Value]) {
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}\nrequests: {requests:#?}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
+
+/// The task's file, written by the agent's own tool, holds what it was told and belongs to the
+/// project's owner.
+fn assert_done_by_the_owner(done: &std::path::Path) {
+    assert_eq!(std::fs::read_to_string(done).unwrap(), "done\n");
+    assert_eq!(std::fs::metadata(done).unwrap().uid(), OWNER);
+}
+
+/// The model API answers the agent's first request with an error: the agent gives up after that
+/// one request, and `warren run` exits non-zero with it, having written nothing.
+fn assert_an_api_error_fails_the_run(
+    f: &Fixture,
+    api: &ModelApi,
+    out: &Output,
+    requests: Vec<serde_json::Value>,
+) {
+    assert_eq!(requests.len(), 1, "{:#?}", api.requests());
+    assert_ne!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert!(!f.project.path().join("DONE.txt").exists());
 }
 
 /// The gate allowed `net:HOST:443`, and each connection to `host` is an `effect` receipt from
@@ -586,15 +615,7 @@ fn claude_code_failing_on_a_model_api_error_fails_warren_run() {
     let f = Fixture::new();
     let api = ModelApi::start("api.anthropic.com", &serde_json::json!([{"error": 400}]));
     let (_w, out) = run_claude(&f, &api, "Write DONE.txt");
-    assert_eq!(api.messages().len(), 1, "{:#?}", api.requests());
-    assert_ne!(
-        out.status.code(),
-        Some(0),
-        "{}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    assert!(!f.project.path().join("DONE.txt").exists());
+    assert_an_api_error_fails_the_run(&f, &api, &out, api.messages());
 }
 
 /// Codex, the real package, under its built-in profile ([`run_codex`]),
@@ -625,13 +646,7 @@ fn codex_finishes_a_scripted_task_and_cannot_read_a_planted_secret() {
     );
     let (w, out) = run_codex(&f, &api, "Write DONE.txt");
     let requests = api.posts("/v1/responses");
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}{}\nrequests: {requests:#?}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
+    assert_finished(&out, &requests);
     assert!(
         text(&out.stdout).contains("All done."),
         "{}",
@@ -648,8 +663,7 @@ fn codex_finishes_a_scripted_task_and_cannot_read_a_planted_secret() {
         .unwrap_or_else(|| panic!("no output for call_0: {sent}"))
         .to_string();
     assert!(answer.contains("No such file or directory"), "{answer}");
-    assert_eq!(std::fs::read_to_string(&done).unwrap(), "done\n");
-    assert_eq!(std::fs::metadata(&done).unwrap().uid(), OWNER);
+    assert_done_by_the_owner(&done);
     assert_api_receipted(&w, &api, "api.openai.com");
 }
 
@@ -660,13 +674,5 @@ fn codex_failing_on_a_model_api_error_fails_warren_run() {
     let f = Fixture::new();
     let api = ModelApi::start("api.openai.com", &serde_json::json!([{"error": 400}]));
     let (_w, out) = run_codex(&f, &api, "Write DONE.txt");
-    assert_eq!(api.posts("/v1/responses").len(), 1, "{:#?}", api.requests());
-    assert_ne!(
-        out.status.code(),
-        Some(0),
-        "{}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    assert!(!f.project.path().join("DONE.txt").exists());
+    assert_an_api_error_fails_the_run(&f, &api, &out, api.posts("/v1/responses"));
 }

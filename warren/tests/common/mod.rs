@@ -395,3 +395,25 @@ pub fn define_everything(config: &Path) {
     )
     .unwrap();
 }
+
+/// The operator's `.bashrc` in `dir`, 0644: what a planted symlink aims an operator's output
+/// file at. [`assert_bashrc_untouched`] checks it after.
+pub fn operators_bashrc(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let bashrc = dir.join(".bashrc");
+    std::fs::write(&bashrc, BASHRC).unwrap();
+    std::fs::set_permissions(&bashrc, std::fs::Permissions::from_mode(0o644)).unwrap();
+    bashrc
+}
+
+const BASHRC: &str = "alias ls='ls --color'\n";
+
+/// [`operators_bashrc`] as it was made: the same bytes, mode 0644.
+pub fn assert_bashrc_untouched(bashrc: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::read_to_string(bashrc).unwrap(), BASHRC);
+    assert_eq!(
+        std::fs::metadata(bashrc).unwrap().permissions().mode() & 0o7777,
+        0o644
+    );
+}
