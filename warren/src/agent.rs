@@ -227,7 +227,9 @@ pub fn agent_then(
 struct Transcript {
     operator: std::fs::File,
     operator_path: PathBuf,
-    /// The file the agent writes (0622: it may append, not read back), and its directory.
+    /// The file the agent writes (0622: it may append, not read back), its name (what nsd
+    /// binds) and its directory; `finish` reads it through `written`, never by name again.
+    written: std::fs::File,
     bound: PathBuf,
     _private: tempfile::TempDir,
 }
@@ -239,16 +241,18 @@ impl Transcript {
             .prefix("warren-agent-transcript")
             .tempdir_in(std::env::temp_dir())?;
         let bound = private.path().join("transcript.jsonl");
-        let file = std::fs::OpenOptions::new()
+        let written = std::fs::OpenOptions::new()
+            .read(true)
             .write(true)
             .create_new(true)
             .open(&bound)
             .with_context(|| format!("create {}", bound.display()))?;
         // Set by the fd, past the umask.
-        file.set_permissions(std::fs::Permissions::from_mode(0o622))?;
+        written.set_permissions(std::fs::Permissions::from_mode(0o622))?;
         Ok(Transcript {
             operator,
             operator_path: path.to_owned(),
+            written,
             bound,
             _private: private,
         })
@@ -256,8 +260,9 @@ impl Transcript {
 
     /// Copies what the agent wrote into the operator's file (through the fd opened at the start).
     fn finish(mut self) -> Result<()> {
-        let mut written = std::fs::File::open(&self.bound)?;
-        std::io::copy(&mut written, &mut self.operator)
+        use std::io::Seek;
+        self.written.rewind()?;
+        std::io::copy(&mut self.written, &mut self.operator)
             .with_context(|| format!("write {}", self.operator_path.display()))?;
         Ok(())
     }
